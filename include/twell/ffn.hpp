@@ -1,0 +1,96 @@
+// Feed-forward layers and the inference plan.
+//
+//   gated: h = relu(x Wg^T) * (x Wu^T);  y = h Wd
+//   plain: h = relu(x Wu^T);             y = h Wd
+// Layouts (row-major, checked):  x, y [M, K];  Wg, Wu [N, K] (nn.Linear's weight);
+//   Wd [N, K] "neuron-major": the transpose of nn.Linear down_proj.weight ([K, N]), so that each
+//   active neuron's down row is contiguous.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "twell/error.hpp"
+#include "twell/tensor.hpp"
+
+namespace twell {
+
+enum class FfnKind : uint8_t { gated, plain };
+const char* ffn_kind_name(FfnKind k);
+
+struct FfnWeights {
+  FfnKind kind = FfnKind::gated;
+  TensorView gate;  // [N, K]; gated only (must be undefined for plain)
+  TensorView up;    // [N, K]
+  TensorView down;  // [N, K] neuron-major
+
+  int64_t hidden() const { return up.rank == 2 ? up.shape[1] : 0; }        // K
+  int64_t intermediate() const { return up.rank == 2 ? up.shape[0] : 0; }  // N
+  // Throws Error naming the first weight whose shape, dtype, device or layout is off.
+  void validate(const char* op) const;
+};
+
+// Opaque stream: a cudaStream_t for CUDA tensors (nullptr means cudaStreamPerThread, never the
+// legacy default stream); ignored for CPU tensors.
+using Stream = void*;
+
+enum class Dispatch : uint8_t {
+  automatic,     // sparse where the measured density makes it faster, else dense
+  force_sparse,  // always the TwELL path (overflowing rows still go to the dense backup)
+  force_dense,   // always dense GEMMs
+};
+
+struct InferenceOptions {
+  int32_t tile = 0;             // TwELL tile width; 0 = backend default (CPU 256, CUDA 256)
+  int32_t capacity = 0;         // slots per (row, tile); 0 = tile / 8
+  Dispatch dispatch = Dispatch::automatic;
+  double dense_above = -1.0;    // density (fraction of N) above which dense runs; <0 = backend default
+};
+
+// counters (optional, int64 [2] on x's device): {rows routed to the dense backup, active entries}.
+// Written by the op on its stream, so reading them needs no extra synchronisation inside twell.
+struct InferenceArgs {
+  TensorView x;         // [M, K]
+  TensorView y;         // [M, K], written
+  TensorView counters;  // optional int64 [2]
+};
+
+// Host-side summary of the last run(); for CUDA it reflects work enqueued, so read it after the
+// stream has been synchronised.
+struct RunInfo {
+  int64_t rows = 0;
+  int64_t routed_rows = 0;
+  int64_t active = 0;       // non-zero gate activations over all rows
+  bool ran_dense = false;   // dispatch chose (or was forced to) the dense path
+  double density() const;
+};
+
+// Created once per layer, run many times. Holds weight views (not copies, except where a backend
+// needs a converted copy; see docs), capacities and a workspace that grows on demand.
+class InferencePlan {
+ public:
+  InferencePlan(const FfnWeights& weights, const InferenceOptions& options = {});
+  ~InferencePlan();
+  InferencePlan(InferencePlan&&) noexcept;
+  InferencePlan& operator=(InferencePlan&&) noexcept;
+
+  Status can_run(const InferenceArgs& args) const;
+  size_t workspace_bytes(const InferenceArgs& args) const;
+  // workspace: optional caller memory on x's device of at least workspace_bytes(args) bytes;
+  // when null the plan uses (and grows) its own.
+  void run(const InferenceArgs& args, Stream stream = nullptr, void* workspace = nullptr,
+           size_t workspace_size = 0);
+  RunInfo last_run() const;
+  const FfnWeights& weights() const;
+  const InferenceOptions& options() const;  // with defaults resolved
+
+  class Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// One-shot convenience: builds a plan and runs it.
+void ffn_forward(const FfnWeights& weights, const TensorView& x, const TensorView& y,
+                 Stream stream = nullptr, const InferenceOptions& options = {});
+
+}  // namespace twell

@@ -1,0 +1,128 @@
+// Public FFN types and the inference plan: validation, option resolution, backend dispatch.
+#include <string>
+
+#include "core/backend.hpp"
+#include "core/check.hpp"
+#include "twell/ffn.hpp"
+
+namespace twell {
+
+const char* ffn_kind_name(FfnKind k) { return k == FfnKind::gated ? "gated" : "plain"; }
+
+double RunInfo::density() const {
+  return rows == 0 ? 0.0 : double(active) / double(rows);  // per token; divide by N for a fraction
+}
+
+void FfnWeights::validate(const char* op) const {
+  if (!up.defined()) throw Error(op, "up weight", "a tensor [N, K]", "none");
+  if (up.rank != 2) throw Error(op, "up weight", "rank 2 [N, K]", up.shape_string());
+  if (!is_float_dtype(up.dtype))
+    throw Error(op, "up weight", "float32, float16 or bfloat16", dtype_name(up.dtype));
+  const int64_t n = up.shape[0], k = up.shape[1];
+  if (n <= 0 || k <= 0) throw Error(op, "up weight", "non-empty [N, K]", up.shape_string());
+  const std::string nk = "[N=" + std::to_string(n) + ", K=" + std::to_string(k) + "]";
+  auto same = [&](const TensorView& t, const char* name) {
+    if (!t.defined()) throw Error(op, name, "a tensor " + nk, "none");
+    if (t.rank != 2 || t.shape[0] != n || t.shape[1] != k)
+      throw Error(op, name, nk, t.shape_string());
+    if (t.dtype != up.dtype) throw Error(op, name, dtype_name(up.dtype), dtype_name(t.dtype));
+    if (t.device != up.device)
+      throw Error(op, name, "device " + to_string(up.device), to_string(t.device));
+    if (!t.is_contiguous()) throw Error(op, name, "a contiguous row-major tensor", "strided");
+  };
+  same(up, "up weight");
+  same(down, "down weight");
+  if (kind == FfnKind::gated) {
+    same(gate, "gate weight");
+  } else if (gate.defined()) {
+    throw Error(op, "gate weight", "none for a plain FFN", gate.shape_string());
+  }
+}
+
+namespace detail {
+
+InferenceOptions resolve_inference_options(const InferenceOptions& o, Device dev) {
+  InferenceOptions r = o;
+  (void)dev;  // both backends pack 256-wide tiles (one gate-GEMM output tile on the GPU)
+  if (r.tile == 0) r.tile = 256;
+  if (r.capacity == 0) r.capacity = r.tile / 8;
+  if (r.tile < 1 || r.tile > 65536)
+    throw Error("InferencePlan", "options.tile", "1..65536", std::to_string(r.tile));
+  if (r.capacity < 1 || r.capacity > r.tile)
+    throw Error("InferencePlan", "options.capacity", "1..tile (" + std::to_string(r.tile) + ")",
+                std::to_string(r.capacity));
+  return r;
+}
+
+}  // namespace detail
+
+class InferencePlan::Impl {
+ public:
+  FfnWeights weights;
+  InferenceOptions options;
+  std::unique_ptr<detail::InferenceBackend> backend;
+  RunInfo last;
+
+  std::optional<Error> args_error(const InferenceArgs& a) const {
+    const Device dev = weights.up.device;
+    const int64_t k = weights.hidden();
+    if (auto e = detail::matrix_error("InferencePlan::run", "x", a.x, -1, k, weights.up.dtype, dev))
+      return e;
+    if (auto e = detail::matrix_error("InferencePlan::run", "y", a.y, a.x.shape[0], k,
+                                      weights.up.dtype, dev))
+      return e;
+    if (a.counters.defined())
+      return detail::vector_error("InferencePlan::run", "counters", a.counters, 2, DType::i64, dev);
+    return std::nullopt;
+  }
+};
+
+InferencePlan::InferencePlan(const FfnWeights& weights, const InferenceOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  weights.validate("InferencePlan");
+  impl_->weights = weights;
+  const Device dev = weights.up.device;
+  impl_->options = detail::resolve_inference_options(options, dev);
+  impl_->backend = dev.type == DeviceType::cpu
+                       ? detail::make_cpu_inference(weights, impl_->options)
+                       : detail::make_cuda_inference(weights, impl_->options);
+}
+
+InferencePlan::~InferencePlan() = default;
+InferencePlan::InferencePlan(InferencePlan&&) noexcept = default;
+InferencePlan& InferencePlan::operator=(InferencePlan&&) noexcept = default;
+
+Status InferencePlan::can_run(const InferenceArgs& args) const {
+  if (auto e = impl_->args_error(args)) return Status::failure(e->what());
+  return Status::success();
+}
+
+size_t InferencePlan::workspace_bytes(const InferenceArgs& args) const {
+  if (auto e = impl_->args_error(args)) throw *e;
+  return impl_->backend->workspace_bytes(args.x.shape[0]);
+}
+
+void InferencePlan::run(const InferenceArgs& args, Stream stream, void* workspace,
+                        size_t workspace_size) {
+  if (auto e = impl_->args_error(args)) throw *e;
+  const size_t need = impl_->backend->workspace_bytes(args.x.shape[0]);
+  if (workspace == nullptr) {
+    workspace = impl_->backend->own_workspace(need, stream);
+  } else if (workspace_size < need) {
+    throw Error("InferencePlan::run", "workspace", "at least " + std::to_string(need) + " bytes",
+                std::to_string(workspace_size) + " bytes");
+  }
+  impl_->last = impl_->backend->run(args, stream, workspace);
+}
+
+RunInfo InferencePlan::last_run() const { return impl_->last; }
+const FfnWeights& InferencePlan::weights() const { return impl_->weights; }
+const InferenceOptions& InferencePlan::options() const { return impl_->options; }
+
+void ffn_forward(const FfnWeights& weights, const TensorView& x, const TensorView& y,
+                 Stream stream, const InferenceOptions& options) {
+  InferencePlan plan(weights, options);
+  plan.run({x, y, {}}, stream);
+}
+
+}  // namespace twell

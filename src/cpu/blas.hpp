@@ -1,0 +1,32 @@
+// Row-major fp32 GEMM wrappers over CBLAS (OpenBLAS), named by the transposes the FFN needs.
+#pragma once
+#include <cblas.h>
+
+#include <cstdint>
+
+namespace twell::cpu {
+
+// c[m, n] = a[m, k] * b[n, k]^T   (+ beta * c)
+inline void gemm_nt(int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c,
+                    float beta = 0.0f) {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.0f, a, int(k), b,
+              int(k), beta, c, int(n));
+}
+
+// c[m, k] = a[m, n] * b[n, k]   (+ beta * c)
+inline void gemm_nn(int64_t m, int64_t k, int64_t n, const float* a, const float* b, float* c,
+                    float beta = 0.0f) {
+  if (m == 0 || k == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(k), int(n), 1.0f, a, int(n), b,
+              int(k), beta, c, int(k));
+}
+
+// c[n, k] += a[m, n]^T * b[m, k]
+inline void gemm_tn_acc(int64_t n, int64_t k, int64_t m, const float* a, const float* b, float* c) {
+  if (m == 0 || n == 0 || k == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(n), int(k), int(m), 1.0f, a, int(n), b,
+              int(k), 1.0f, c, int(k));
+}
+
+}  // namespace twell::cpu

@@ -1,0 +1,259 @@
+// CPU inference backend.
+// Work decomposition: rows are processed in blocks of up to kBlockRows. Per block: the gate GEMM
+// (OpenBLAS sgemm) writes G = x W1^T; one thread per row packs relu(G) into TwELL tiles; then one
+// thread per compact row runs the fused up/down over its active neurons (two at a time, fp32), and
+// routed rows (a tile over capacity) go through dense sgemms on the gathered rows. A block whose
+// measured density exceeds options.dense_above runs its up/down densely instead.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "cpu/blas.hpp"
+#include "cpu/kernels.hpp"
+
+namespace twell::detail {
+
+namespace {
+
+constexpr int64_t kBlockRows = 256;         // rows per block: big enough for sgemm efficiency
+constexpr double kDefaultDenseAbove = 0.05; // measured crossover of sparse vs dense up/down
+
+// Byte offsets of the per-block buffers inside the workspace.
+struct BlockLayout {
+  int64_t rows, k, n, tiles, capacity;
+  size_t xf, g, vals, cols, counts, routed, h, u, xr, yf, total;
+  BlockLayout(int64_t rows_, int64_t k_, int64_t n_, int64_t tile, int64_t capacity_)
+      : rows(rows_), k(k_), n(n_), tiles((n_ + tile - 1) / tile), capacity(capacity_) {
+    size_t at = 0;
+    auto take = [&at](size_t bytes) {
+      const size_t here = at;
+      at += (bytes + 63) / 64 * 64;
+      return here;
+    };
+    xf = take(size_t(rows * k) * 4);
+    g = take(size_t(rows * n) * 4);
+    vals = take(size_t(rows * tiles * capacity) * 4);
+    cols = take(size_t(rows * tiles * capacity) * 2);
+    counts = take(size_t(rows * tiles) * 2);
+    routed = take(size_t(rows) * 4);
+    h = take(size_t(rows * n) * 4);
+    u = take(size_t(rows * n) * 4);
+    xr = take(size_t(rows * k) * 4);
+    yf = take(size_t(rows * k) * 4);
+    total = at;
+  }
+};
+
+class CpuInference final : public InferenceBackend {
+ public:
+  CpuInference(const FfnWeights& w, const InferenceOptions& o)
+      : kind_(w.kind), k_(w.hidden()), n_(w.intermediate()), dtype_(w.up.dtype), opt_(o) {
+    if (opt_.dense_above < 0) opt_.dense_above = kDefaultDenseAbove;
+    auto keep = [this](const TensorView& t, std::vector<float>& copy) -> const float* {
+      if (t.dtype == DType::f32) return static_cast<const float*>(t.data);
+      copy.resize(size_t(t.numel()));  // 16-bit weights: one fp32 copy for the BLAS
+      cpu::to_f32(t.data, t.dtype, copy.data(), t.numel());
+      return copy.data();
+    };
+    first_ = keep(kind_ == FfnKind::gated ? w.gate : w.up, first_copy_);
+    up_ = kind_ == FfnKind::gated ? keep(w.up, up_copy_) : nullptr;
+    down_ = keep(w.down, down_copy_);
+  }
+
+  size_t workspace_bytes(int64_t rows) const override {
+    return layout(std::min(rows, kBlockRows)).total;
+  }
+
+  void* own_workspace(size_t bytes, Stream) override {
+    if (own_.size() < bytes) own_.resize(bytes);
+    return own_.data();
+  }
+
+  RunInfo run(const InferenceArgs& a, Stream, void* workspace) override {
+    RunInfo info;
+    info.rows = a.x.shape[0];
+    auto* ws = static_cast<uint8_t*>(workspace);
+    for (int64_t r0 = 0; r0 < info.rows; r0 += kBlockRows) {
+      const int64_t rows = std::min(kBlockRows, info.rows - r0);
+      run_block(a, r0, rows, ws, info);
+    }
+    if (a.counters.defined()) {
+      auto* c = static_cast<int64_t*>(a.counters.data);
+      c[0] = info.routed_rows;
+      c[1] = info.active;
+    }
+    return info;
+  }
+
+ private:
+  BlockLayout layout(int64_t rows) const {
+    return BlockLayout(std::max<int64_t>(rows, 1), k_, n_, opt_.tile, opt_.capacity);
+  }
+
+  void run_block(const InferenceArgs& a, int64_t r0, int64_t rows, uint8_t* ws, RunInfo& info) {
+    const BlockLayout L = layout(rows);
+    const size_t es = dtype_size(dtype_);
+    const float* x = dtype_ == DType::f32 ? static_cast<const float*>(a.x.data) + r0 * k_
+                                          : reinterpret_cast<float*>(ws + L.xf);
+    float* y = dtype_ == DType::f32 ? static_cast<float*>(a.y.data) + r0 * k_
+                                    : reinterpret_cast<float*>(ws + L.yf);
+    if (dtype_ != DType::f32)
+      cpu::to_f32(static_cast<const uint8_t*>(a.x.data) + r0 * k_ * es, dtype_,
+                  const_cast<float*>(x), rows * k_);
+    float* g = reinterpret_cast<float*>(ws + L.g);
+    cpu::gemm_nt(rows, n_, k_, x, first_, g);
+
+    std::vector<int64_t> nnz(static_cast<size_t>(rows));
+    std::vector<uint8_t> over(static_cast<size_t>(rows));
+    auto* vals = reinterpret_cast<float*>(ws + L.vals);
+    auto* cols = reinterpret_cast<uint16_t*>(ws + L.cols);
+    auto* counts = reinterpret_cast<uint16_t*>(ws + L.counts);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) pack_row(L, g + r * n_, r, vals, cols, counts, nnz, over);
+
+    int64_t active = 0;
+    auto* routed = reinterpret_cast<int32_t*>(ws + L.routed);
+    int64_t num_routed = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      active += nnz[size_t(r)];
+      if (over[size_t(r)]) routed[num_routed++] = int32_t(r);
+    }
+    info.active += active;
+    const bool dense =
+        opt_.dispatch == Dispatch::force_dense ||
+        (opt_.dispatch == Dispatch::automatic && double(active) > opt_.dense_above * double(rows * n_));
+    if (dense) {
+      info.ran_dense = true;
+      dense_rest(L, rows, x, g, ws, y);
+    } else {
+      info.routed_rows += num_routed;
+      sparse_rows(L, rows, x, vals, cols, counts, over, y);
+      routed_rows(L, num_routed, routed, x, g, ws, y);
+    }
+    if (dtype_ != DType::f32)
+      cpu::from_f32(y, dtype_, static_cast<uint8_t*>(a.y.data) + r0 * k_ * es, rows * k_);
+  }
+
+  // Packs relu(g_row) into row r's TwELL tiles; flags the row when a tile overflows.
+  void pack_row(const BlockLayout& L, const float* grow, int64_t r, float* vals, uint16_t* cols,
+                uint16_t* counts, std::vector<int64_t>& nnz, std::vector<uint8_t>& over) const {
+    int64_t total = 0;
+    bool overflow = false;
+    for (int64_t t = 0; t < L.tiles; ++t) {
+      const int64_t c0 = t * opt_.tile, c1 = std::min<int64_t>(n_, c0 + opt_.tile);
+      const int64_t slot0 = (r * L.tiles + t) * L.capacity;
+      int64_t cnt = 0;
+      for (int64_t c = c0; c < c1; ++c) {
+        const float v = grow[c];
+        if (!(v > 0.0f)) continue;
+        if (cnt < L.capacity) {
+          vals[slot0 + cnt] = v;
+          cols[slot0 + cnt] = uint16_t(c - c0);
+        }
+        ++cnt;
+      }
+      counts[r * L.tiles + t] = uint16_t(std::min<int64_t>(cnt, L.capacity));
+      overflow = overflow || cnt > L.capacity;
+      total += cnt;
+    }
+    nnz[size_t(r)] = total;
+    over[size_t(r)] = overflow;
+  }
+
+  // Fused up/down for compact rows: y_r = sum over active n of g * (x_r . Wu[n]) * Wd[n].
+  void sparse_rows(const BlockLayout& L, int64_t rows, const float* x, const float* vals,
+                   const uint16_t* cols, const uint16_t* counts, const std::vector<uint8_t>& over,
+                   float* y) const {
+#pragma omp parallel for schedule(dynamic, 4)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* yr = y + r * k_;
+      std::memset(yr, 0, size_t(k_) * sizeof(float));
+      if (over[size_t(r)]) continue;
+      const float* xr = x + r * k_;
+      int64_t pending = -1;  // neuron waiting for a partner so rows stream in pairs
+      float pending_g = 0.0f;
+      for (int64_t t = 0; t < L.tiles; ++t) {
+        const int64_t slot0 = (r * L.tiles + t) * L.capacity;
+        for (int64_t e = 0; e < counts[r * L.tiles + t]; ++e) {
+          const int64_t nrn = t * opt_.tile + cols[slot0 + e];
+          const float gv = vals[slot0 + e];
+          if (pending < 0) {
+            pending = nrn;
+            pending_g = gv;
+            continue;
+          }
+          apply_pair(xr, pending, pending_g, nrn, gv, yr);
+          pending = -1;
+        }
+      }
+      if (pending >= 0) {
+        const float h = kind_ == FfnKind::gated ? pending_g * cpu::dot(xr, up_ + pending * k_, k_)
+                                                : pending_g;
+        cpu::axpy(h, down_ + pending * k_, yr, k_);
+      }
+    }
+  }
+
+  void apply_pair(const float* xr, int64_t n0, float g0, int64_t n1, float g1, float* yr) const {
+    float h0 = g0, h1 = g1;
+    if (kind_ == FfnKind::gated) {
+      float u0, u1;
+      cpu::dot2(xr, up_ + n0 * k_, up_ + n1 * k_, k_, &u0, &u1);
+      h0 *= u0;
+      h1 *= u1;
+    }
+    cpu::axpy2(h0, down_ + n0 * k_, h1, down_ + n1 * k_, yr, k_);
+  }
+
+  // Dense backup for routed rows: gather x rows, dense up, h = relu(g) * u, dense down, scatter.
+  void routed_rows(const BlockLayout& L, int64_t count, const int32_t* routed, const float* x,
+                   const float* g, uint8_t* ws, float* y) const {
+    if (count == 0) return;
+    auto* xg = reinterpret_cast<float*>(ws + L.xr);
+    auto* h = reinterpret_cast<float*>(ws + L.h);
+    for (int64_t i = 0; i < count; ++i) {
+      std::memcpy(xg + i * k_, x + routed[i] * k_, size_t(k_) * sizeof(float));
+      std::memcpy(h + i * n_, g + routed[i] * n_, size_t(n_) * sizeof(float));
+    }
+    hidden_from_gate(count, xg, h, reinterpret_cast<float*>(ws + L.u));
+    float* yg = xg;  // the gathered x rows are no longer needed once h exists
+    cpu::gemm_nn(count, k_, n_, h, down_, yg);
+    for (int64_t i = 0; i < count; ++i)
+      std::memcpy(y + routed[i] * k_, yg + i * k_, size_t(k_) * sizeof(float));
+  }
+
+  // h = relu(g) * (x Wu^T) (gated; u is scratch for the up GEMM) or relu(g) (plain), in place
+  // over h, which holds g on entry.
+  void hidden_from_gate(int64_t rows, const float* x, float* h, float* u) const {
+    if (kind_ == FfnKind::gated) cpu::gemm_nt(rows, n_, k_, x, up_, u);
+    const bool gated = kind_ == FfnKind::gated;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rows * n_; ++i) h[i] = h[i] > 0.0f ? (gated ? h[i] * u[i] : h[i]) : 0.0f;
+  }
+
+  // Up and down as dense GEMMs for the whole block (the dispatch's dense path).
+  void dense_rest(const BlockLayout& L, int64_t rows, const float* x, float* g, uint8_t* ws,
+                  float* y) const {
+    hidden_from_gate(rows, x, g, reinterpret_cast<float*>(ws + L.u));
+    cpu::gemm_nn(rows, k_, n_, g, down_, y);
+  }
+
+  FfnKind kind_;
+  int64_t k_, n_;
+  DType dtype_;
+  InferenceOptions opt_;
+  std::vector<float> first_copy_, up_copy_, down_copy_;
+  const float* first_ = nullptr;
+  const float* up_ = nullptr;
+  const float* down_ = nullptr;
+  std::vector<uint8_t> own_;
+};
+
+}  // namespace
+
+std::unique_ptr<InferenceBackend> make_cpu_inference(const FfnWeights& w, const InferenceOptions& o) {
+  return std::make_unique<CpuInference>(w, o);
+}
+
+}  // namespace detail

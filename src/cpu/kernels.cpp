@@ -1,0 +1,57 @@
+#include "cpu/kernels.hpp"
+
+#include <cstring>
+
+#include "twell/dtype.hpp"
+
+#define TWELL_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+namespace twell::cpu {
+
+TWELL_CLONES float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+TWELL_CLONES void axpy(float alpha, const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+TWELL_CLONES void dot2(const float* x, const float* a, const float* b, int64_t n, float* da,
+                       float* db) {
+  float sa = 0.0f, sb = 0.0f;
+#pragma omp simd reduction(+ : sa, sb)
+  for (int64_t i = 0; i < n; ++i) {
+    sa += x[i] * a[i];
+    sb += x[i] * b[i];
+  }
+  *da = sa;
+  *db = sb;
+}
+
+TWELL_CLONES void axpy2(float alpha, const float* a, float beta, const float* b, float* y,
+                        int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * a[i] + beta * b[i];
+}
+
+void to_f32(const void* src, DType t, float* dst, int64_t n) {
+  if (t == DType::f32) {
+    std::memcpy(dst, src, size_t(n) * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = load_float(src, t, i);
+}
+
+void from_f32(const float* src, DType t, void* dst, int64_t n) {
+  if (t == DType::f32) {
+    std::memcpy(dst, src, size_t(n) * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) store_float(dst, t, i, src[i]);
+}
+
+}  // namespace twell::cpu

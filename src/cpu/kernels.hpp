@@ -1,0 +1,21 @@
+// Vector kernels of the CPU backend (multi-versioned for AVX-512, AVX2+FMA and baseline x86-64).
+#pragma once
+#include <cstdint>
+
+#include "twell/dtype.hpp"
+
+namespace twell::cpu {
+
+float dot(const float* a, const float* b, int64_t n);
+// y += alpha * x
+void axpy(float alpha, const float* x, float* y, int64_t n);
+// Two rows at once (more loads in flight): returns dot(x, a) and dot(x, b).
+void dot2(const float* x, const float* a, const float* b, int64_t n, float* da, float* db);
+// y += alpha * a + beta * b
+void axpy2(float alpha, const float* a, float beta, const float* b, float* y, int64_t n);
+
+// Converts n elements of a float buffer of dtype t to fp32 (memcpy for f32).
+void to_f32(const void* src, DType t, float* dst, int64_t n);
+void from_f32(const float* src, DType t, void* dst, int64_t n);
+
+}  // namespace twell::cpu

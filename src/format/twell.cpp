@@ -1,0 +1,240 @@
+// TwELL pack / unpack / validate on the CPU. Values are copied as raw bytes, so a round trip is
+// bit-exact (a zero of either sign is a zero; unpack writes +0).
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "core/check.hpp"
+#include "twell/format.hpp"
+
+namespace twell {
+
+namespace {
+
+bool is_zero(const uint8_t* p, DType t) {
+  switch (t) {
+    case DType::f32: { uint32_t u; std::memcpy(&u, p, 4); return (u & 0x7fffffffu) == 0; }
+    default: { uint16_t u; std::memcpy(&u, p, 2); return (u & 0x7fffu) == 0; }
+  }
+}
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+void TwellShape::validate(const char* op) const {
+  if (rows < 0) throw Error(op, "rows", ">= 0", str(rows));
+  if (cols < 1) throw Error(op, "cols", ">= 1", str(cols));
+  if (tile < 1 || tile > 65536) throw Error(op, "tile", "1..65536", str(tile));
+  if (capacity < 1 || capacity > tile || capacity > 65535)
+    throw Error(op, "capacity", "1..min(tile, 65535)", str(capacity));
+  if (planes < 1 || planes > 2) throw Error(op, "planes", "1 or 2", str(planes));
+  if (backup_capacity < 0 || backup_capacity > rows)
+    throw Error(op, "backup capacity", "0..rows (" + str(rows) + ")", str(backup_capacity));
+}
+
+TwellMatrix::TwellMatrix(const TwellShape& shape, DType dtype) : shape_(shape), dtype_(dtype) {
+  shape.validate("TwellMatrix");
+  if (!is_float_dtype(dtype)) throw Error("TwellMatrix", "dtype", "a float type", dtype_name(dtype));
+  const size_t slots = size_t(shape.rows * shape.slots_per_row());
+  values_.assign(size_t(shape.planes) * slots * dtype_size(dtype), 0);
+  cols_.assign(slots, 0);
+  counts_.assign(size_t(shape.rows * shape.num_tiles()), 0);
+  row_slot_.assign(size_t(shape.rows), -1);
+  routed_rows_.assign(size_t(shape.rows), 0);
+  backup_.assign(size_t(shape.planes * shape.backup_capacity * shape.cols) * dtype_size(dtype), 0);
+}
+
+void TwellMatrix::reserve_backup(int64_t rows) {
+  if (rows <= shape_.backup_capacity) return;
+  if (rows > shape_.rows)
+    throw Error("TwellMatrix::reserve_backup", "rows", "<= " + str(shape_.rows), str(rows));
+  const size_t plane_old = size_t(shape_.backup_capacity * shape_.cols) * dtype_size(dtype_);
+  const size_t plane_new = size_t(rows * shape_.cols) * dtype_size(dtype_);
+  std::vector<uint8_t> grown(plane_new * size_t(shape_.planes), 0);
+  for (int p = 0; p < shape_.planes; ++p)
+    std::memcpy(grown.data() + p * plane_new, backup_.data() + p * plane_old, plane_old);
+  backup_.swap(grown);
+  shape_.backup_capacity = rows;
+}
+
+TwellView TwellMatrix::view() {
+  TwellView v;
+  v.shape = shape_;
+  v.dtype = dtype_;
+  v.device = Device::cpu();
+  v.values = values_.data();
+  v.cols = cols_.data();
+  v.counts = counts_.data();
+  v.row_slot = row_slot_.data();
+  v.routed_rows = routed_rows_.data();
+  v.num_routed = &num_routed_;
+  v.backup = backup_.empty() ? nullptr : backup_.data();
+  return v;
+}
+
+PackResult pack_twell(const TensorView* planes, int num_planes, const TwellView& out) {
+  const char* op = "pack_twell";
+  const TwellShape& s = out.shape;
+  s.validate(op);
+  if (out.device != Device::cpu()) throw Error(op, "out device", "cpu", to_string(out.device));
+  if (num_planes != s.planes) throw Error(op, "planes", str(s.planes), str(num_planes));
+  for (int p = 0; p < num_planes; ++p)
+    detail::check_matrix(op, p == 0 ? "dense plane 0" : "dense plane 1", planes[p], s.rows, s.cols,
+                         out.dtype, Device::cpu());
+  const size_t es = dtype_size(out.dtype);
+  const int64_t nt = s.num_tiles();
+  const auto* base0 = static_cast<const uint8_t*>(planes[0].data);
+
+  // Pass 1: which rows fit. Nothing is written before the backup capacity is known to suffice.
+  PackResult r;
+  std::vector<int32_t> routed;
+  for (int64_t m = 0; m < s.rows; ++m) {
+    bool fits = true;
+    for (int64_t t = 0; t < nt; ++t) {
+      int64_t cnt = 0;
+      const int64_t c1 = std::min<int64_t>(s.cols, (t + 1) * s.tile);
+      for (int64_t c = t * s.tile; c < c1; ++c) cnt += !is_zero(base0 + (m * s.cols + c) * es, out.dtype);
+      r.nonzeros += cnt;
+      fits = fits && cnt <= s.capacity;
+    }
+    if (!fits) routed.push_back(int32_t(m));
+  }
+  r.routed_rows = int64_t(routed.size());
+  if (s.backup_capacity > 0 && r.routed_rows > s.backup_capacity)
+    throw Error(op, "backup capacity", ">= " + str(r.routed_rows) + " rows",
+                str(s.backup_capacity) + " rows");
+
+  // Pass 2: compact rows; routed rows get zero counts, a slot and (with backup) their dense rows.
+  const size_t plane_slots = size_t(s.rows * s.slots_per_row());
+  auto* vals = static_cast<uint8_t*>(out.values);
+  auto* backup = static_cast<uint8_t*>(out.backup);
+  std::memset(vals, 0, plane_slots * es * size_t(s.planes));
+  std::memset(out.cols, 0, plane_slots * sizeof(uint16_t));
+  size_t next_routed = 0;
+  for (int64_t m = 0; m < s.rows; ++m) {
+    const bool is_routed = next_routed < routed.size() && routed[next_routed] == m;
+    uint16_t* counts = out.counts + m * nt;
+    if (is_routed) {
+      const int32_t slot = int32_t(next_routed++);
+      out.row_slot[m] = slot;
+      out.routed_rows[slot] = int32_t(m);
+      std::memset(counts, 0, size_t(nt) * sizeof(uint16_t));
+      for (int p = 0; p < s.planes && s.backup_capacity > 0; ++p)
+        std::memcpy(backup + (size_t(p) * s.backup_capacity + slot) * s.cols * es,
+                    static_cast<const uint8_t*>(planes[p].data) + m * s.cols * es, s.cols * es);
+      continue;
+    }
+    out.row_slot[m] = -1;
+    for (int64_t t = 0; t < nt; ++t) {
+      const int64_t slot0 = (m * nt + t) * s.capacity;
+      int64_t k = 0;
+      const int64_t c1 = std::min<int64_t>(s.cols, (t + 1) * s.tile);
+      for (int64_t c = t * s.tile; c < c1; ++c) {
+        if (is_zero(base0 + (m * s.cols + c) * es, out.dtype)) continue;
+        out.cols[slot0 + k] = uint16_t(c - t * s.tile);
+        for (int p = 0; p < s.planes; ++p)
+          std::memcpy(vals + (p * plane_slots + size_t(slot0 + k)) * es,
+                      static_cast<const uint8_t*>(planes[p].data) + (m * s.cols + c) * es, es);
+        ++k;
+      }
+      counts[t] = uint16_t(k);
+    }
+  }
+  *out.num_routed = int32_t(routed.size());
+  return r;
+}
+
+TwellMatrix pack_twell(const TensorView* planes, int num_planes, int32_t tile, int32_t capacity) {
+  if (num_planes < 1) throw Error("pack_twell", "planes", "1 or 2", str(num_planes));
+  detail::check_matrix("pack_twell", "dense plane 0", planes[0], -1, planes[0].cols(),
+                       planes[0].dtype, Device::cpu());
+  TwellShape s;
+  s.rows = planes[0].shape[0];
+  s.cols = planes[0].shape[1];
+  s.tile = tile;
+  s.capacity = capacity;
+  s.planes = num_planes;
+  TwellMatrix probe(s, planes[0].dtype);  // compact part; backup sized after counting
+  PackResult r = pack_twell(planes, num_planes, probe.view());
+  if (r.routed_rows == 0) return probe;
+  s.backup_capacity = r.routed_rows;
+  TwellMatrix full(s, planes[0].dtype);
+  pack_twell(planes, num_planes, full.view());
+  return full;
+}
+
+void unpack_twell(const TwellView& in, int plane, const TensorView& dense) {
+  const char* op = "unpack_twell";
+  const TwellShape& s = in.shape;
+  s.validate(op);
+  if (plane < 0 || plane >= s.planes) throw Error(op, "plane", "0.." + str(s.planes - 1), str(plane));
+  detail::check_matrix(op, "dense", dense, s.rows, s.cols, in.dtype, Device::cpu());
+  const size_t es = dtype_size(in.dtype);
+  const int64_t nt = s.num_tiles();
+  const size_t plane_slots = size_t(s.rows * s.slots_per_row());
+  auto* dst = static_cast<uint8_t*>(dense.data);
+  const auto* vals = static_cast<const uint8_t*>(in.values) + plane * plane_slots * es;
+  const auto* backup = static_cast<const uint8_t*>(in.backup);
+  std::memset(dst, 0, size_t(s.rows * s.cols) * es);
+  for (int64_t m = 0; m < s.rows; ++m) {
+    const int32_t slot = in.row_slot[m];
+    if (slot >= 0) {
+      if (slot >= s.backup_capacity)
+        throw Error(op, "row " + str(m), "a backup row (it is routed)",
+                    "backup capacity " + str(s.backup_capacity));
+      std::memcpy(dst + m * s.cols * es,
+                  backup + (size_t(plane) * s.backup_capacity + slot) * s.cols * es, s.cols * es);
+      continue;
+    }
+    for (int64_t t = 0; t < nt; ++t) {
+      const int64_t slot0 = (m * nt + t) * s.capacity;
+      for (int64_t k = 0; k < in.counts[m * nt + t]; ++k) {
+        const int64_t c = t * s.tile + in.cols[slot0 + k];
+        std::memcpy(dst + (m * s.cols + c) * es, vals + size_t(slot0 + k) * es, es);
+      }
+    }
+  }
+}
+
+void validate_twell(const TwellView& in) {
+  const char* op = "validate_twell";
+  const TwellShape& s = in.shape;
+  s.validate(op);
+  if (in.device != Device::cpu()) throw Error(op, "device", "cpu", to_string(in.device));
+  const int64_t nt = s.num_tiles();
+  const int32_t routed = *in.num_routed;
+  if (routed < 0 || routed > s.rows) throw Error(op, "num_routed", "0..rows", str(routed));
+  if (s.backup_capacity > 0 && routed > s.backup_capacity)
+    throw Error(op, "num_routed", "<= backup capacity " + str(s.backup_capacity), str(routed));
+  int64_t flagged = 0;
+  for (int64_t m = 0; m < s.rows; ++m) {
+    const int32_t slot = in.row_slot[m];
+    const std::string row = "row " + str(m);
+    if (slot >= 0) {
+      if (slot >= routed || in.routed_rows[slot] != m)
+        throw Error(op, row + " slot", "routed_rows[slot] == row", "slot " + str(slot));
+      ++flagged;
+      continue;
+    }
+    if (slot != -1) throw Error(op, row + " slot", "-1 or a routed slot", str(slot));
+    for (int64_t t = 0; t < nt; ++t) {
+      const int64_t cnt = in.counts[m * nt + t];
+      if (cnt > s.capacity)
+        throw Error(op, row + " tile " + str(t) + " count", "<= " + str(s.capacity), str(cnt));
+      const int64_t width = std::min<int64_t>(s.tile, s.cols - t * s.tile);
+      int64_t prev = -1;
+      for (int64_t k = 0; k < cnt; ++k) {
+        const int64_t c = in.cols[(m * nt + t) * s.capacity + k];
+        if (c <= prev || c >= width)
+          throw Error(op, row + " tile " + str(t) + " entry " + str(k),
+                      "ascending column in (" + str(prev) + ", " + str(width) + ")", str(c));
+        prev = c;
+      }
+    }
+  }
+  if (flagged != routed)
+    throw Error(op, "routed rows", str(routed) + " rows with a slot", str(flagged));
+}
+
+}  // namespace twell

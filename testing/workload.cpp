@@ -1,0 +1,162 @@
+#include "workload.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <random>
+
+#include "twell/error.hpp"
+
+namespace twell::testing {
+
+namespace {
+
+double normal_tail_quantile(double p) {  // t with P(Z > t) = p, by bisection on erfc
+  if (p <= 0) return 40;
+  if (p >= 1) return -40;
+  double lo = -40, hi = 40;
+  for (int i = 0; i < 200; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (0.5 * std::erfc(mid / std::sqrt(2.0)) > p ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+double tail(double t) { return 0.5 * std::erfc(t / std::sqrt(2.0)); }
+
+}  // namespace
+
+const char* pattern_name(Pattern p) {
+  switch (p) {
+    case Pattern::uniform: return "uniform";
+    case Pattern::heavy_tailed: return "heavy_tailed";
+    case Pattern::edge_rows: return "edge_rows";
+    case Pattern::all_zero: return "all_zero";
+    case Pattern::all_dense: return "all_dense";
+  }
+  return "?";
+}
+
+Pattern parse_pattern(const std::string& s) {
+  for (Pattern p : {Pattern::uniform, Pattern::heavy_tailed, Pattern::edge_rows, Pattern::all_zero,
+                    Pattern::all_dense})
+    if (s == pattern_name(p)) return p;
+  throw Error("parse_pattern", "pattern", "uniform, heavy_tailed, edge_rows, all_zero or all_dense", s);
+}
+
+std::string ProblemSpec::describe() const {
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%s %s M=%lld K=%lld N=%lld %s %.3g%% seed=%llu",
+                ffn_kind_name(kind), dtype_name(dtype), (long long)m, (long long)k, (long long)n,
+                pattern_name(pattern), density * 100, (unsigned long long)seed);
+  return buf;
+}
+
+TensorView Problem::x_view() {
+  return TensorView::matrix(x.data(), spec.dtype, spec.m, spec.k);
+}
+
+FfnWeights Problem::weights() {
+  FfnWeights w;
+  w.kind = spec.kind;
+  if (spec.kind == FfnKind::gated) w.gate = TensorView::matrix(gate.data(), spec.dtype, spec.n, spec.k);
+  w.up = TensorView::matrix(up.data(), spec.dtype, spec.n, spec.k);
+  w.down = TensorView::matrix(down.data(), spec.dtype, spec.n, spec.k);
+  return w;
+}
+
+Problem make_problem(const ProblemSpec& spec) {
+  if (spec.k < 4) throw Error("make_problem", "K", ">= 4 (three control channels)", std::to_string(spec.k));
+  if (spec.m < 0 || spec.n < 1) throw Error("make_problem", "M, N", "M >= 0, N >= 1", "other");
+  const int64_t m = spec.m, k = spec.k, n = spec.n, kr = k - 3;  // kr: random channels
+  std::mt19937_64 rng(spec.seed);
+  std::normal_distribution<double> z(0.0, 1.0);
+  std::uniform_real_distribution<double> u01(0.0, 1.0);
+
+  // Per-neuron thresholds and per-token scales.
+  std::vector<double> t(static_cast<size_t>(n)), scale(size_t(m), 1.0);
+  const double d = std::clamp(spec.density, 0.0, 1.0);
+  if (spec.pattern == Pattern::heavy_tailed) {
+    std::vector<double> rate(static_cast<size_t>(n));
+    for (auto& r : rate) r = std::min(0.5, d * std::exp(1.5 * z(rng) - 1.125));
+    for (int64_t i = 0; i < n; ++i) t[size_t(i)] = normal_tail_quantile(rate[size_t(i)]);
+    for (auto& s : scale) s = u01(rng) < 0.03 ? 1.8 + 1.4 * u01(rng) : std::exp(0.25 * z(rng));
+    // Scale all thresholds so the expected mean density is d (bisection on the multiplier).
+    double lo = 0.05, hi = 20;
+    const size_t stride = std::max<size_t>(1, size_t(m) / 256);
+    for (int it = 0; it < 60 && m > 0; ++it) {
+      const double a = 0.5 * (lo + hi);
+      double mean = 0;
+      size_t cnt = 0;
+      for (size_t r = 0; r < size_t(m); r += stride, ++cnt)
+        for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 512)) mean += tail(a * t[size_t(i)] / scale[r]);
+      mean /= double(cnt) * double((n + std::max<int64_t>(1, n / 512) - 1) / std::max<int64_t>(1, n / 512));
+      (mean > d ? lo : hi) = a;
+    }
+    for (auto& v : t) v *= 0.5 * (lo + hi);
+  } else {
+    std::fill(t.begin(), t.end(), normal_tail_quantile(d));
+  }
+  double tmax = 0;
+  for (double v : t) tmax = std::max(tmax, std::fabs(v));
+  const double a = tmax + 4, b = tmax + 4;
+
+  // Row roles.
+  enum Role : uint8_t { normal, zero, dense, hot };
+  std::vector<uint8_t> role(static_cast<size_t>(m), normal);
+  Problem p;
+  p.spec = spec;
+  for (int64_t r = 0; r < m; ++r) {
+    if (spec.pattern == Pattern::all_zero) role[size_t(r)] = zero;
+    if (spec.pattern == Pattern::all_dense) role[size_t(r)] = dense;
+    if (spec.pattern == Pattern::edge_rows) {
+      const double q = u01(rng);
+      role[size_t(r)] = q < 0.06 ? zero : q < 0.12 ? dense : q < 0.18 ? hot : normal;
+      if (m <= 4 && r == 0) role[0] = hot;  // tiny M still exercises a routed row
+    }
+    if (role[size_t(r)] != normal) p.special_rows.push_back(r);
+  }
+
+  const size_t es = dtype_size(spec.dtype);
+  p.x.resize(size_t(m * k) * es);
+  p.gate.resize(spec.kind == FfnKind::gated ? size_t(n * k) * es : 0);
+  p.up.resize(size_t(n * k) * es);
+  p.down.resize(size_t(n * k) * es);
+  const double wscale = 1.0 / std::sqrt(double(kr));
+  const int64_t hot_end = std::min<int64_t>(n, spec.hot_tile);
+  auto fill_first = [&](std::vector<uint8_t>& w) {  // gate (gated) or up (plain)
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t c = 0; c < kr; ++c) store_float(w.data(), spec.dtype, i * k + c, float(z(rng) * wscale));
+      store_float(w.data(), spec.dtype, i * k + kr, float(a));
+      store_float(w.data(), spec.dtype, i * k + kr + 1, float(i < hot_end ? b : -b));
+      store_float(w.data(), spec.dtype, i * k + kr + 2, float(-t[size_t(i)]));
+    }
+  };
+  auto fill_random = [&](std::vector<uint8_t>& w, double sc) {
+    for (int64_t i = 0; i < n * k; ++i) store_float(w.data(), spec.dtype, i, float(z(rng) * sc));
+  };
+  if (spec.kind == FfnKind::gated) {
+    fill_first(p.gate);
+    fill_random(p.up, wscale);
+  } else {
+    fill_first(p.up);
+  }
+  fill_random(p.down, 1.0 / std::sqrt(std::max(1.0, d * double(n))));
+  for (int64_t r = 0; r < m; ++r) {
+    const Role ro = Role(role[size_t(r)]);
+    const double sc = ro == normal ? scale[size_t(r)] : 0.1;
+    for (int64_t c = 0; c < kr; ++c) store_float(p.x.data(), spec.dtype, r * k + c, float(z(rng) * sc));
+    store_float(p.x.data(), spec.dtype, r * k + kr, ro == dense ? 1.f : ro == zero ? -1.f : 0.f);
+    store_float(p.x.data(), spec.dtype, r * k + kr + 1, ro == hot ? 1.f : 0.f);
+    store_float(p.x.data(), spec.dtype, r * k + kr + 2, ro == normal ? 1.f : ro == hot ? 1.f : 0.f);
+  }
+  return p;
+}
+
+uint64_t session_seed() {
+  if (const char* s = std::getenv("TWELL_SEED")) return std::strtoull(s, nullptr, 10);
+  return uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) ^ 0x9e3779b97f4a7c15ull;
+}
+
+}  // namespace twell::testing
