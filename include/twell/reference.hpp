@@ -62,7 +62,7 @@ class DeadNeuronTracker {
 
 // "Plain dense in dtype t": the same FFN with each GEMM output, the hidden activation and y
 // rounded to t (fp32 accumulation), as a framework's dense bf16/fp16 layer computes it. Its error
-// against ffn_forward sets the tolerance of the fast paths (docs/testing in tests/README).
+// against ffn_forward sets the tolerance of the fast paths (docs/testing.md).
 Matrix ffn_forward_rounded(const Weights& w, const Matrix& x, DType t);
 
 // ||a - b||_F / ||b||_F (0 when both are zero; infinity when a has NaN/Inf).

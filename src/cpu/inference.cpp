@@ -129,7 +129,7 @@ class CpuInference final : public InferenceBackend {
     } else {
       info.routed_rows += num_routed;
       sparse_rows(L, rows, x, vals, cols, counts, over, y);
-      routed_rows(L, num_routed, routed, x, g, ws, y);
+      routed_rows(L, num_routed, routed, nnz, x, g, ws, y);
     }
     if (dtype_ != DType::f32)
       cpu::from_f32(y, dtype_, static_cast<uint8_t*>(a.y.data) + r0 * k_ * es, rows * k_);
@@ -167,49 +167,64 @@ class CpuInference final : public InferenceBackend {
                    float* y) const {
 #pragma omp parallel for schedule(dynamic, 4)
     for (int64_t r = 0; r < rows; ++r) {
-      float* yr = y + r * k_;
-      std::memset(yr, 0, size_t(k_) * sizeof(float));
       if (over[size_t(r)]) continue;
-      const float* xr = x + r * k_;
-      int64_t pending = -1;  // neuron waiting for a partner so rows stream in pairs
-      float pending_g = 0.0f;
+      std::vector<int64_t> active;
+      std::vector<float> gate;
       for (int64_t t = 0; t < L.tiles; ++t) {
         const int64_t slot0 = (r * L.tiles + t) * L.capacity;
         for (int64_t e = 0; e < counts[r * L.tiles + t]; ++e) {
-          const int64_t nrn = t * opt_.tile + cols[slot0 + e];
-          const float gv = vals[slot0 + e];
-          if (pending < 0) {
-            pending = nrn;
-            pending_g = gv;
-            continue;
-          }
-          apply_pair(xr, pending, pending_g, nrn, gv, yr);
-          pending = -1;
+          active.push_back(t * opt_.tile + cols[slot0 + e]);
+          gate.push_back(vals[slot0 + e]);
         }
       }
-      if (pending >= 0) {
-        const float h = kind_ == FfnKind::gated ? pending_g * cpu::dot(xr, up_ + pending * k_, k_)
-                                                : pending_g;
-        cpu::axpy(h, down_ + pending * k_, yr, k_);
+      fused_row(x + r * k_, active.data(), gate.data(), int64_t(active.size()), y + r * k_);
+    }
+  }
+
+  // y_row = sum_i h_i Wd[n_i] with h_i = g_i * (x_row . Wu[n_i]) (gated) or g_i (plain); neurons
+  // are taken two at a time so that four weight rows stream at once.
+  void fused_row(const float* xr, const int64_t* nrn, const float* g, int64_t count, float* yr) const {
+    std::memset(yr, 0, size_t(k_) * sizeof(float));
+    const bool gated = kind_ == FfnKind::gated;
+    int64_t i = 0;
+    for (; i + 1 < count; i += 2) {
+      float h0 = g[i], h1 = g[i + 1];
+      if (gated) {
+        float u0, u1;
+        cpu::dot2(xr, up_ + nrn[i] * k_, up_ + nrn[i + 1] * k_, k_, &u0, &u1);
+        h0 *= u0;
+        h1 *= u1;
       }
+      cpu::axpy2(h0, down_ + nrn[i] * k_, h1, down_ + nrn[i + 1] * k_, yr, k_);
+    }
+    if (i < count) {
+      const float h = gated ? g[i] * cpu::dot(xr, up_ + nrn[i] * k_, k_) : g[i];
+      cpu::axpy(h, down_ + nrn[i] * k_, yr, k_);
     }
   }
 
-  void apply_pair(const float* xr, int64_t n0, float g0, int64_t n1, float g1, float* yr) const {
-    float h0 = g0, h1 = g1;
-    if (kind_ == FfnKind::gated) {
-      float u0, u1;
-      cpu::dot2(xr, up_ + n0 * k_, up_ + n1 * k_, k_, &u0, &u1);
-      h0 *= u0;
-      h1 *= u1;
+  // Backup path for routed rows (a tile over capacity), exact either way. The block's full gate
+  // rows are at hand, so routed rows can run the same fused up/down straight from their gate rows,
+  // uncapped: that reads 2 weight rows per active entry. Gathering them into dense sgemms instead
+  // reads every weight row once, which is cheaper only when the routed rows hold more than N
+  // active entries between them.
+  void routed_rows(const BlockLayout& L, int64_t count, const int32_t* routed,
+                   const std::vector<int64_t>& nnz, const float* x, const float* g, uint8_t* ws,
+                   float* y) const {
+    int64_t routed_active = 0;
+    for (int64_t i = 0; i < count; ++i) routed_active += nnz[size_t(routed[i])];
+    if (routed_active <= n_) {
+#pragma omp parallel for schedule(dynamic, 1)
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t r = routed[i];
+        std::vector<int64_t> active;
+        std::vector<float> gate;
+        for (int64_t c = 0; c < n_; ++c)
+          if (g[r * n_ + c] > 0.0f) active.push_back(c), gate.push_back(g[r * n_ + c]);
+        fused_row(x + r * k_, active.data(), gate.data(), int64_t(active.size()), y + r * k_);
+      }
+      return;
     }
-    cpu::axpy2(h0, down_ + n0 * k_, h1, down_ + n1 * k_, yr, k_);
-  }
-
-  // Dense backup for routed rows: gather x rows, dense up, h = relu(g) * u, dense down, scatter.
-  void routed_rows(const BlockLayout& L, int64_t count, const int32_t* routed, const float* x,
-                   const float* g, uint8_t* ws, float* y) const {
-    if (count == 0) return;
     auto* xg = reinterpret_cast<float*>(ws + L.xr);
     auto* h = reinterpret_cast<float*>(ws + L.h);
     for (int64_t i = 0; i < count; ++i) {

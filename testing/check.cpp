@@ -1,8 +1,8 @@
-#include "common.hpp"
+#include "check.hpp"
 
 #include <algorithm>
 
-namespace twell::test {
+namespace twell::testing {
 
 std::vector<int64_t> oracle_rows(const Problem& p, int64_t limit) {
   const int64_t m = p.spec.m;
@@ -21,29 +21,29 @@ std::vector<int64_t> oracle_rows(const Problem& p, int64_t limit) {
   return rows;
 }
 
-ref::Matrix take_rows(const ref::Matrix& a, const std::vector<int64_t>& rows) {
-  ref::Matrix out(int64_t(rows.size()), a.cols);
+reference::Matrix take_rows(const reference::Matrix& a, const std::vector<int64_t>& rows) {
+  reference::Matrix out(int64_t(rows.size()), a.cols);
   for (size_t i = 0; i < rows.size(); ++i)
     std::copy_n(a.v.begin() + rows[i] * a.cols, a.cols, out.v.begin() + int64_t(i) * a.cols);
   return out;
 }
 
-double tolerance(const ref::Weights& w, const ref::Matrix& x, const ref::Matrix& y_ref, DType t) {
-  const double plain = ref::rel_error(ref::ffn_forward_rounded(w, x, t), y_ref);
+double tolerance(const reference::Weights& w, const reference::Matrix& x, const reference::Matrix& y_ref, DType t) {
+  const double plain = reference::rel_error(reference::ffn_forward_rounded(w, x, t), y_ref);
   const double floor = t == DType::f32 ? 1e-5 : 1e-3;
   return 2 * plain + floor;
 }
 
-ForwardCheck check_forward(Problem& p, const void* y_host) {
-  const auto rows = oracle_rows(p);
-  const ref::Weights w = ref::from_weights(p.weights());
-  const ref::Matrix x = take_rows(ref::from_view(p.x_view()), rows);
-  const ref::Forward f = ref::ffn_forward(w, x);
-  const ref::Matrix y_all = ref::from_view(
+ForwardCheck check_forward(Problem& p, const void* y_host, int64_t limit) {
+  const auto rows = oracle_rows(p, limit);
+  const reference::Weights w = reference::from_weights(p.weights());
+  const reference::Matrix x = take_rows(reference::from_view(p.x_view()), rows);
+  const reference::Forward f = reference::ffn_forward(w, x);
+  const reference::Matrix y_all = reference::from_view(
       TensorView::matrix(const_cast<void*>(y_host), p.spec.dtype, p.spec.m, p.spec.k));
-  const ref::Matrix y = take_rows(y_all, rows);
+  const reference::Matrix y = take_rows(y_all, rows);
   ForwardCheck c;
-  c.error = ref::rel_error(y, f.y);
+  c.error = reference::rel_error(y, f.y);
   c.tolerance = tolerance(w, x, f.y, p.spec.dtype);
   for (int64_t r = 0; r < y.rows; ++r) {
     bool ref_zero = true, out_zero = true;
@@ -56,4 +56,4 @@ ForwardCheck check_forward(Problem& p, const void* y_host) {
   return c;
 }
 
-}  // namespace twell::test
+}  // namespace twell::testing

@@ -1,0 +1,172 @@
+// CUDA runner: CUDA-event timings on a non-blocking stream, with the L2 cache flushed (a memset of
+// twice its size) before every timed run so that no run starts with weights already in L2.
+// The gate-only floor is one cublasGemmEx (16-bit in and out, fp32 compute).
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+#include "twell/twell.hpp"
+
+namespace twell::bench {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error("bench", what, "cudaSuccess", cudaGetErrorString(e));
+}
+void check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw Error("bench", what, "CUBLAS_STATUS_SUCCESS", std::to_string(int(s)));
+}
+
+struct DeviceBuffer {
+  void* p = nullptr;
+  size_t bytes = 0;
+  void resize(size_t b) {
+    if (b <= bytes) return;
+    if (p) cudaFree(p);
+    p = nullptr;
+    check(cudaMalloc(&p, b), "cudaMalloc");
+    bytes = b;
+  }
+  ~DeviceBuffer() { if (p) cudaFree(p); }
+};
+
+class CudaRunner final : public Runner {
+ public:
+  CudaRunner() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+      (void)cudaGetLastError();
+      throw Error("bench", "backend", "a CUDA device", "none");
+    }
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    name_ = prop.name;
+    flush_.resize(size_t(2) * size_t(prop.l2CacheSize));
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaEventCreate(&start_), "cudaEventCreate");
+    check(cudaEventCreate(&stop_), "cudaEventCreate");
+    check(cublasCreate(&blas_), "cublasCreate");
+    check(cublasSetStream(blas_, stream_), "cublasSetStream");
+    counters_.resize(2 * sizeof(int64_t));
+  }
+  ~CudaRunner() override {
+    plans_.clear();
+    cublasDestroy(blas_);
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string device() const override { return name_; }
+  std::string backend() const override { return "cuda"; }
+
+  void load(testing::Problem& p) override {
+    plans_.clear();
+    spec_ = p.spec;
+    const size_t es = dtype_size(spec_.dtype);
+    auto up = [&](DeviceBuffer& d, const std::vector<uint8_t>& h) {
+      d.resize(h.size());
+      check(cudaMemcpy(d.p, h.data(), h.size(), cudaMemcpyHostToDevice), "upload");
+    };
+    up(x_, p.x);
+    if (spec_.kind == FfnKind::gated) up(gate_, p.gate);
+    up(up_, p.up);
+    up(down_, p.down);
+    y_.resize(size_t(spec_.m * spec_.k) * es);
+    g_.resize(size_t(spec_.m * spec_.n) * es);
+    const Device dev = Device::cuda(0);
+    w_ = FfnWeights{};
+    w_.kind = spec_.kind;
+    if (spec_.kind == FfnKind::gated) w_.gate = TensorView::matrix(gate_.p, spec_.dtype, spec_.n, spec_.k, dev);
+    w_.up = TensorView::matrix(up_.p, spec_.dtype, spec_.n, spec_.k, dev);
+    w_.down = TensorView::matrix(down_.p, spec_.dtype, spec_.n, spec_.k, dev);
+  }
+
+  Timing time_plan(Dispatch d, int warmup, int reps) override {
+    InferencePlan& plan = plan_for(d);
+    const InferenceArgs a = args(false);
+    return time([&] { plan.run(a, stream_); }, warmup, reps);
+  }
+
+  Timing time_gate(int warmup, int reps) override {
+    const cudaDataType_t t = spec_.dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    const void* first = spec_.kind == FfnKind::gated ? gate_.p : up_.p;
+    const float alpha = 1.0f, beta = 0.0f;
+    const int m = int(spec_.m), n = int(spec_.n), k = int(spec_.k);
+    return time(
+        [&] {  // row-major G[M, N] = x W^T is column-major G^T = W^T-view times x-view
+          check(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, first, t, k, x_.p, t, k,
+                             &beta, g_.p, t, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                "cublasGemmEx");
+        },
+        warmup, reps);
+  }
+
+  RunInfo run_once(Dispatch d, std::vector<uint8_t>& y_host) override {
+    InferencePlan& plan = plan_for(d);
+    check(cudaMemsetAsync(y_.p, 0xff, y_.bytes, stream_), "poison y");
+    plan.run(args(true), stream_);
+    check(cudaStreamSynchronize(stream_), "run");
+    y_host.resize(size_t(spec_.m * spec_.k) * dtype_size(spec_.dtype));
+    check(cudaMemcpy(y_host.data(), y_.p, y_host.size(), cudaMemcpyDeviceToHost), "download y");
+    int64_t c[2];
+    check(cudaMemcpy(c, counters_.p, sizeof c, cudaMemcpyDeviceToHost), "download counters");
+    RunInfo info = plan.last_run();
+    info.routed_rows = c[0];
+    info.active = c[1];
+    return info;
+  }
+
+ private:
+  InferenceArgs args(bool with_counters) {
+    const Device dev = Device::cuda(0);
+    InferenceArgs a{TensorView::matrix(x_.p, spec_.dtype, spec_.m, spec_.k, dev),
+                    TensorView::matrix(y_.p, spec_.dtype, spec_.m, spec_.k, dev), {}};
+    if (with_counters) a.counters = TensorView::vector(counters_.p, DType::i64, 2, dev);
+    return a;
+  }
+
+  InferencePlan& plan_for(Dispatch d) {
+    for (auto& [disp, plan] : plans_)
+      if (disp == d) return plan;
+    InferenceOptions o;
+    o.dispatch = d;
+    plans_.emplace_back(d, InferencePlan(w_, o));
+    return plans_.back().second;
+  }
+
+  template <class F>
+  Timing time(F&& f, int warmup, int reps) {
+    for (int i = 0; i < warmup; ++i) f();
+    std::vector<double> ms;
+    for (int i = 0; i < reps; ++i) {
+      check(cudaMemsetAsync(flush_.p, i & 0xff, flush_.bytes, stream_), "L2 flush");
+      check(cudaEventRecord(start_, stream_), "cudaEventRecord");
+      f();
+      check(cudaEventRecord(stop_, stream_), "cudaEventRecord");
+      check(cudaEventSynchronize(stop_), "cudaEventSynchronize");
+      float t = 0;
+      check(cudaEventElapsedTime(&t, start_, stop_), "cudaEventElapsedTime");
+      ms.push_back(t);
+    }
+    return summarize(ms);
+  }
+
+  std::string name_;
+  cudaStream_t stream_{};
+  cudaEvent_t start_{}, stop_{};
+  cublasHandle_t blas_{};
+  testing::ProblemSpec spec_;
+  DeviceBuffer x_, y_, g_, gate_, up_, down_, flush_, counters_;
+  FfnWeights w_;
+  std::vector<std::pair<Dispatch, InferencePlan>> plans_;
+};
+
+}  // namespace
+
+std::unique_ptr<Runner> make_cuda_runner() { return std::make_unique<CudaRunner>(); }
+
+}  // namespace twell::bench

@@ -1,0 +1,214 @@
+#include "harness.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <ostream>
+#include <sys/stat.h>
+
+#include "check.hpp"
+#include "twell/info.hpp"
+
+#ifndef TWELL_SOURCE_DIR
+#define TWELL_SOURCE_DIR "."
+#endif
+
+namespace twell::bench {
+
+using testing::Pattern;
+using testing::ProblemSpec;
+
+Timing summarize(std::vector<double> ms) {
+  Timing t;
+  if (ms.empty()) return t;
+  std::sort(ms.begin(), ms.end());
+  auto q = [&](double f) { return ms[size_t(std::lround(f * double(ms.size() - 1)))]; };
+  t.median = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+  t.p20 = q(0.2);
+  t.p80 = q(0.8);
+  return t;
+}
+
+std::vector<ProblemSpec> suite_cases(const std::string& suite, bool cuda, const ProblemSpec& custom) {
+  std::vector<ProblemSpec> out;
+  auto add = [&](int64_t m, int64_t k, int64_t n, DType dt, Pattern p, double d) {
+    ProblemSpec s;
+    s.kind = FfnKind::gated, s.m = m, s.k = k, s.n = n, s.dtype = dt, s.pattern = p, s.density = d;
+    s.seed = 1234 + out.size();
+    out.push_back(s);
+  };
+  const DType half = DType::bf16;
+  if (suite == "custom") {
+    out.push_back(custom);
+  } else if (suite == "default") {  // the paper's layer at a realistic, heavy-tailed 99.5% sparsity
+    if (cuda) add(16384, 2048, 5632, half, Pattern::heavy_tailed, 0.005);
+    for (int64_t m : {1, 256})
+      if (!cuda) add(m, 2048, 5632, DType::f32, Pattern::heavy_tailed, 0.005);
+  } else if (suite == "cpu") {
+    for (int64_t m : {1, 256})
+      for (DType dt : {DType::f32, DType::bf16})
+        for (Pattern p : {Pattern::uniform, Pattern::heavy_tailed}) add(m, 2048, 5632, dt, p, 0.005);
+    for (double d : {0.01, 0.02, 0.05, 0.1}) add(256, 2048, 5632, DType::f32, Pattern::uniform, d);
+  } else if (suite == "inference") {
+    for (double d : {0.005, 0.01, 0.02, 0.05, 0.1, 0.2}) add(16384, 2048, 5632, half, Pattern::uniform, d);
+    for (double d : {0.005, 0.01, 0.02}) add(16384, 2048, 5632, half, Pattern::heavy_tailed, d);
+    add(16384, 4096, 11008, half, Pattern::uniform, 0.005);
+    add(65536, 2048, 5632, half, Pattern::uniform, 0.005);
+    add(4096, 2048, 5632, half, Pattern::uniform, 0.005);
+    add(16384, 2048, 5632, DType::f16, Pattern::uniform, 0.005);
+  } else {
+    throw Error("bench", "suite", "default, cpu, inference or custom", suite);
+  }
+  return out;
+}
+
+std::string device_slug(const std::string& device) {
+  std::string lower;
+  for (char c : device) lower += char(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* chip : {"h100", "h200", "a100", "h800", "l40s", "l4", "a10"})
+    if (lower.find(chip) != std::string::npos) return chip;
+  if (lower.rfind("cpu", 0) == 0) return "cpu";
+  std::string slug;
+  for (char c : lower) slug += std::isalnum(static_cast<unsigned char>(c)) ? c : '-';
+  return slug;
+}
+
+namespace {
+
+bool use_cuda(const Options& o) {
+  if (o.backend == "cuda") return true;
+  if (o.backend == "cpu") return false;
+  if (o.backend != "auto") throw Error("bench", "backend", "auto, cpu or cuda", o.backend);
+  return cuda_device_count() > 0;
+}
+
+std::string fmt(const char* f, double a, double b = 0, double c = 0, double d = 0) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, f, a, b, c, d);
+  return buf;
+}
+
+}  // namespace
+
+std::vector<Row> run(const Options& o, std::ostream& progress) {
+  const bool cuda = use_cuda(o);
+  std::unique_ptr<Runner> runner = cuda ? make_cuda_runner() : make_cpu_runner();
+  const auto specs = suite_cases(o.suite, cuda, o.custom);
+  std::vector<Row> rows;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    Row r;
+    r.suite = o.suite;
+    r.device = runner->device();
+    r.backend = runner->backend();
+    r.spec = specs[i];
+    progress << "[" << i + 1 << "/" << specs.size() << "] " << r.spec.describe() << " ..." << std::flush;
+    testing::Problem p = testing::make_problem(r.spec);
+    runner->load(p);
+    std::vector<uint8_t> y;
+    const RunInfo info = runner->run_once(Dispatch::automatic, y);
+    r.density = r.spec.m ? double(info.active) / double(r.spec.m * r.spec.n) : 0;
+    r.routed_rows = info.routed_rows;
+    r.ran_dense = info.ran_dense;
+    if (o.check) {
+      const testing::ForwardCheck c = testing::check_forward(p, y.data(), 128);
+      r.error = c.error;
+      r.tolerance = c.ok() ? c.tolerance : -c.tolerance;  // negative tolerance marks a failed check
+    } else {
+      r.error = r.tolerance = -1;
+    }
+    r.dense = runner->time_plan(Dispatch::force_dense, o.warmup, o.reps);
+    r.gate = runner->time_gate(o.warmup, o.reps);
+    r.twell = runner->time_plan(Dispatch::automatic, o.warmup, o.reps);
+    r.speedup = r.dense.median / r.twell.median;
+    const double m = double(r.spec.m), k = double(r.spec.k), n = double(r.spec.n);
+    const double es = double(dtype_size(r.spec.dtype));
+    r.tflops = 6 * m * k * n / (r.twell.median * 1e-3) / 1e12;
+    r.gbps = (2 * m * k + 3 * n * k) * es / (r.twell.median * 1e-3) / 1e9;
+    progress << fmt(" dense %.3f ms, gate %.3f ms, twell %.3f ms, %.2fx", r.dense.median, r.gate.median,
+                    r.twell.median, r.speedup)
+             << fmt(", density %.3f%%, routed %.0f, error %.2e", 100 * r.density, double(r.routed_rows), r.error)
+             << (r.tolerance < 0 && o.check ? "  ERROR ABOVE TOLERANCE" : "") << "\n";
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+namespace {
+
+void make_dirs(const std::string& path) {
+  for (size_t i = 1; i <= path.size(); ++i)
+    if (i == path.size() || path[i] == '/') ::mkdir(path.substr(0, i).c_str(), 0755);
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+  return o;
+}
+
+}  // namespace
+
+void write_results(const std::vector<Row>& rows, const std::string& dir, const std::string& suite) {
+  make_dirs(dir);
+  std::ofstream js(dir + "/" + suite + ".json"), csv(dir + "/" + suite + ".csv");
+  if (!js || !csv) throw Error("bench", "out dir", "a writable folder", dir);
+  csv << "suite,device,backend,kind,dtype,M,K,N,pattern,target_density,density,dense_ms,dense_p20,"
+         "dense_p80,gate_ms,twell_ms,twell_p20,twell_p80,speedup,routed_rows,ran_dense,rel_error,"
+         "tolerance,tflops,gbps\n";
+  js << "[\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const ProblemSpec& s = r.spec;
+    char line[1024];
+    std::snprintf(line, sizeof line,
+                  "%s,%s,%s,%s,%s,%lld,%lld,%lld,%s,%.5f,%.5f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,"
+                  "%.3f,%lld,%d,%.3e,%.3e,%.2f,%.1f\n",
+                  r.suite.c_str(), r.device.c_str(), r.backend.c_str(), ffn_kind_name(s.kind),
+                  dtype_name(s.dtype), (long long)s.m, (long long)s.k, (long long)s.n,
+                  testing::pattern_name(s.pattern), s.density, r.density, r.dense.median, r.dense.p20,
+                  r.dense.p80, r.gate.median, r.twell.median, r.twell.p20, r.twell.p80, r.speedup,
+                  (long long)r.routed_rows, int(r.ran_dense), r.error, r.tolerance, r.tflops, r.gbps);
+    csv << line;
+    std::snprintf(line, sizeof line,
+                  "  {\"suite\": \"%s\", \"device\": \"%s\", \"backend\": \"%s\", \"kind\": \"%s\", "
+                  "\"dtype\": \"%s\", \"M\": %lld, \"K\": %lld, \"N\": %lld, \"pattern\": \"%s\", "
+                  "\"target_density\": %.5f, \"density\": %.5f, \"dense_ms\": {\"median\": %.4f, "
+                  "\"p20\": %.4f, \"p80\": %.4f}, \"gate_ms\": {\"median\": %.4f, \"p20\": %.4f, "
+                  "\"p80\": %.4f}, ",
+                  json_escape(r.suite).c_str(), json_escape(r.device).c_str(), r.backend.c_str(),
+                  ffn_kind_name(s.kind), dtype_name(s.dtype), (long long)s.m, (long long)s.k,
+                  (long long)s.n, testing::pattern_name(s.pattern), s.density, r.density,
+                  r.dense.median, r.dense.p20, r.dense.p80, r.gate.median, r.gate.p20, r.gate.p80);
+    js << line;
+    std::snprintf(line, sizeof line,
+                  "\"twell_ms\": {\"median\": %.4f, \"p20\": %.4f, \"p80\": %.4f}, \"speedup\": %.3f, "
+                  "\"routed_rows\": %lld, \"ran_dense\": %s, \"rel_error\": %.3e, \"tolerance\": "
+                  "%.3e, \"tflops\": %.2f, \"gbps\": %.1f}%s\n",
+                  r.twell.median, r.twell.p20, r.twell.p80, r.speedup, (long long)r.routed_rows,
+                  r.ran_dense ? "true" : "false", r.error, r.tolerance, r.tflops, r.gbps,
+                  i + 1 < rows.size() ? "," : "");
+    js << line;
+  }
+  js << "]\n";
+}
+
+void print_table(const std::vector<Row>& rows, std::ostream& out) {
+  out << "device   | M x K x N              | dtype    | pattern      | density | dense ms | gate ms "
+         "| twell ms | speedup | routed | rel error\n";
+  for (const Row& r : rows) {
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "%-8s | %6lld x %5lld x %6lld | %-8s | %-12s | %6.3f%% | %8.3f | %7.3f | %8.3f | "
+                  "%6.2fx | %6lld | %.2e%s\n",
+                  device_slug(r.device).c_str(), (long long)r.spec.m, (long long)r.spec.k,
+                  (long long)r.spec.n, dtype_name(r.spec.dtype), testing::pattern_name(r.spec.pattern),
+                  100 * r.density, r.dense.median, r.gate.median, r.twell.median, r.speedup,
+                  (long long)r.routed_rows, r.error, r.ran_dense ? " (dense)" : "");
+    out << line;
+  }
+}
+
+}  // namespace twell::bench

@@ -1,0 +1,68 @@
+// The benchmark harness: one code path for every backend. Per case it times the dense baseline
+// (three BLAS/cuBLAS GEMMs + the elementwise op, through the plan's force_dense path), the gate
+// GEMM alone (the floor of any sparse scheme that keeps the gate dense) and twell (automatic
+// dispatch), checks twell's output against the fp64 oracle, and writes one row per case.
+#pragma once
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "twell/ffn.hpp"
+#include "workload.hpp"
+
+namespace twell::bench {
+
+struct Timing {
+  double median = 0, p20 = 0, p80 = 0;  // milliseconds
+};
+
+struct Row {
+  std::string suite, device, backend;
+  testing::ProblemSpec spec;
+  double density = 0;          // measured: active gate units / (M * N)
+  Timing dense, gate, twell;
+  double speedup = 0;          // dense.median / twell.median
+  int64_t routed_rows = 0;
+  bool ran_dense = false;      // automatic dispatch chose the dense path
+  double error = 0, tolerance = 0;  // twell vs fp64 oracle (sampled rows); -1 when not checked
+  double tflops = 0;           // dense-equivalent FLOPs / twell time
+  double gbps = 0;             // x + y + all weights bytes / twell time
+};
+
+// Times one problem on one device. Implementations: CPU (std::chrono) and CUDA (events, L2 flush).
+class Runner {
+ public:
+  virtual ~Runner() = default;
+  virtual std::string device() const = 0;
+  virtual std::string backend() const = 0;
+  virtual void load(testing::Problem& p) = 0;
+  virtual Timing time_plan(Dispatch d, int warmup, int reps) = 0;
+  virtual Timing time_gate(int warmup, int reps) = 0;
+  virtual RunInfo run_once(Dispatch d, std::vector<uint8_t>& y_host) = 0;
+};
+std::unique_ptr<Runner> make_cpu_runner();
+std::unique_ptr<Runner> make_cuda_runner();  // throws Error without CUDA or without a device
+
+struct Options {
+  std::string suite = "default";  // default | cpu | inference | sweep | custom
+  std::string backend = "auto";   // auto (CUDA when a device is present) | cpu | cuda
+  int warmup = 2, reps = 10;
+  bool check = true;
+  std::string out_dir;            // empty: bench/results/<device slug>/ under the source tree
+  testing::ProblemSpec custom;    // the case of suite "custom"
+};
+
+std::vector<testing::ProblemSpec> suite_cases(const std::string& suite, bool cuda,
+                                              const testing::ProblemSpec& custom);
+// Runs the suite, printing a progress line per case to `progress`; returns the rows.
+std::vector<Row> run(const Options& o, std::ostream& progress);
+// Writes <dir>/<suite>.json and <dir>/<suite>.csv.
+void write_results(const std::vector<Row>& rows, const std::string& dir, const std::string& suite);
+void print_table(const std::vector<Row>& rows, std::ostream& out);
+std::string device_slug(const std::string& device);  // "NVIDIA H100 80GB HBM3" -> "h100"
+
+Timing summarize(std::vector<double> ms);
+
+}  // namespace twell::bench

@@ -1,0 +1,31 @@
+// Checking a forward output against the fp64 oracle, with the tolerance rule of docs/testing.md.
+// Shared by the tests and the benchmark harness (which reports the error of every row it times).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "twell/reference.hpp"
+#include "workload.hpp"
+
+namespace twell::testing {
+
+// The rows the oracle is evaluated on: all of them up to `limit`, else a spread sample plus every
+// special row. Forward rows are independent, so a row sample is an exact check of those rows.
+std::vector<int64_t> oracle_rows(const Problem& p, int64_t limit = 512);
+reference::Matrix take_rows(const reference::Matrix& a, const std::vector<int64_t>& rows);
+
+// Tolerance of a fast path on dtype t: 2x the relative error of a plain dense implementation in t
+// (each GEMM output, h and y rounded to t) plus a floor for summation-order noise.
+double tolerance(const reference::Weights& w, const reference::Matrix& x,
+                 const reference::Matrix& y_ref, DType t);
+
+struct ForwardCheck {
+  double error = 0;             // ||y - y_ref|| / ||y_ref|| over the checked rows
+  double tolerance = 0;
+  bool zero_rows_exact = true;  // rows whose reference is exactly zero are exactly zero
+  bool ok() const { return error <= tolerance && zero_rows_exact; }
+};
+// Compares y (host, in p.spec.dtype, [M, K]) against the oracle on oracle_rows(p, limit).
+ForwardCheck check_forward(Problem& p, const void* y_host, int64_t limit = 512);
+
+}  // namespace twell::testing
