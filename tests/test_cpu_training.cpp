@@ -102,5 +102,51 @@ INSTANTIATE_TEST_SUITE_P(Generators, CpuTraining, ::testing::ValuesIn(cases()),
                                   std::to_string(c.m) + "_" + std::to_string(i.index);
                          });
 
+// The caller-owned form (one byte buffer, as a framework tensor would hold it) gives the same result
+// as the plan-allocated one, and a mismatched saved shape is refused.
+TEST(CpuTrainingApi, CallerOwnedSavedStateMatches) {
+  Problem p = testing::make_problem({FfnKind::gated, 65, 24, 200, DType::bf16, Pattern::edge_rows, 0.05, 64, seed(41)});
+  TrainingOptions opt;
+  opt.tile = 64, opt.capacity = 4, opt.l1_coef = 0.01;
+  TrainingPlan plan(p.weights(), opt);
+  const TwellShape shape = plan.saved_shape(65);
+  EXPECT_EQ(shape.backup_capacity, 0);
+  EXPECT_EQ(shape.planes, 2);
+  std::vector<uint8_t> buffer(shape.bytes(plan.saved_dtype()));
+  poison(buffer.data(), buffer.size());
+  const TwellView view = make_twell_view(buffer.data(), shape, plan.saved_dtype(), Device::cpu());
+  std::vector<uint16_t> y1(65 * 24), y2(65 * 24), dx1(65 * 24), dx2(65 * 24);
+  std::vector<float> g1(200 * 24), u1(g1.size()), d1(g1.size()), g2(g1.size()), u2(g1.size()), d2(g1.size());
+  auto mat = [](auto& v, DType t, int64_t r, int64_t c) { return TensorView::matrix(v.data(), t, r, c); };
+  plan.forward({p.x_view(), mat(y1, DType::bf16, 65, 24), {}}, view);
+  EXPECT_GT(*view.num_routed, 0);
+  plan.backward({p.x_view(), mat(dx1, DType::bf16, 65, 24), mat(g1, DType::f32, 200, 24),
+                 mat(u1, DType::f32, 200, 24), mat(d1, DType::f32, 200, 24)},
+                p.x_view(), view);
+  SavedActivations saved;
+  plan.forward({p.x_view(), mat(y2, DType::bf16, 65, 24), {}}, saved);
+  plan.backward({p.x_view(), mat(dx2, DType::bf16, 65, 24), mat(g2, DType::f32, 200, 24),
+                 mat(u2, DType::f32, 200, 24), mat(d2, DType::f32, 200, 24)},
+                saved);
+  EXPECT_EQ(y1, y2);
+  EXPECT_EQ(dx1, dx2);
+  EXPECT_EQ(g1, g2);
+  EXPECT_EQ(u1, u2);
+  EXPECT_EQ(d1, d2);
+  EXPECT_EQ(saved.routed_rows(), *view.num_routed);
+  EXPECT_EQ(saved.bytes(), buffer.size());
+
+  TwellShape wrong = shape;
+  wrong.rows = 64;
+  std::vector<uint8_t> small(wrong.bytes(DType::f32));
+  try {
+    plan.forward({p.x_view(), mat(y1, DType::bf16, 65, 24), {}},
+                 make_twell_view(small.data(), wrong, DType::f32, Device::cpu()));
+    ADD_FAILURE() << "expected twell::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "saved shape");
+  }
+}
+
 }  // namespace
 }  // namespace twell::test

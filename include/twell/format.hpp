@@ -25,6 +25,8 @@ struct TwellShape {
   int64_t num_tiles() const { return (cols + tile - 1) / tile; }
   int64_t slots_per_row() const { return num_tiles() * capacity; }
   void validate(const char* op) const;  // throws Error naming the bad field
+  // Bytes of the single-buffer form (every array, 16-byte aligned; docs/format.md).
+  size_t bytes(DType dtype) const;
 };
 
 // Mutable view of a TwELL matrix. Arrays (all contiguous, row-major):
@@ -50,6 +52,10 @@ struct TwellView {
   void* backup = nullptr;
 };
 
+// Carves a view out of one buffer of at least shape.bytes(dtype) bytes (order and alignment in
+// docs/format.md), on any device: how frameworks hold a TwELL matrix as a single byte tensor.
+TwellView make_twell_view(void* buffer, const TwellShape& shape, DType dtype, Device device);
+
 // Owning host (CPU) TwELL matrix.
 class TwellMatrix {
  public:
@@ -58,17 +64,12 @@ class TwellMatrix {
   TwellView view();
   const TwellShape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
-  int32_t num_routed() const { return num_routed_; }
-  // Grows the backup part to hold `rows` dense rows (existing contents kept).
-  void reserve_backup(int64_t rows);
+  int32_t num_routed() const;
 
  private:
   TwellShape shape_{};
   DType dtype_ = DType::f32;
-  std::vector<uint8_t> values_, backup_;
-  std::vector<uint16_t> cols_, counts_;
-  std::vector<int32_t> row_slot_, routed_rows_;
-  int32_t num_routed_ = 0;
+  std::vector<uint8_t> storage_;
 };
 
 struct PackResult {
@@ -95,12 +96,14 @@ void validate_twell(const TwellView& in);
 // Column-major (per neuron) index of the stored non-zeros, for backward passes:
 //   col_ptr [cols + 1], row [nnz], pos [nnz] where pos is the element offset of the value inside
 //   plane 0 of `values` (compact rows) or, with bit 62 set, inside plane 0 of `backup`.
+// Routed rows without a backup row raise Error unless `routed` is RoutedRows::skip.
+enum class RoutedRows : uint8_t { include, skip };
 struct ColumnIndex {
   std::vector<int64_t> col_ptr;
   std::vector<int32_t> row;
   std::vector<int64_t> pos;
   static constexpr int64_t kBackupBit = int64_t(1) << 62;
 };
-ColumnIndex build_column_index(const TwellView& in);
+ColumnIndex build_column_index(const TwellView& in, RoutedRows routed = RoutedRows::include);
 
 }  // namespace twell

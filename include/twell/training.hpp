@@ -1,8 +1,14 @@
-// Training: forward that saves the compact hybrid layout, and an exact backward with the L1 term.
+// Training: a forward that saves the compact hybrid layout, and an exact backward with the L1 term.
 //
 // L1 normalisation (the paper's): l1_value = (1/M) * sum_m sum_n |h[m, n]|, i.e. the per-token sum
 // of |h| averaged over tokens; the loss term is l1_coef * l1_value and its gradient w.r.t. h is
 // l1_coef * sign(h) / M. L0 = (1/M) * #{(m, n): gate active}, the mean active neurons per token.
+//
+// What forward saves (docs/format.md, "Hybrid training layout"): a TwELL matrix with no backup
+// rows (gated: planes {relu(x Wg^T), x Wu^T}; plain: plane {h}) whose routed rows (a tile over
+// capacity) are only listed; backward recomputes those rows densely from x. Its size depends on M
+// alone, so it can live in framework-allocated tensors and a step can be captured in a CUDA graph,
+// and no capacity anywhere can drop data.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -21,23 +27,6 @@ struct TrainingOptions {
   Determinism determinism = Determinism::deterministic;
 };
 
-// What forward keeps for backward: a view of x (the caller keeps it alive) and the hybrid layout of
-// the hidden activations (gated: planes {relu(gate), up}; plain: plane {h}) on x's device.
-class SavedActivations {
- public:
-  SavedActivations();
-  ~SavedActivations();
-  SavedActivations(SavedActivations&&) noexcept;
-  SavedActivations& operator=(SavedActivations&&) noexcept;
-  size_t bytes() const;           // memory held between forward and backward
-  int64_t routed_rows() const;    // host count (CPU) / after synchronisation (CUDA)
-  class Impl;
-  Impl* impl() const { return impl_.get(); }
-
- private:
-  std::unique_ptr<Impl> impl_;
-};
-
 struct TrainingForwardArgs {
   TensorView x;       // [M, K]
   TensorView y;       // [M, K], written
@@ -52,6 +41,22 @@ struct TrainingBackwardArgs {
   TensorView ddown;   // [N, K] f32, written (neuron-major like the weight)
 };
 
+// Owning convenience holder of the saved state (and a view of x, which the caller keeps alive).
+class SavedActivations {
+ public:
+  SavedActivations();
+  ~SavedActivations();
+  SavedActivations(SavedActivations&&) noexcept;
+  SavedActivations& operator=(SavedActivations&&) noexcept;
+  size_t bytes() const;           // memory held between forward and backward
+  int64_t routed_rows() const;    // rows that backward recomputes densely
+  class Impl;
+  Impl* impl() const { return impl_.get(); }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
 class TrainingPlan {
  public:
   TrainingPlan(const FfnWeights& weights, const TrainingOptions& options = {});
@@ -59,7 +64,16 @@ class TrainingPlan {
   TrainingPlan(TrainingPlan&&) noexcept;
   TrainingPlan& operator=(TrainingPlan&&) noexcept;
 
-  // Weights may be updated in place between steps; the plan keeps views only.
+  // The saved state for M rows: its shape (backup_capacity 0) and dtype; allocate
+  // saved_shape(M).bytes(saved_dtype()) bytes on x's device and carve it with make_twell_view.
+  TwellShape saved_shape(int64_t rows) const;
+  DType saved_dtype() const;
+
+  // Caller-owned state. Weights may be updated in place between steps; the plan keeps views only.
+  void forward(const TrainingForwardArgs& args, const TwellView& saved, Stream stream = nullptr);
+  void backward(const TrainingBackwardArgs& args, const TensorView& x, const TwellView& saved,
+                Stream stream = nullptr);
+  // Plan-allocated state.
   void forward(const TrainingForwardArgs& args, SavedActivations& saved, Stream stream = nullptr);
   void backward(const TrainingBackwardArgs& args, const SavedActivations& saved,
                 Stream stream = nullptr);

@@ -28,21 +28,18 @@ std::unique_ptr<InferenceBackend> make_cpu_inference(const FfnWeights& w, const 
 std::unique_ptr<InferenceBackend> make_cuda_inference(const FfnWeights& w,
                                                       const InferenceOptions& o);
 
-// What forward keeps for backward; each backend derives its own.
-class SavedState {
- public:
-  virtual ~SavedState() = default;
-  virtual size_t bytes() const = 0;
-  virtual int64_t routed_rows() const = 0;
-  TensorView x;
-};
-
 class TrainingBackend {
  public:
   virtual ~TrainingBackend() = default;
-  virtual std::unique_ptr<SavedState> forward(const TrainingForwardArgs& args, Stream stream) = 0;
-  virtual void backward(const TrainingBackwardArgs& args, const SavedState& saved,
-                        Stream stream) = 0;
+  virtual DType saved_dtype() const = 0;
+  // Arguments are validated; `saved` has the plan's saved_shape(M).
+  virtual void forward(const TrainingForwardArgs& args, const TwellView& saved, Stream stream) = 0;
+  virtual void backward(const TrainingBackwardArgs& args, const TensorView& x,
+                        const TwellView& saved, Stream stream) = 0;
+  // Device memory for SavedActivations, freed by the deleter.
+  virtual std::shared_ptr<void> allocate(size_t bytes) = 0;
+  // Host value of *saved.num_routed (synchronises where it must).
+  virtual int64_t routed_rows(const TwellView& saved) = 0;
 };
 
 std::unique_ptr<TrainingBackend> make_cpu_training(const FfnWeights& w, const TrainingOptions& o);
@@ -53,6 +50,10 @@ std::unique_ptr<TrainingBackend> make_cuda_training(const FfnWeights& w, const T
 namespace twell {
 class SavedActivations::Impl {
  public:
-  std::unique_ptr<detail::SavedState> state;
+  std::shared_ptr<void> storage;
+  TwellView view;
+  TensorView x;
+  size_t bytes = 0;
+  std::shared_ptr<detail::TrainingBackend> backend;  // for routed_rows()
 };
 }  // namespace twell

@@ -13,9 +13,9 @@ SavedActivations::SavedActivations() : impl_(std::make_unique<Impl>()) {}
 SavedActivations::~SavedActivations() = default;
 SavedActivations::SavedActivations(SavedActivations&&) noexcept = default;
 SavedActivations& SavedActivations::operator=(SavedActivations&&) noexcept = default;
-size_t SavedActivations::bytes() const { return impl_->state ? impl_->state->bytes() : 0; }
+size_t SavedActivations::bytes() const { return impl_->bytes; }
 int64_t SavedActivations::routed_rows() const {
-  return impl_->state ? impl_->state->routed_rows() : 0;
+  return impl_->backend ? impl_->backend->routed_rows(impl_->view) : 0;
 }
 
 namespace detail {
@@ -39,7 +39,37 @@ class TrainingPlan::Impl {
  public:
   FfnWeights weights;
   TrainingOptions options;
-  std::unique_ptr<detail::TrainingBackend> backend;
+  std::shared_ptr<detail::TrainingBackend> backend;
+
+  void check_saved(const char* op, const TwellView& saved, int64_t rows) const {
+    const TwellShape want = shape(rows);
+    const TwellShape& got = saved.shape;
+    auto str = [](const TwellShape& s) {
+      return "rows " + std::to_string(s.rows) + ", cols " + std::to_string(s.cols) + ", tile " +
+             std::to_string(s.tile) + ", capacity " + std::to_string(s.capacity) + ", planes " +
+             std::to_string(s.planes) + ", backup " + std::to_string(s.backup_capacity);
+    };
+    if (got.rows != want.rows || got.cols != want.cols || got.tile != want.tile ||
+        got.capacity != want.capacity || got.planes != want.planes || got.backup_capacity != 0)
+      throw Error(op, "saved shape", str(want), str(got));
+    if (saved.dtype != backend->saved_dtype())
+      throw Error(op, "saved dtype", dtype_name(backend->saved_dtype()), dtype_name(saved.dtype));
+    if (saved.device != weights.up.device)
+      throw Error(op, "saved device", to_string(weights.up.device), to_string(saved.device));
+    if (!saved.values || !saved.cols || !saved.counts || !saved.row_slot || !saved.routed_rows ||
+        !saved.num_routed)
+      throw Error(op, "saved", "every array of the layout", "a null pointer");
+  }
+
+  TwellShape shape(int64_t rows) const {
+    TwellShape s;
+    s.rows = rows;
+    s.cols = weights.intermediate();
+    s.tile = options.tile;
+    s.capacity = options.capacity;
+    s.planes = weights.kind == FfnKind::gated ? 2 : 1;
+    return s;
+  }
 };
 
 TrainingPlan::TrainingPlan(const FfnWeights& weights, const TrainingOptions& options)
@@ -57,33 +87,55 @@ TrainingPlan::~TrainingPlan() = default;
 TrainingPlan::TrainingPlan(TrainingPlan&&) noexcept = default;
 TrainingPlan& TrainingPlan::operator=(TrainingPlan&&) noexcept = default;
 const TrainingOptions& TrainingPlan::options() const { return impl_->options; }
+TwellShape TrainingPlan::saved_shape(int64_t rows) const { return impl_->shape(rows); }
+DType TrainingPlan::saved_dtype() const { return impl_->backend->saved_dtype(); }
 
-void TrainingPlan::forward(const TrainingForwardArgs& args, SavedActivations& saved,
-                           Stream stream) {
+void TrainingPlan::forward(const TrainingForwardArgs& args, const TwellView& saved, Stream stream) {
   const char* op = "TrainingPlan::forward";
   const FfnWeights& w = impl_->weights;
   const Device dev = w.up.device;
   detail::check_matrix(op, "x", args.x, -1, w.hidden(), w.up.dtype, dev);
   detail::check_matrix(op, "y", args.y, args.x.shape[0], w.hidden(), w.up.dtype, dev);
   if (args.stats.defined()) detail::check_vector(op, "stats", args.stats, 2, DType::f32, dev);
-  saved.impl()->state = impl_->backend->forward(args, stream);
-  saved.impl()->state->x = args.x;
+  impl_->check_saved(op, saved, args.x.shape[0]);
+  impl_->backend->forward(args, saved, stream);
 }
 
-void TrainingPlan::backward(const TrainingBackwardArgs& args, const SavedActivations& saved,
-                            Stream stream) {
+void TrainingPlan::backward(const TrainingBackwardArgs& args, const TensorView& x,
+                            const TwellView& saved, Stream stream) {
   const char* op = "TrainingPlan::backward";
   const FfnWeights& w = impl_->weights;
   const Device dev = w.up.device;
-  const detail::SavedState* state = saved.impl()->state.get();
-  if (state == nullptr) throw Error(op, "saved", "activations saved by forward()", "none");
-  const int64_t m = state->x.shape[0], k = w.hidden(), n = w.intermediate();
+  const int64_t k = w.hidden(), n = w.intermediate();
+  detail::check_matrix(op, "x", x, -1, k, w.up.dtype, dev);
+  const int64_t m = x.shape[0];
+  impl_->check_saved(op, saved, m);
   detail::check_matrix(op, "dy", args.dy, m, k, w.up.dtype, dev);
   detail::check_matrix(op, "dx", args.dx, m, k, w.up.dtype, dev);
   if (w.kind == FfnKind::gated) detail::check_matrix(op, "dgate", args.dgate, n, k, DType::f32, dev);
   detail::check_matrix(op, "dup", args.dup, n, k, DType::f32, dev);
   detail::check_matrix(op, "ddown", args.ddown, n, k, DType::f32, dev);
-  impl_->backend->backward(args, *state, stream);
+  impl_->backend->backward(args, x, saved, stream);
+}
+
+void TrainingPlan::forward(const TrainingForwardArgs& args, SavedActivations& saved, Stream stream) {
+  detail::check_matrix("TrainingPlan::forward", "x", args.x, -1, impl_->weights.hidden(),
+                       impl_->weights.up.dtype, impl_->weights.up.device);
+  const TwellShape s = saved_shape(args.x.shape[0]);
+  SavedActivations::Impl& st = *saved.impl();
+  st.bytes = s.bytes(saved_dtype());
+  st.storage = impl_->backend->allocate(st.bytes);
+  st.view = make_twell_view(st.storage.get(), s, saved_dtype(), impl_->weights.up.device);
+  st.x = args.x;
+  st.backend = impl_->backend;
+  forward(args, st.view, stream);
+}
+
+void TrainingPlan::backward(const TrainingBackwardArgs& args, const SavedActivations& saved,
+                            Stream stream) {
+  const SavedActivations::Impl& st = *saved.impl();
+  if (!st.storage) throw Error("TrainingPlan::backward", "saved", "activations saved by forward()", "none");
+  backward(args, st.x, st.view, stream);
 }
 
 }  // namespace twell

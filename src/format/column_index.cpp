@@ -6,7 +6,7 @@
 
 namespace twell {
 
-ColumnIndex build_column_index(const TwellView& in) {
+ColumnIndex build_column_index(const TwellView& in, RoutedRows routed) {
   const TwellShape& s = in.shape;
   s.validate("build_column_index");
   const int64_t nt = s.num_tiles();
@@ -20,6 +20,7 @@ ColumnIndex build_column_index(const TwellView& in) {
   auto for_each = [&](auto&& fn) {
     for (int64_t m = 0; m < s.rows; ++m) {
       const int32_t slot = in.row_slot[m];
+      if (slot >= 0 && routed == RoutedRows::skip) continue;
       if (slot >= 0) {
         if (slot >= s.backup_capacity)
           throw Error("build_column_index", "row " + std::to_string(m),

@@ -33,44 +33,72 @@ void TwellShape::validate(const char* op) const {
     throw Error(op, "backup capacity", "0..rows (" + str(rows) + ")", str(backup_capacity));
 }
 
+namespace {
+
+// Offsets of the arrays inside the single-buffer form, in the order of docs/format.md.
+struct Offsets {
+  size_t values, backup, cols, counts, row_slot, routed_rows, num_routed, total;
+  Offsets(const TwellShape& s, DType dtype) {
+    size_t at = 0;
+    auto take = [&at](size_t bytes) {
+      const size_t here = at;
+      at += (bytes + 15) / 16 * 16;
+      return here;
+    };
+    const size_t slots = size_t(s.rows * s.slots_per_row());
+    values = take(size_t(s.planes) * slots * dtype_size(dtype));
+    backup = take(size_t(s.planes * s.backup_capacity * s.cols) * dtype_size(dtype));
+    cols = take(slots * 2);
+    counts = take(size_t(s.rows * s.num_tiles()) * 2);
+    row_slot = take(size_t(s.rows) * 4);
+    routed_rows = take(size_t(s.rows) * 4);
+    num_routed = take(4);
+    total = at;
+  }
+};
+
+}  // namespace
+
+size_t TwellShape::bytes(DType dtype) const {
+  validate("TwellShape::bytes");
+  return Offsets(*this, dtype).total;
+}
+
+TwellView make_twell_view(void* buffer, const TwellShape& shape, DType dtype, Device device) {
+  shape.validate("make_twell_view");
+  if (!is_float_dtype(dtype)) throw Error("make_twell_view", "dtype", "a float type", dtype_name(dtype));
+  if (buffer == nullptr) throw Error("make_twell_view", "buffer", "memory", "null");
+  const Offsets o(shape, dtype);
+  auto* b = static_cast<uint8_t*>(buffer);
+  TwellView v;
+  v.shape = shape;
+  v.dtype = dtype;
+  v.device = device;
+  v.values = b + o.values;
+  v.backup = shape.backup_capacity ? b + o.backup : nullptr;
+  v.cols = reinterpret_cast<uint16_t*>(b + o.cols);
+  v.counts = reinterpret_cast<uint16_t*>(b + o.counts);
+  v.row_slot = reinterpret_cast<int32_t*>(b + o.row_slot);
+  v.routed_rows = reinterpret_cast<int32_t*>(b + o.routed_rows);
+  v.num_routed = reinterpret_cast<int32_t*>(b + o.num_routed);
+  return v;
+}
+
 TwellMatrix::TwellMatrix(const TwellShape& shape, DType dtype) : shape_(shape), dtype_(dtype) {
   shape.validate("TwellMatrix");
   if (!is_float_dtype(dtype)) throw Error("TwellMatrix", "dtype", "a float type", dtype_name(dtype));
-  const size_t slots = size_t(shape.rows * shape.slots_per_row());
-  values_.assign(size_t(shape.planes) * slots * dtype_size(dtype), 0);
-  cols_.assign(slots, 0);
-  counts_.assign(size_t(shape.rows * shape.num_tiles()), 0);
-  row_slot_.assign(size_t(shape.rows), -1);
-  routed_rows_.assign(size_t(shape.rows), 0);
-  backup_.assign(size_t(shape.planes * shape.backup_capacity * shape.cols) * dtype_size(dtype), 0);
+  storage_.assign(shape.bytes(dtype), 0);
+  TwellView v = view();
+  std::fill(v.row_slot, v.row_slot + shape.rows, -1);
 }
 
-void TwellMatrix::reserve_backup(int64_t rows) {
-  if (rows <= shape_.backup_capacity) return;
-  if (rows > shape_.rows)
-    throw Error("TwellMatrix::reserve_backup", "rows", "<= " + str(shape_.rows), str(rows));
-  const size_t plane_old = size_t(shape_.backup_capacity * shape_.cols) * dtype_size(dtype_);
-  const size_t plane_new = size_t(rows * shape_.cols) * dtype_size(dtype_);
-  std::vector<uint8_t> grown(plane_new * size_t(shape_.planes), 0);
-  for (int p = 0; p < shape_.planes; ++p)
-    std::memcpy(grown.data() + p * plane_new, backup_.data() + p * plane_old, plane_old);
-  backup_.swap(grown);
-  shape_.backup_capacity = rows;
+int32_t TwellMatrix::num_routed() const {
+  return storage_.empty() ? 0 : *const_cast<TwellMatrix*>(this)->view().num_routed;
 }
 
 TwellView TwellMatrix::view() {
-  TwellView v;
-  v.shape = shape_;
-  v.dtype = dtype_;
-  v.device = Device::cpu();
-  v.values = values_.data();
-  v.cols = cols_.data();
-  v.counts = counts_.data();
-  v.row_slot = row_slot_.data();
-  v.routed_rows = routed_rows_.data();
-  v.num_routed = &num_routed_;
-  v.backup = backup_.empty() ? nullptr : backup_.data();
-  return v;
+  if (storage_.empty()) return TwellView{};
+  return make_twell_view(storage_.data(), shape_, dtype_, Device::cpu());
 }
 
 PackResult pack_twell(const TensorView* planes, int num_planes, const TwellView& out) {
