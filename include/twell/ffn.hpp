@@ -43,7 +43,10 @@ struct InferenceOptions {
   int32_t tile = 0;             // TwELL tile width; 0 = backend default (CPU 256, CUDA 256)
   int32_t capacity = 0;         // slots per (row, tile); 0 = tile / 8
   Dispatch dispatch = Dispatch::automatic;
-  double dense_above = -1.0;    // density (fraction of N) above which dense runs; <0 = backend default
+  double dense_above = -1.0;    // density (fraction of N) above which dense runs; <0 = backend
+                                // default (CPU 0.05, CUDA 0.01). CUDA decides from the density the
+                                // previous finished run measured (the first run is sparse), so a
+                                // decision never waits for the device.
 };
 
 // counters (optional, int64 [2] on x's device): {rows routed to the dense backup, active entries}.
@@ -54,18 +57,22 @@ struct InferenceArgs {
   TensorView counters;  // optional int64 [2]
 };
 
-// Host-side summary of the last run(); for CUDA it reflects work enqueued, so read it after the
-// stream has been synchronised.
+// Host-side summary of the last run(). On CUDA only the device knows the routed and active counts:
+// they read -1 here (use InferenceArgs::counters, written on the stream); rows and ran_dense are
+// exact everywhere.
 struct RunInfo {
   int64_t rows = 0;
-  int64_t routed_rows = 0;
-  int64_t active = 0;       // non-zero gate activations over all rows
+  int64_t routed_rows = 0;  // rows that went to the dense backup; -1 when unknown on the host
+  int64_t active = 0;       // non-zero gate activations over all rows; -1 when unknown on the host
   bool ran_dense = false;   // dispatch chose (or was forced to) the dense path
-  double density() const;
+  double density() const;   // active per row; -1 when unknown
 };
 
 // Created once per layer, run many times. Holds weight views (not copies, except where a backend
 // needs a converted copy; see docs), capacities and a workspace that grows on demand.
+// CUDA: tiles of 64, 128 or 256; K and N multiples of 8; bf16 or fp16. run() is CUDA-graph
+// capturable once the plan's workspace is large enough (one uncaptured run at that M first) or
+// when the caller passes a workspace; a captured graph stays valid while that workspace lives.
 class InferencePlan {
  public:
   InferencePlan(const FfnWeights& weights, const InferenceOptions& options = {});

@@ -39,6 +39,10 @@ struct TrainingBackwardArgs {
   TensorView dgate;   // [N, K] f32, written (gated only)
   TensorView dup;     // [N, K] f32, written
   TensorView ddown;   // [N, K] f32, written (neuron-major like the weight)
+  // Optional f32 [1] on x's device: this call's L1 coefficient, read where the op runs (no host
+  // synchronisation), instead of options.l1_coef. Frameworks pass the upstream gradient of the
+  // L1 value here (l1_coef * d loss / d l1_loss), so loss scaling and accumulation stay exact.
+  TensorView l1_coef;
 };
 
 // Owning convenience holder of the saved state (and a view of x, which the caller keeps alive).

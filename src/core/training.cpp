@@ -115,6 +115,7 @@ void TrainingPlan::backward(const TrainingBackwardArgs& args, const TensorView& 
   if (w.kind == FfnKind::gated) detail::check_matrix(op, "dgate", args.dgate, n, k, DType::f32, dev);
   detail::check_matrix(op, "dup", args.dup, n, k, DType::f32, dev);
   detail::check_matrix(op, "ddown", args.ddown, n, k, DType::f32, dev);
+  if (args.l1_coef.defined()) detail::check_vector(op, "l1_coef", args.l1_coef, 1, DType::f32, dev);
   impl_->backend->backward(args, x, saved, stream);
 }
 

@@ -17,7 +17,6 @@ namespace twell::detail {
 namespace {
 
 constexpr int64_t kBlockRows = 256;         // rows per block: big enough for sgemm efficiency
-constexpr double kDefaultDenseAbove = 0.05; // measured crossover of sparse vs dense up/down
 
 // Byte offsets of the per-block buffers inside the workspace.
 struct BlockLayout {
@@ -49,7 +48,6 @@ class CpuInference final : public InferenceBackend {
  public:
   CpuInference(const FfnWeights& w, const InferenceOptions& o)
       : kind_(w.kind), k_(w.hidden()), n_(w.intermediate()), dtype_(w.up.dtype), opt_(o) {
-    if (opt_.dense_above < 0) opt_.dense_above = kDefaultDenseAbove;
     auto keep = [this](const TensorView& t, std::vector<float>& copy) -> const float* {
       if (t.dtype == DType::f32) return static_cast<const float*>(t.data);
       copy.resize(size_t(t.numel()));  // 16-bit weights: one fp32 copy for the BLAS

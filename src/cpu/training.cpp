@@ -111,7 +111,9 @@ class CpuTraining final : public TrainingBackend {
     const int64_t m = s.rows, nt = s.num_tiles(), routed = *v.num_routed;
     const Weights32 W = weights32();
     const std::vector<float> x = as_f32(xv), dy = as_f32(a.dy);
-    const float l1 = m ? float(opt_.l1_coef / double(m)) : 0.0f;
+    const double coef =
+        a.l1_coef.defined() ? double(*static_cast<const float*>(a.l1_coef.data)) : opt_.l1_coef;
+    const float l1 = m ? float(coef / double(m)) : 0.0f;
     const size_t slots = size_t(m * s.slots_per_row());
     const auto* val = static_cast<const float*>(v.values);
 

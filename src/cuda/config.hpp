@@ -1,0 +1,66 @@
+// Launch parameters and policy constants of the CUDA inference path, one comment per field.
+// Tile shapes are compile-time (the kernels are templates over them); SM counts come from the
+// device at plan creation (DeviceInfo), never from a constant.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace twell::gpu {
+
+// Shapes the CUDA backend accepts (checked at plan creation, each naming its argument).
+struct ShapeLimits {
+  static constexpr int64_t kElemsPerVector = 8;        // K and N multiples: 16-byte vectors of 16-bit values
+  static constexpr int64_t kMaxHidden = 16384;         // K: a row is held by at most 512 threads x 4 vectors
+  static constexpr int64_t kMaxIntermediate = 65536;   // N: the compact kernel stages <= 1024 tile counts
+  static constexpr size_t kPointerAlign = 16;          // x, y and the weights are read in 16-byte vectors
+  static constexpr int kMinComputeMajor = 8;           // bf16 WMMA and cp.async need sm_80 or newer
+};
+
+// TwELL tile widths the pack kernel is instantiated for (2, 4 or 8 values per lane).
+constexpr int32_t kTileWidths[] = {64, 128, 256};
+
+// The TwELL pack kernel (pack.cu).
+struct PackConfig {
+  static constexpr int kWarps = 8;       // warps per CTA; warp w packs tiles w, w + kWarps, ... of a row
+  static constexpr int kCtasPerSm = 4;   // persistent grid: CTAs per SM, each walking rows grid-stride
+};
+
+// The fused up + down kernel over compact rows (compact_ffn.cu).
+struct CompactConfig {
+  static constexpr int kBatch = 8;              // active neurons per step; their dots share one barrier
+  static constexpr int kVectorsPerThread = 4;   // 16-byte x / y vectors a thread owns once K >= 1024
+  static constexpr int kMaxThreads = 512;       // CTA ceiling: K = 16384 is 512 threads x 4 vectors
+  static constexpr int kMaxWarps = kMaxThreads / 32;
+  static constexpr int kMinTile = 64;           // smallest TwELL tile the backend packs
+  static constexpr int kMaxTiles = 65536 / kMinTile;  // tile counts of one row staged in shared memory
+};
+
+// The tensor-core GEMMs of the routed-row backup (routed_gemm.cu).
+struct RoutedGemmConfig {
+  static constexpr int kBlockM = 64;     // routed rows per CTA tile
+  static constexpr int kBlockN = 64;     // output columns per CTA tile
+  static constexpr int kBlockK = 32;     // reduction slice per pipeline stage
+  static constexpr int kWarpsM = 2;      // warp grid over the CTA tile; each warp owns a
+  static constexpr int kWarpsN = 2;      //   (kBlockM / kWarpsM) x (kBlockN / kWarpsN) sub-tile
+  static constexpr int kStages = 2;      // cp.async double buffering of the A and B slices
+  static constexpr int kCtasPerSm = 2;   // persistent grid: CTAs per SM, walking tiles grid-stride
+};
+
+// The dense path's elementwise hidden kernel (dense_hidden.cu).
+struct ElementwiseConfig {
+  static constexpr int kThreads = 256;   // threads per CTA
+  static constexpr int kCtasPerSm = 8;   // grid-stride CTAs per SM
+};
+
+// cuBLASLt (lt_gemm.cpp).
+struct LtConfig {
+  static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // scratch; NVIDIA's Hopper advice
+  static constexpr size_t kMaxCachedPlans = 64;  // (product, M, alignment) plans kept per layer
+};
+
+// Automatic dispatch: dense when the previous run's measured density (fraction of N) exceeds
+// this. Dense costs ~3 gate GEMMs, sparse one gate GEMM plus 4K bytes of weight rows streamed from
+// L2 per (token, active neuron); they meet where density ~ L2 bandwidth / tensor-core rate
+// (~6 TB/s / ~700 TFLOP/s ~ 1%), independent of M, K, N (docs/kernels.md). Tune from bench results.
+
+}  // namespace twell::gpu

@@ -1,0 +1,67 @@
+// The dense path's hidden activation: counts the non-zeros of G = relu(x W1^T) and, gated,
+// forms h = G * U in place (the product of two 16-bit values is exact in fp32, then rounded once,
+// as a framework's dense layer does).
+//   CTA: kThreads threads over a grid-stride range of 16-byte vectors (kCtasPerSm CTAs per SM).
+//   warp: sums its lanes' counts; one atomic per warp.
+//   thread: one vector of G (and of U) per step.
+#include <algorithm>
+
+#include "cuda/config.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/element.cuh"
+#include "cuda/kernels.hpp"
+
+namespace twell::gpu {
+
+namespace {
+
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kThreads = ElementwiseConfig::kThreads;
+
+static_assert(kThreads % kWarpSize == 0, "whole warps: the count reduction uses every lane");
+
+template <typename T, FfnKind kKind>
+__global__ void __launch_bounds__(kThreads)
+    dense_hidden_kernel(T* __restrict__ hidden, const T* __restrict__ up, int64_t vectors,
+                        unsigned long long* active) {
+  unsigned long long seen = 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors; v += stride) {
+    auto* gv = reinterpret_cast<uint4*>(hidden + v * kVecElems);
+    const uint4 g = *gv;
+    seen += unsigned(nonzero_count(g));
+    if constexpr (kKind == FfnKind::gated) {
+      float gf[kVecElems], uf[kVecElems];
+      unpack8<T>(g, gf);
+      unpack8<T>(load_readonly(up + v * kVecElems), uf);
+#pragma unroll
+      for (int e = 0; e < kVecElems; ++e) gf[e] *= uf[e];
+      *gv = pack8<T>(gf);
+    }
+  }
+#pragma unroll
+  for (int d = kWarpSize / 2; d > 0; d >>= 1) seen += __shfl_xor_sync(kFullMask, seen, d);
+  if (threadIdx.x % kWarpSize == 0 && seen != 0) atomicAdd(active, seen);
+}
+
+}  // namespace
+
+void launch_dense_hidden(const DenseHiddenArgs& a, const DeviceInfo& dev, cudaStream_t s) {
+  const int64_t vectors = a.elements / kVecElems;
+  if (vectors == 0) return;
+  const int64_t grid = std::min<int64_t>((vectors + kThreads - 1) / kThreads,
+                                         int64_t(dev.sm_count) * ElementwiseConfig::kCtasPerSm);
+  with_element_type(a.dtype, "InferencePlan::run", [&](auto tag) {
+    using T = decltype(tag);
+    auto* g = static_cast<T*>(a.hidden);
+    const auto* u = static_cast<const T*>(a.up);
+    if (a.kind == FfnKind::gated)
+      dense_hidden_kernel<T, FfnKind::gated><<<unsigned(grid), kThreads, 0, s>>>(g, u, vectors, a.active);
+    else
+      dense_hidden_kernel<T, FfnKind::plain><<<unsigned(grid), kThreads, 0, s>>>(g, u, vectors, a.active);
+  });
+  check_launch("InferencePlan::run", "dense hidden kernel");
+}
+
+}  // namespace twell::gpu

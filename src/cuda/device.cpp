@@ -1,0 +1,64 @@
+#include "cuda/device.hpp"
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/config.hpp"
+#include "cuda/cuda_check.hpp"
+
+namespace twell::gpu {
+
+DeviceInfo query_device(int index, const char* op) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error(op, "weights device", "a CUDA device", std::string("none (") + cudaGetErrorString(e) + ")");
+  }
+  if (index < 0 || index >= count)
+    throw Error(op, "weights device", "a CUDA device index below " + std::to_string(count),
+                "cuda:" + std::to_string(index));
+  DeviceInfo d;
+  d.index = index;
+  check_cuda(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, index), op,
+             "multiprocessor count");
+  check_cuda(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, index), op,
+             "compute capability");
+  check_cuda(cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, index), op,
+             "compute capability");
+  if (d.cc_major < ShapeLimits::kMinComputeMajor)
+    throw Error(op, "weights device",
+                "compute capability " + std::to_string(ShapeLimits::kMinComputeMajor) + ".0 or newer",
+                std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor));
+  return d;
+}
+
+DeviceGuard::DeviceGuard(int index, const char* op) : index_(index) {
+  check_cuda(cudaGetDevice(&previous_), op, "current device");
+  if (previous_ != index_) check_cuda(cudaSetDevice(index_), op, "current device");
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0 && previous_ != index_) cudaSetDevice(previous_);
+}
+
+bool is_capturing(cudaStream_t s, const char* op) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(s, &status), op, "stream capture status");
+  return status != cudaStreamCaptureStatusNone;
+}
+
+void check_device_pointer(const void* p, int device, const char* op, const char* name) {
+  const std::string want = "device memory on cuda:" + std::to_string(device);
+  cudaPointerAttributes a{};
+  check_cuda(cudaPointerGetAttributes(&a, p), op, name);
+  if (a.type == cudaMemoryTypeUnregistered || a.type == cudaMemoryTypeHost)
+    throw Error(op, name, want, "host memory");
+  if (a.type == cudaMemoryTypeDevice && a.device != device)
+    throw Error(op, name, want, "memory on cuda:" + std::to_string(a.device));
+  if (reinterpret_cast<uintptr_t>(p) % ShapeLimits::kPointerAlign != 0)
+    throw Error(op, name, std::to_string(ShapeLimits::kPointerAlign) + "-byte aligned data",
+                "address " + std::to_string(reinterpret_cast<uintptr_t>(p)));
+}
+
+}  // namespace twell::gpu

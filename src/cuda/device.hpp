@@ -1,0 +1,45 @@
+// The plan's device: properties read once, a scoped current-device switch, the stream rule
+// (nullptr = cudaStreamPerThread) and checks that pointers are device memory of that device.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "twell/ffn.hpp"
+
+namespace twell::gpu {
+
+struct DeviceInfo {
+  int index = 0;
+  int sm_count = 0;   // streaming multiprocessors: sizes every persistent grid
+  int cc_major = 0;
+  int cc_minor = 0;
+};
+
+// Throws Error naming "weights device" for a missing device or one older than sm_80.
+DeviceInfo query_device(int index, const char* op);
+
+// Makes `index` the current device for the guard's lifetime and restores the previous one.
+class DeviceGuard {
+ public:
+  DeviceGuard(int index, const char* op);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+  int index_ = -1;
+};
+
+// nullptr means cudaStreamPerThread, never the legacy default stream.
+inline cudaStream_t resolve_stream(Stream s) {
+  return s == nullptr ? cudaStreamPerThread : static_cast<cudaStream_t>(s);
+}
+
+// True while `s` is being captured into a CUDA graph (no allocation, query or host copy then).
+bool is_capturing(cudaStream_t s, const char* op);
+
+// Throws Error naming `name` unless p is device (or managed) memory usable on `device` and
+// 16-byte aligned (the kernels read 16-byte vectors).
+void check_device_pointer(const void* p, int device, const char* op, const char* name);
+
+}  // namespace twell::gpu

@@ -1,0 +1,292 @@
+// The CUDA inference backend: checks what the kernels support, sizes the workspace and enqueues
+// one path per run on the caller's stream, with no host synchronisation (graph-capturable):
+//   sparse: G = relu(x W1^T) (cuBLASLt) -> TwELL pack -> compact up+down -> routed-row backup
+//   dense:  G (cuBLASLt, ReLU epilogue) [-> U = x Wu^T, h = G * U] -> y = h Wd (cuBLASLt)
+// W1 is the gate weight (gated) or the up weight (plain). docs/kernels.md has the reasoning.
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "core/backend.hpp"
+#include "cuda/calibration.hpp"
+#include "cuda/config.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/device.hpp"
+#include "cuda/kernels.hpp"
+#include "cuda/lt_gemm.hpp"
+#include "cuda/workspace.hpp"
+
+namespace twell::gpu {
+
+namespace {
+
+constexpr const char* kPlanOp = "InferencePlan";
+constexpr const char* kRunOp = "InferencePlan::run";
+
+bool fits(int64_t v, int64_t limit) { return v % ShapeLimits::kElemsPerVector == 0 && v <= limit; }
+
+// The problem, or Error naming the first property the CUDA kernels do not support.
+ProblemDims supported_dims(const FfnWeights& w, const InferenceOptions& o) {
+  if (w.up.dtype != DType::bf16 && w.up.dtype != DType::f16)
+    throw Error(kPlanOp, "weights dtype", "float16 or bfloat16 (CUDA backend)",
+                dtype_name(w.up.dtype));
+  ProblemDims d;
+  d.kind = w.kind;
+  d.dtype = w.up.dtype;
+  d.k = w.hidden();
+  d.n = w.intermediate();
+  d.tile = o.tile;
+  d.capacity = o.capacity;
+  if (!fits(d.k, ShapeLimits::kMaxHidden))
+    throw Error(kPlanOp, "hidden size K",
+                "a multiple of 8 up to " + std::to_string(ShapeLimits::kMaxHidden) + " (CUDA backend)",
+                std::to_string(d.k));
+  if (!fits(d.n, ShapeLimits::kMaxIntermediate))
+    throw Error(kPlanOp, "intermediate size N",
+                "a multiple of 8 up to " + std::to_string(ShapeLimits::kMaxIntermediate) +
+                    " (CUDA backend)",
+                std::to_string(d.n));
+  if (std::find(std::begin(kTileWidths), std::end(kTileWidths), d.tile) == std::end(kTileWidths))
+    throw Error(kPlanOp, "options.tile", "64, 128 or 256 (CUDA backend)", std::to_string(d.tile));
+  return d;
+}
+
+GemmCall linear(GemmId id, Activation act, int64_t rows, const ProblemDims& d, const void* x,
+                const void* weight, void* out) {
+  GemmCall c;
+  c.id = id;
+  c.act = act;
+  c.layout = WeightLayout::n_by_k;
+  c.m = rows;
+  c.n = d.n;
+  c.k = d.k;
+  c.a = x;
+  c.b = weight;
+  c.d = out;
+  return c;
+}
+
+GemmCall down_product(int64_t rows, const ProblemDims& d, const void* h, const void* down, void* y) {
+  GemmCall c;
+  c.id = GemmId::down;
+  c.act = Activation::none;
+  c.layout = WeightLayout::k_by_n;
+  c.m = rows;
+  c.n = d.k;
+  c.k = d.n;
+  c.a = h;
+  c.b = down;
+  c.d = y;
+  return c;
+}
+
+class CudaInference final : public detail::InferenceBackend {
+ public:
+  CudaInference(const FfnWeights& w, const InferenceOptions& o)
+      : weights_(w),
+        options_(o),
+        dims_(supported_dims(w, o)),
+        device_(query_device(w.up.device.index, kPlanOp)),
+        dense_above_(o.dense_above) {
+    DeviceGuard guard(device_.index, kPlanOp);
+    if (w.kind == FfnKind::gated) check_device_pointer(w.gate.data, device_.index, kPlanOp, "gate weight");
+    check_device_pointer(w.up.data, device_.index, kPlanOp, "up weight");
+    check_device_pointer(w.down.data, device_.index, kPlanOp, "down weight");
+    lt_ = std::make_unique<LtGemm>(dims_.dtype);
+    calibration_ = std::make_unique<DensityCalibration>();
+    check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), kPlanOp, "run event");
+  }
+
+  ~CudaInference() override {
+    if (done_ != nullptr) cudaEventDestroy(done_);
+  }
+
+  size_t workspace_bytes(int64_t rows) const override {
+    return workspace_layout(dims_, rows, paths_for(options_.dispatch)).bytes;
+  }
+
+  void* own_workspace(size_t bytes, Stream stream) override {
+    DeviceGuard guard(device_.index, kRunOp);
+    const cudaStream_t s = resolve_stream(stream);
+    return own_.reserve(bytes, s, done_, is_capturing(s, kRunOp));
+  }
+
+  RunInfo run(const InferenceArgs& args, Stream stream, void* workspace) override;
+
+ private:
+  struct Buffers {
+    RunCounters* control = nullptr;
+    void* lt = nullptr;
+    void* hidden = nullptr;
+    char* base = nullptr;
+    WorkspaceLayout layout;
+  };
+
+  bool choose_dense(bool capturing) {
+    switch (options_.dispatch) {
+      case Dispatch::force_dense: return true;
+      case Dispatch::force_sparse: return false;
+      case Dispatch::automatic: return calibration_->prefer_dense(dense_above_, capturing);
+    }
+    return false;
+  }
+
+  void check_pointers(const InferenceArgs& args, int64_t rows) const {
+    if (args.counters.defined())
+      check_device_pointer(args.counters.data, device_.index, kRunOp, "counters");
+    if (rows == 0) return;
+    check_device_pointer(args.x.data, device_.index, kRunOp, "x");
+    check_device_pointer(args.y.data, device_.index, kRunOp, "y");
+  }
+
+  void run_sparse(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s);
+  void run_dense(const InferenceArgs& args, int64_t rows, const Buffers& b, bool count,
+                 cudaStream_t s);
+
+  FfnWeights weights_;
+  InferenceOptions options_;
+  ProblemDims dims_;
+  DeviceInfo device_;
+  double dense_above_;
+  std::unique_ptr<LtGemm> lt_;
+  std::unique_ptr<DensityCalibration> calibration_;
+  OwnedWorkspace own_;
+  cudaEvent_t done_ = nullptr;          // recorded at the end of every uncaptured run
+  cudaStream_t last_stream_ = nullptr;  // the stream of the last uncaptured run
+};
+
+RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* workspace) {
+  const int64_t rows = args.x.shape[0];
+  RunInfo info;
+  info.rows = rows;
+  info.routed_rows = -1;  // known on the device only (see args.counters)
+  info.active = -1;
+  DeviceGuard guard(device_.index, kRunOp);
+  const cudaStream_t s = resolve_stream(stream);
+  const bool capturing = is_capturing(s, kRunOp);
+  if (!capturing) check_pointers(args, rows);
+  if (rows > std::numeric_limits<int32_t>::max())
+    throw Error(kRunOp, "x", "at most 2147483647 rows (int32 row indices)", std::to_string(rows));
+  auto* counters = static_cast<int64_t*>(args.counters.data);
+  if (rows == 0) {
+    if (counters != nullptr)
+      check_cuda(cudaMemsetAsync(counters, 0, 2 * sizeof(int64_t), s), kRunOp, "counters");
+    info.routed_rows = 0;
+    info.active = 0;
+    info.ran_dense = options_.dispatch == Dispatch::force_dense;
+    return info;
+  }
+  // Runs on different streams share the plan's workspace and calibration slot: order them.
+  if (!capturing && last_stream_ != nullptr && last_stream_ != s)
+    check_cuda(cudaStreamWaitEvent(s, done_, 0), kRunOp, "previous run");
+
+  const bool dense = choose_dense(capturing);
+  Buffers b;
+  b.layout = workspace_layout(dims_, rows, paths_for(options_.dispatch));
+  b.base = aligned_base(workspace);
+  b.control = reinterpret_cast<RunCounters*>(b.base + b.layout.control);
+  b.lt = b.base + b.layout.lt;
+  b.hidden = b.base + b.layout.hidden;
+  check_cuda(cudaMemsetAsync(b.control, 0, sizeof(RunCounters), s), kRunOp, "run counters");
+
+  const bool gated = dims_.kind == FfnKind::gated;
+  const void* first = gated ? weights_.gate.data : weights_.up.data;
+  lt_->run(linear(GemmId::gate, Activation::relu, rows, dims_, args.x.data, first, b.hidden), s, b.lt);
+  if (dense)
+    run_dense(args, rows, b, counters != nullptr || options_.dispatch == Dispatch::automatic, s);
+  else
+    run_sparse(args, rows, b, s);
+
+  if (counters != nullptr) launch_write_counters(b.control, counters, s);
+  if (!capturing) {
+    if (options_.dispatch == Dispatch::automatic) calibration_->measure(b.control, rows, dims_.n, s);
+    check_cuda(cudaEventRecord(done_, s), kRunOp, "run event");
+    last_stream_ = s;
+  }
+  info.ran_dense = dense;
+  return info;
+}
+
+void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Buffers& b,
+                               cudaStream_t s) {
+  TwellView tw;
+  tw.shape.rows = rows;
+  tw.shape.cols = dims_.n;
+  tw.shape.tile = dims_.tile;
+  tw.shape.capacity = dims_.capacity;
+  tw.dtype = dims_.dtype;
+  tw.device = Device::cuda(device_.index);
+  tw.values = b.base + b.layout.values;
+  tw.cols = reinterpret_cast<uint16_t*>(b.base + b.layout.cols);
+  tw.counts = reinterpret_cast<uint16_t*>(b.base + b.layout.counts);
+  tw.row_slot = reinterpret_cast<int32_t*>(b.base + b.layout.row_slot);
+  tw.routed_rows = reinterpret_cast<int32_t*>(b.base + b.layout.routed_rows);
+  tw.num_routed = &b.control->num_routed;
+
+  PackArgs pack;
+  pack.hidden = b.hidden;
+  pack.out = tw;
+  pack.active = &b.control->active;
+  launch_pack(pack, device_, s);
+
+  CompactArgs compact;
+  compact.kind = dims_.kind;
+  compact.x = args.x.data;
+  compact.up = weights_.up.data;
+  compact.down = weights_.down.data;
+  compact.y = args.y.data;
+  compact.hidden = dims_.k;
+  compact.twell = tw;
+  launch_compact_ffn(compact, s);
+
+  RoutedArgs routed;
+  routed.kind = dims_.kind;
+  routed.dtype = dims_.dtype;
+  routed.x = args.x.data;
+  routed.up = weights_.up.data;
+  routed.down = weights_.down.data;
+  routed.hidden = b.hidden;
+  routed.y = args.y.data;
+  routed.rows = rows;
+  routed.k = dims_.k;
+  routed.n = dims_.n;
+  routed.routed_rows = tw.routed_rows;
+  routed.num_routed = tw.num_routed;
+  launch_routed(routed, device_, s);
+}
+
+void CudaInference::run_dense(const InferenceArgs& args, int64_t rows, const Buffers& b,
+                              bool count, cudaStream_t s) {
+  DenseHiddenArgs h;
+  h.kind = dims_.kind;
+  h.dtype = dims_.dtype;
+  h.hidden = b.hidden;
+  h.elements = rows * dims_.n;
+  h.active = &b.control->active;
+  if (dims_.kind == FfnKind::gated) {
+    void* up = b.base + b.layout.up;
+    lt_->run(linear(GemmId::up, Activation::none, rows, dims_, args.x.data, weights_.up.data, up), s,
+             b.lt);
+    h.up = up;
+    launch_dense_hidden(h, device_, s);
+  } else if (count) {
+    launch_dense_hidden(h, device_, s);
+  }
+  lt_->run(down_product(rows, dims_, b.hidden, weights_.down.data, args.y.data), s, b.lt);
+}
+
+}  // namespace
+
+}  // namespace twell::gpu
+
+namespace twell::detail {
+
+std::unique_ptr<InferenceBackend> make_cuda_inference(const FfnWeights& w,
+                                                      const InferenceOptions& o) {
+  return std::make_unique<gpu::CudaInference>(w, o);
+}
+
+}  // namespace twell::detail

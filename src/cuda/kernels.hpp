@@ -1,0 +1,80 @@
+// Launchers of the CUDA inference kernels (host-callable, stream-taking, graph-capturable: they
+// only enqueue). Every pointer is device memory on the current device; shapes were checked by
+// the plan (K, N multiples of 8; tile 64/128/256; 16-bit float dtypes).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/device.hpp"
+#include "twell/dtype.hpp"
+#include "twell/ffn.hpp"
+#include "twell/format.hpp"
+
+namespace twell::gpu {
+
+// Per-run device counters, zeroed by the plan before the first kernel of a run.
+struct RunCounters {
+  int32_t num_routed = 0;       // rows routed to the dense backup (TwellView::num_routed)
+  int32_t reserved = 0;         // keeps `active` 8-byte aligned
+  unsigned long long active = 0;  // non-zero gate activations over all rows
+};
+
+// pack.cu: G [rows, cols] (relu applied, out.dtype) -> TwELL `out` (values, cols, counts,
+// row_slot, routed_rows, num_routed; no backup rows). *out.num_routed must be 0 on entry; it
+// ends as the routed row count, in routed_rows' first entries (in no particular order). Routed
+// rows get zero counts. Adds the non-zeros of every row to *active.
+struct PackArgs {
+  const void* hidden = nullptr;
+  TwellView out;
+  unsigned long long* active = nullptr;
+};
+void launch_pack(const PackArgs& a, const DeviceInfo& dev, cudaStream_t s);
+
+// compact_ffn.cu: y[m] = sum over the TwELL entries (n, g) of compact row m of h * Wd[n], with
+// h = g * dot(x[m], Wu[n]) (gated) or h = g (plain). Rows with row_slot >= 0 are left untouched.
+struct CompactArgs {
+  FfnKind kind = FfnKind::gated;
+  const void* x = nullptr;     // [rows, K]
+  const void* up = nullptr;    // Wu [N, K]
+  const void* down = nullptr;  // Wd [N, K]
+  void* y = nullptr;           // [rows, K]
+  int64_t hidden = 0;          // K
+  TwellView twell;             // rows, cols = N, tile, capacity, dtype
+};
+void launch_compact_ffn(const CompactArgs& a, cudaStream_t s);
+
+// routed_gemm.cu: exact dense rows for the *num_routed rows listed in routed_rows, on tensor
+// cores. Gated: G[r] <- G[r] * (x[r] Wu^T) in place, then (both kinds) y[r] = G[r] Wd.
+struct RoutedArgs {
+  FfnKind kind = FfnKind::gated;
+  DType dtype = DType::bf16;
+  const void* x = nullptr;            // [rows, K]
+  const void* up = nullptr;           // Wu [N, K]
+  const void* down = nullptr;         // Wd [N, K]
+  void* hidden = nullptr;             // G [rows, N]; routed rows become h (gated)
+  void* y = nullptr;                  // [rows, K]
+  int64_t rows = 0;                   // M: the worst case for the persistent grids
+  int64_t k = 0;                      // K
+  int64_t n = 0;                      // N
+  const int32_t* routed_rows = nullptr;
+  const int32_t* num_routed = nullptr;
+};
+void launch_routed(const RoutedArgs& a, const DeviceInfo& dev, cudaStream_t s);
+
+// dense_hidden.cu: counts the non-zeros of G into *active; gated also turns G into
+// h = G * U (each product rounded to dtype, as a framework's dense layer does).
+struct DenseHiddenArgs {
+  FfnKind kind = FfnKind::gated;
+  DType dtype = DType::bf16;
+  void* hidden = nullptr;         // G [rows, N]
+  const void* up = nullptr;       // U = x Wu^T [rows, N] (gated only)
+  int64_t elements = 0;           // rows * N (a multiple of 8)
+  unsigned long long* active = nullptr;
+};
+void launch_dense_hidden(const DenseHiddenArgs& a, const DeviceInfo& dev, cudaStream_t s);
+
+// counters.cu: counters (int64 [2]) = {num_routed, active}.
+void launch_write_counters(const RunCounters* c, int64_t* counters, cudaStream_t s);
+
+}  // namespace twell::gpu

@@ -1,0 +1,60 @@
+// The three dense products of an FFN through cuBLASLt (16-bit in and out, fp32 accumulation),
+// described row-major:  D [m, n] = act(A [m, k] . B'),  B' = B^T for B [n, k] (nn.Linear) or B
+// for B [k, n]. cuBLASLt is column-major, so the call computes D^T = B'^T A^T (see lt_gemm.cpp).
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+#include "twell/dtype.hpp"
+
+namespace twell::gpu {
+
+enum class GemmId : uint8_t { gate, up, down };  // which product: one cached algorithm each
+enum class Activation : uint8_t { none, relu };   // cuBLASLt epilogue
+enum class WeightLayout : uint8_t {
+  n_by_k,  // B [n, k]: D = A B^T (gate and up weights)
+  k_by_n,  // B [k, n]: D = A B   (the neuron-major down weight)
+};
+
+struct GemmCall {
+  GemmId id = GemmId::gate;
+  Activation act = Activation::none;
+  WeightLayout layout = WeightLayout::n_by_k;
+  int64_t m = 0, n = 0, k = 0;   // all operands contiguous row-major
+  const void* a = nullptr;       // [m, k] activations
+  const void* b = nullptr;       // weight, see layout
+  void* d = nullptr;             // [m, n] output
+};
+
+// Descriptors and the heuristic's algorithm for one (product, m, operand alignments).
+struct LtPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+class LtGemm {
+ public:
+  explicit LtGemm(DType dtype);
+  ~LtGemm();
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+
+  // Enqueues the product on s; workspace holds LtConfig::kWorkspaceBytes bytes.
+  void run(const GemmCall& c, cudaStream_t s, void* workspace);
+
+ private:
+  using Key = std::tuple<GemmId, int64_t, int, int, int>;  // id, m, alignments of a, b, d
+  const LtPlan& plan_for(const GemmCall& c);
+  void clear();
+
+  cudaDataType_t type_;
+  cublasLtHandle_t handle_ = nullptr;
+  std::map<Key, LtPlan> plans_;
+};
+
+}  // namespace twell::gpu

@@ -1,0 +1,164 @@
+// TwELL pack: G [rows, N] (relu applied) -> per (row, tile) entries in ascending column order;
+// a row with more non-zeros than `capacity` in any tile is routed (listed, counts zero).
+//   CTA: whole rows, grid-stride over a persistent grid; one CTA decides a row (compact or routed)
+//        and writes its row_slot, routed_rows entry and counts, so they always agree.
+//   warp: tiles w, w + kWarps, ... of the row; entry slots from a prefix sum of lane counts.
+//   thread: tile / 32 consecutive columns of a tile (one 4-, 8- or 16-byte load).
+// Values are copied as raw 16-bit patterns, so the layout matches pack_twell on the CPU bit for bit.
+#include <algorithm>
+#include <string>
+
+#include "cuda/config.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/element.cuh"
+#include "cuda/kernels.hpp"
+
+namespace twell::gpu {
+
+namespace {
+
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kThreads = PackConfig::kWarps * kWarpSize;
+
+static_assert(kThreads <= 1024, "a pack CTA must fit the CTA size limit");
+
+// The load unit of a lane: kPerLane 16-bit values.
+template <int kPerLane>
+struct LaneChunk;
+template <>
+struct LaneChunk<2> { using type = uint32_t; };
+template <>
+struct LaneChunk<4> { using type = uint2; };
+template <>
+struct LaneChunk<8> { using type = uint4; };
+
+// The lane's values starting at column `col` of a row (zeros past the last column: N is a
+// multiple of 8, so a chunk is either wholly inside the row or wholly past it).
+template <int kPerLane>
+__device__ __forceinline__ typename LaneChunk<kPerLane>::type load_chunk(const uint16_t* row,
+                                                                         int64_t col, int64_t cols) {
+  using Chunk = typename LaneChunk<kPerLane>::type;
+  Chunk c{};
+  if (col < cols) c = *reinterpret_cast<const Chunk*>(row + col);
+  return c;
+}
+
+// The chunk as 32-bit words (two values each, the lower column in the low half).
+__device__ __forceinline__ void to_words(uint32_t c, uint32_t (&w)[1]) { w[0] = c; }
+__device__ __forceinline__ void to_words(const uint2& c, uint32_t (&w)[2]) {
+  w[0] = c.x;
+  w[1] = c.y;
+}
+__device__ __forceinline__ void to_words(const uint4& c, uint32_t (&w)[4]) {
+  w[0] = c.x;
+  w[1] = c.y;
+  w[2] = c.z;
+  w[3] = c.w;
+}
+
+template <int kPerLane>
+__device__ __forceinline__ uint16_t value_bits(const uint32_t (&w)[kPerLane / 2], int e) {
+  return uint16_t(w[e / 2] >> (16 * (e % 2)));
+}
+
+template <int kPerLane>
+__device__ __forceinline__ uint32_t nonzero_mask(const uint32_t (&w)[kPerLane / 2]) {
+  uint32_t mask = 0;
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e)
+    mask |= uint32_t((value_bits<kPerLane>(w, e) & kMagnitudeBits) != 0) << e;
+  return mask;
+}
+
+template <int kTile>
+__global__ void __launch_bounds__(kThreads, PackConfig::kCtasPerSm)
+    pack_kernel(const uint16_t* __restrict__ hidden, TwellView out, unsigned long long* active) {
+  constexpr int kPerLane = kTile / kWarpSize;
+  static_assert(kTile % kWarpSize == 0 && kPerLane >= 2 && kPerLane <= kVecElems,
+                "a tile must split into 2, 4 or 8 values per lane");
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t rows = out.shape.rows;
+  const int64_t cols = out.shape.cols;
+  const int num_tiles = int((cols + kTile - 1) / kTile);
+  const int capacity = out.shape.capacity;
+  auto* values = static_cast<uint16_t*>(out.values);
+  unsigned long long seen = 0;
+
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const uint16_t* g = hidden + row * cols;
+
+    // Phase 1: count each tile; one overflowing tile routes the whole row.
+    bool overflow = false;
+    for (int t = warp; t < num_tiles; t += PackConfig::kWarps) {
+      uint32_t words[kPerLane / 2];
+      to_words(load_chunk<kPerLane>(g, int64_t(t) * kTile + lane * kPerLane, cols), words);
+      const int mine = __popc(nonzero_mask<kPerLane>(words));
+      seen += unsigned(mine);
+      overflow |= int(__reduce_add_sync(kFullMask, unsigned(mine))) > capacity;
+    }
+    const bool routed = __syncthreads_or(overflow);
+    if (threadIdx.x == 0) {
+      int32_t slot = -1;
+      if (routed) {
+        slot = atomicAdd(out.num_routed, 1);
+        out.routed_rows[slot] = int32_t(row);
+      }
+      out.row_slot[row] = slot;
+    }
+
+    // Phase 2: entries of a compact row; lane order then value order is column order.
+    for (int t = warp; t < num_tiles; t += PackConfig::kWarps) {
+      const int64_t tile_index = row * num_tiles + t;
+      if (routed) {
+        if (lane == 0) out.counts[tile_index] = 0;
+        continue;
+      }
+      uint32_t words[kPerLane / 2];
+      to_words(load_chunk<kPerLane>(g, int64_t(t) * kTile + lane * kPerLane, cols), words);
+      const uint32_t mask = nonzero_mask<kPerLane>(words);
+      const int mine = __popc(mask);
+      int inclusive = mine;
+#pragma unroll
+      for (int d = 1; d < kWarpSize; d <<= 1) {
+        const int below = __shfl_up_sync(kFullMask, inclusive, d);
+        if (lane >= d) inclusive += below;
+      }
+      const int64_t base = tile_index * capacity;
+      int slot = inclusive - mine;
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) {
+        if (!(mask >> e & 1u)) continue;
+        values[base + slot] = value_bits<kPerLane>(words, e);
+        out.cols[base + slot] = uint16_t(lane * kPerLane + e);
+        ++slot;
+      }
+      if (lane == kWarpSize - 1) out.counts[tile_index] = uint16_t(inclusive);
+    }
+  }
+
+#pragma unroll
+  for (int d = kWarpSize / 2; d > 0; d >>= 1) seen += __shfl_xor_sync(kFullMask, seen, d);
+  if (lane == 0 && seen != 0) atomicAdd(active, seen);
+}
+
+}  // namespace
+
+void launch_pack(const PackArgs& a, const DeviceInfo& dev, cudaStream_t s) {
+  const int64_t rows = a.out.shape.rows;
+  if (rows == 0) return;
+  const int64_t grid = std::min<int64_t>(rows, int64_t(dev.sm_count) * PackConfig::kCtasPerSm);
+  const auto* g = static_cast<const uint16_t*>(a.hidden);
+  switch (a.out.shape.tile) {
+    case 64: pack_kernel<64><<<unsigned(grid), kThreads, 0, s>>>(g, a.out, a.active); break;
+    case 128: pack_kernel<128><<<unsigned(grid), kThreads, 0, s>>>(g, a.out, a.active); break;
+    case 256: pack_kernel<256><<<unsigned(grid), kThreads, 0, s>>>(g, a.out, a.active); break;
+    default:
+      throw Error("InferencePlan::run", "options.tile", "64, 128 or 256",
+                  std::to_string(a.out.shape.tile));
+  }
+  check_launch("InferencePlan::run", "TwELL pack kernel");
+}
+
+}  // namespace twell::gpu

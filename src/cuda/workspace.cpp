@@ -1,0 +1,91 @@
+#include "cuda/workspace.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "cuda/config.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernels.hpp"
+
+namespace twell::gpu {
+
+namespace {
+
+size_t round_up(size_t v) {
+  return (v + WorkspaceLayout::kAlign - 1) / WorkspaceLayout::kAlign * WorkspaceLayout::kAlign;
+}
+
+}  // namespace
+
+Paths paths_for(Dispatch d) {
+  switch (d) {
+    case Dispatch::force_sparse: return Paths::sparse;
+    case Dispatch::force_dense: return Paths::dense;
+    case Dispatch::automatic: return Paths::either;
+  }
+  return Paths::either;
+}
+
+WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths) {
+  WorkspaceLayout l;
+  if (rows == 0) return l;
+  const size_t m = size_t(rows);
+  const size_t es = dtype_size(d.dtype);
+  const size_t slots = m * size_t(d.num_tiles()) * size_t(d.capacity);
+  size_t at = 0;
+  auto take = [&at](size_t bytes) {
+    const size_t offset = at;
+    at += round_up(bytes);
+    return offset;
+  };
+  l.control = take(sizeof(RunCounters));
+  l.lt = take(LtConfig::kWorkspaceBytes);
+  l.hidden = take(m * size_t(d.n) * es);
+  const size_t shared = at;  // the dense U and the TwELL arrays overlay each other from here
+  size_t end = at;
+  if (paths != Paths::sparse && d.kind == FfnKind::gated) {
+    l.up = take(m * size_t(d.n) * es);
+    end = std::max(end, at);
+  }
+  if (paths != Paths::dense) {
+    at = shared;
+    l.values = take(slots * es);
+    l.cols = take(slots * sizeof(uint16_t));
+    l.counts = take(m * size_t(d.num_tiles()) * sizeof(uint16_t));
+    l.row_slot = take(m * sizeof(int32_t));
+    l.routed_rows = take(m * sizeof(int32_t));
+    end = std::max(end, at);
+  }
+  l.bytes = end + WorkspaceLayout::kAlign;  // slack for aligning an arbitrary caller pointer
+  return l;
+}
+
+char* aligned_base(void* workspace) {
+  const auto u = reinterpret_cast<uintptr_t>(workspace);
+  const uintptr_t a = WorkspaceLayout::kAlign;
+  return static_cast<char*>(workspace) + ((a - u % a) % a);
+}
+
+OwnedWorkspace::~OwnedWorkspace() {
+  if (data_ != nullptr) cudaFree(data_);  // synchronises: no run still uses it afterwards
+}
+
+void* OwnedWorkspace::reserve(size_t bytes, cudaStream_t s, cudaEvent_t after, bool capturing) {
+  const char* op = "InferencePlan::run";
+  if (bytes <= bytes_) return data_;
+  if (capturing)
+    throw Error(op, "workspace",
+                "grown before CUDA-graph capture (run once uncaptured, or pass a workspace)",
+                std::to_string(bytes_) + " bytes while " + std::to_string(bytes) + " are needed");
+  if (data_ != nullptr) {
+    check_cuda(cudaStreamWaitEvent(s, after, 0), op, "workspace release order");
+    check_cuda(cudaFreeAsync(data_, s), op, "workspace release");
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+  check_cuda(cudaMallocAsync(&data_, bytes, s), op, "workspace allocation");
+  bytes_ = bytes;
+  return data_;
+}
+
+}  // namespace twell::gpu

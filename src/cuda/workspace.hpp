@@ -1,0 +1,65 @@
+// The CUDA inference workspace: what one run of M rows needs and where each part lives, plus the
+// plan-owned buffer used when the caller passes none.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "twell/dtype.hpp"
+#include "twell/ffn.hpp"
+
+namespace twell::gpu {
+
+struct ProblemDims {
+  FfnKind kind = FfnKind::gated;
+  DType dtype = DType::bf16;
+  int64_t k = 0;          // hidden
+  int64_t n = 0;          // intermediate
+  int32_t tile = 256;     // TwELL tile width
+  int32_t capacity = 32;  // TwELL slots per (row, tile)
+  int64_t num_tiles() const { return (n + tile - 1) / tile; }
+};
+
+// The paths a run may take; the workspace is sized for all of them (one run takes one).
+enum class Paths : uint8_t { sparse, dense, either };
+Paths paths_for(Dispatch d);
+
+// Byte offsets from the workspace base rounded up to kAlign; `bytes` includes that slack.
+struct WorkspaceLayout {
+  static constexpr size_t kAlign = 256;
+  size_t control = 0;      // RunCounters
+  size_t lt = 0;           // cuBLASLt scratch
+  size_t hidden = 0;       // G [M, N]; becomes h for dense gated rows and routed gated rows
+  size_t up = 0;           // dense gated: U [M, N]; shares its bytes with the TwELL arrays
+  size_t values = 0;       // TwELL values [M, tiles, capacity]
+  size_t cols = 0;         // TwELL cols [M, tiles, capacity] uint16
+  size_t counts = 0;       // TwELL counts [M, tiles] uint16
+  size_t row_slot = 0;     // TwELL row_slot [M] int32
+  size_t routed_rows = 0;  // TwELL routed_rows [M] int32
+  size_t bytes = 0;        // 0 when M = 0 (a run of no rows touches nothing)
+};
+WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths);
+
+// The workspace pointer rounded up to WorkspaceLayout::kAlign.
+char* aligned_base(void* workspace);
+
+// A device buffer that grows on demand with stream-ordered allocation.
+class OwnedWorkspace {
+ public:
+  OwnedWorkspace() = default;
+  ~OwnedWorkspace();
+  OwnedWorkspace(const OwnedWorkspace&) = delete;
+  OwnedWorkspace& operator=(const OwnedWorkspace&) = delete;
+
+  // At least `bytes` on the current device. Growing frees the old buffer on s after `after` (the
+  // previous run's completion event), so no run still in flight loses its memory. Growing while
+  // s is being captured raises Error: run once outside the capture, or pass a workspace.
+  void* reserve(size_t bytes, cudaStream_t s, cudaEvent_t after, bool capturing);
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace twell::gpu

@@ -1,0 +1,63 @@
+"""One rank of the distributed tests: a training step under DDP or FSDP2 (gloo, CPU), gradients
+saved to <out>/rank<r>.pt. The reference is the same step in one process on the whole batch."""
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import twell.torch as tt
+
+WORLD = 2
+BATCH = 8
+
+
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 16),
+                         tt.SparseGatedMLP(16, 64, l1_coef=0.1, tile=64, capacity=8))
+
+
+def batch():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(BATCH, 16, generator=g), torch.randn(BATCH, 16, generator=g)
+
+
+def step(model, x, target):
+    loss = F.mse_loss(model(x), target) + tt.l1_loss(model)
+    loss.backward()
+    return loss
+
+
+def reference_grads():
+    model = make_model()
+    step(model, *batch())
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+def full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def run(rank, mode, init_file, out):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        model = make_model()
+        if mode == "ddp":
+            wrapped = nn.parallel.DistributedDataParallel(model)
+        else:
+            from torch.distributed.fsdp import fully_shard
+            fully_shard(model[1])
+            wrapped = fully_shard(model)
+        x, target = batch()
+        shard = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
+        step(wrapped, x[shard], target[shard])
+        grads = {n: full(p.grad).detach().clone() for n, p in model.named_parameters()}
+        torch.save(grads, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4])

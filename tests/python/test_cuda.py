@@ -1,0 +1,105 @@
+"""GPU only: CUDA streams, no host synchronisation, CUDA-graph capture."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+
+import twell  # noqa: E402
+import twell.torch as tt  # noqa: E402
+
+from torch_cases import module_for, problem, skip_unless_trainable  # noqa: E402
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device visible to PyTorch", allow_module_level=True)
+if not twell.cuda_compiled():
+    pytest.skip("twell was built without its CUDA backend", allow_module_level=True)
+
+DTYPE = torch.bfloat16
+
+
+def frozen_module(seed, gated=True, m=64, k=64, n=512, **kwargs):
+    p = problem(seed, m, k, n, gated)
+    mod = module_for(p, DTYPE, "cuda", tile=128, capacity=16, **kwargs).eval().freeze()
+    return mod, torch.from_numpy(p.x).to("cuda", DTYPE)
+
+
+def test_inference_does_not_synchronise(seed):
+    mod, x = frozen_module(seed)
+    with torch.no_grad():
+        mod(x)  # plan creation (allocates pinned memory) happens once, outside the check
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            y = mod(x)
+            l0 = mod.last_l0
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert y.shape == x.shape and l0.device.type == "cuda"
+
+
+def test_side_stream_matches_default_stream(seed):
+    mod, x = frozen_module(seed)
+    with torch.no_grad():
+        want = mod(x)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            got = mod(x)
+        torch.cuda.current_stream().wait_stream(s)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dispatch", ["auto", "sparse", "dense"])
+@pytest.mark.parametrize("gated", [True, False])
+def test_cuda_graph_inference(seed, dispatch, gated):
+    mod, x = frozen_module(seed, gated, dispatch=dispatch)
+    static_x = x.clone()
+    with torch.no_grad():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):  # warm-up: plans and workspaces exist before capture
+                mod(static_x)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = mod(static_x)
+        for scale in (1.0, -0.5, 2.0):
+            static_x.copy_(x * scale)
+            graph.replay()
+            want = mod(static_x)
+            torch.testing.assert_close(static_y, want, rtol=0, atol=0)
+
+
+def test_cuda_graph_training_step(seed):
+    """Whole-step capture (forward, L1 term, backward, optimizer) replays like eager steps."""
+    skip_unless_trainable("cuda")
+    p = problem(seed, 64, 64, 512, True)
+    eager = module_for(p, DTYPE, "cuda", tile=128, capacity=16, l1_coef=0.01).train()
+    graphed = module_for(p, DTYPE, "cuda", tile=128, capacity=16, l1_coef=0.01).train()
+    x = torch.from_numpy(p.x).to("cuda", DTYPE)
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt_g = torch.optim.SGD(graphed.parameters(), lr=0.1)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            step(eager, opt_e, x)
+            step(graphed, opt_g, x)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = step(graphed, opt_g, x)
+    for _ in range(3):
+        graph.replay()
+        loss = step(eager, opt_e, x)
+        torch.testing.assert_close(static_loss, loss)
+    for a, b in zip(graphed.parameters(), eager.parameters()):
+        torch.testing.assert_close(a, b)
+
+
+def step(model, opt, x):
+    opt.zero_grad(set_to_none=True)  # inside a capture: backward allocates the grads it writes
+    loss = model(x).float().square().mean() + tt.l1_loss(model)
+    loss.backward()
+    opt.step()
+    return loss.detach()

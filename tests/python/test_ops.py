@@ -1,0 +1,194 @@
+"""twell.torch ops and modules against a float64 dense PyTorch reference, opcheck, bad inputs."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+
+import twell  # noqa: E402
+import twell.torch as tt  # noqa: E402
+from twell import layout  # noqa: E402
+
+from torch_cases import (FLOOR, dense_step, devices, dtypes, module_for, problem,  # noqa: E402
+                         rel_error, skip_unless_trainable)
+
+SHAPES = [  # M, K, N, tile, capacity (K, N multiples of 8 and tiles the CUDA backend supports)
+    (1, 16, 64, 64, 8),
+    (7, 24, 96, 64, 2),
+    (37, 32, 200, 64, 8),
+    (257, 64, 512, 128, 16),
+    (0, 16, 64, 64, 8),
+]
+CASES = [(d, t) for d in devices() for t in dtypes(d)]
+
+
+def within(got, ref, plain, dtype, what):
+    err, base = rel_error(got, ref), rel_error(plain, ref)
+    assert err <= 2 * base + FLOOR[dtype], f"{what}: error {err:.3g}, plain {dtype}: {base:.3g}"
+
+
+@pytest.mark.parametrize("device,dtype", CASES)
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dispatch", ["auto", "sparse", "dense"])
+def test_inference(seed, device, dtype, gated, shape, dispatch):
+    m, k, n, tile, capacity = shape
+    p = problem(seed, m, k, n, gated)
+    mod = module_for(p, dtype, device, tile=tile, capacity=capacity, dispatch=dispatch).eval()
+    x = torch.from_numpy(p.x).to(device, dtype).reshape(1, m, k)
+    with torch.no_grad():
+        y = mod(x)
+        y_ref, _, _ = dense_step(mod, x[0], torch.zeros(m, k, device=device), 0.0, torch.float64)
+        y_plain, _, _ = dense_step(mod, x[0], torch.zeros(m, k, device=device), 0.0, dtype)
+    assert y.shape == x.shape and y.dtype == dtype
+    within(y[0], y_ref, y_plain, dtype, "y")
+    assert (y[0][(y_ref == 0).all(1)] == 0).all()
+    with torch.no_grad():
+        frozen = mod.freeze()(x)
+    assert torch.equal(frozen, y)
+    assert mod.last_l0.shape == () and mod.last_l1 is None
+
+
+@pytest.mark.parametrize("device,dtype", CASES)
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_training(seed, device, dtype, gated, shape):
+    """Forward, the L1 value and every gradient, with the L1 term scaled by an upstream factor."""
+    skip_unless_trainable(device)
+    m, k, n, tile, capacity = shape
+    p = problem(seed, m, k, n, gated)
+    mod = module_for(p, dtype, device, tile=tile, capacity=capacity, l1_coef=0.25).train()
+    x = torch.from_numpy(p.x).to(device, dtype).requires_grad_()
+    dy = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(device, dtype)
+    y = mod(x)
+    l1_scale = 3.0  # the loss uses the L1 term scaled: its gradient must follow
+    ((y * dy).sum() + l1_scale * mod.last_l1).backward()
+
+    y_ref, l1_ref, g_ref = dense_step(mod, x, dy, l1_scale, torch.float64)
+    y_plain, l1_plain, g_plain = dense_step(mod, x, dy, l1_scale, dtype)
+    within(y.detach(), y_ref, y_plain, dtype, "y")
+    within(mod.last_l1.detach() / mod.l1_coef, l1_ref, l1_plain, dtype, "l1")
+    grads = [x.grad] + [q.grad for q in mod.parameters()]
+    names = ["x"] + [n for n, _ in mod.named_parameters()]
+    for name, got, ref, plain in zip(names, grads, g_ref, g_plain):
+        assert got.dtype == dtype and got.shape == ref.shape, name
+        within(got, ref, plain, dtype, f"d {name}")
+    first = p.gate if gated else p.up
+    active = (x.detach().double() @ torch.from_numpy(first).to(device, dtype).double().T > 0)
+    assert float(mod.last_l0) == pytest.approx(active.sum().item() / max(m, 1), abs=0.5 / max(m, 1) + 1e-6)
+
+
+def test_l1_gradient_follows_upstream(seed):
+    """Scaling the loss (as GradScaler does) scales every gradient, the L1 part included; an
+    unused L1 term contributes nothing."""
+    p = problem(seed, 9, 16, 64, True)
+    mod = module_for(p, torch.float32, "cpu", tile=64, capacity=8, l1_coef=0.5)
+    x = torch.from_numpy(p.x).float()
+    grads = {}
+    for scale in (1.0, 8.0, 0.0):
+        mod.zero_grad()
+        y = mod(x)
+        (scale * (y.sum() + mod.last_l1)).backward()
+        grads[scale] = [q.grad.clone() for q in mod.parameters()]
+    for a, b, z in zip(grads[1.0], grads[8.0], grads[0.0]):
+        torch.testing.assert_close(8 * a, b, rtol=1e-6, atol=1e-6)
+        assert not z.any()
+    mod.zero_grad()
+    mod(x).sum().backward()  # the L1 term not in the loss: no L1 gradient
+    y_ref, _, g_ref = dense_step(mod, x, torch.ones(9, 16), 0.0, torch.float64)
+    for got, ref in zip([q.grad for q in mod.parameters()], g_ref[1:]):
+        assert rel_error(got, ref) < 1e-5
+
+
+def sample_inputs(device, dtype, gated, requires_grad=False, m=9, k=16, n=64):
+    g = torch.Generator().manual_seed(0)
+    w = lambda *s: (torch.randn(*s, generator=g) / 4).to(device, dtype).requires_grad_(requires_grad)
+    x = w(m, k)
+    return x, (w(n, k) if gated else None), w(n, k), w(n, k)
+
+
+@pytest.mark.parametrize("device,dtype", CASES)
+@pytest.mark.parametrize("gated", [True, False])
+def test_opcheck_inference(device, dtype, gated):
+    x, gate, up, down = sample_inputs(device, dtype, gated)
+    torch.library.opcheck(torch.ops.twell.ffn.default, (x, gate, up, down, 64, 8, "auto", -1.0))
+
+
+@pytest.mark.parametrize("device,dtype", CASES)
+@pytest.mark.parametrize("gated", [True, False])
+def test_opcheck_training(device, dtype, gated):
+    skip_unless_trainable(device)
+    args = sample_inputs(device, dtype, gated, requires_grad=True)
+    torch.library.opcheck(torch.ops.twell.ffn_train.default, (*args, 64, 8))
+    x, gate, up, down = (None if a is None else a.detach() for a in args)
+    _, saved, _ = torch.ops.twell.ffn_train(x, gate, up, down, 64, 8)
+    dy = torch.randn_like(x)
+    l1 = torch.tensor([0.5], device=device)
+    torch.library.opcheck(torch.ops.twell.ffn_train_backward.default,
+                          (dy, x, gate, up, down, saved, l1, 64, 8))
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [0, 1, 257])
+def test_fake_saved_size_matches(device, dtype, m):
+    """The fake implementation's saved size (twell.layout) is the C++ plan's."""
+    skip_unless_trainable(device)
+    if device == "cuda" and dtype == torch.float32:
+        pytest.skip("the CUDA backend runs float16/bfloat16 only")
+    x, gate, up, down = sample_inputs(device, dtype, True, m=m)
+    _, saved, stats = torch.ops.twell.ffn_train(x, gate, up, down, 0, 0)
+    tile, capacity = layout.resolve_tile(0, 0)
+    want = layout.saved_bytes(m, 64, tile, capacity, 2, tt.saved_dtype(device, dtype))
+    assert saved.numel() == want and saved.dtype == torch.uint8 and stats.shape == (2,)
+
+
+def expect(argument, fn):
+    with pytest.raises(twell.TwellError) as e:
+        fn()
+    assert e.value.argument == argument, str(e.value)
+    return e.value
+
+
+def test_bad_inputs():
+    x, gate, up, down = sample_inputs("cpu", torch.float32, True)
+    ffn, train = torch.ops.twell.ffn, torch.ops.twell.ffn_train
+    expect("down weight", lambda: ffn(x, gate, up, down[:, :8].contiguous(), 64, 8, "auto", -1.0))
+    e = expect("x", lambda: ffn(x.double(), gate, up, down, 64, 8, "auto", -1.0))
+    assert e.op == "InferencePlan::run" and "float64" in e.actual
+    expect("x", lambda: ffn(x.t(), gate, up, down, 64, 8, "auto", -1.0))
+    expect("gate weight", lambda: train(x, gate.half(), up, down, 64, 8))
+    expect("options.capacity", lambda: train(x, gate, up, down, 64, 65))
+    with pytest.raises(ValueError, match="dispatch"):
+        ffn(x, gate, up, down, 64, 8, "fastest", -1.0)
+    mod = tt.SparseGatedMLP(16, 64)
+    expect("x", lambda: mod(torch.zeros(3, 16, dtype=torch.float64)))
+    with pytest.raises(RuntimeError):
+        mod(torch.zeros(3, 15))  # not a multiple of hidden_size: reshape fails
+
+
+def test_state_dict_is_a_llama_mlps():
+    mod = tt.SparseGatedMLP(16, 64)
+    assert {k: tuple(v.shape) for k, v in mod.state_dict().items()} == {
+        "gate_proj.weight": (64, 16), "up_proj.weight": (64, 16), "down_proj.weight": (16, 64)}
+    mod.freeze()
+    assert set(mod.state_dict()) == {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}
+    plain = tt.SparseMLP(16, 64)
+    assert set(plain.state_dict()) == {"up_proj.weight", "down_proj.weight"}
+
+
+def test_plan_cache_follows_weights():
+    """A plan is reused while its weights live and dropped when one dies."""
+    from twell.torch import _plans
+    tt.clear_plans()
+    x, gate, up, down = sample_inputs("cpu", torch.float32, True)
+    torch.ops.twell.ffn(x, gate, up, down, 64, 8, "auto", -1.0)
+    torch.ops.twell.ffn(x, gate, up, down, 64, 8, "auto", -1.0)
+    assert len(_plans._plans) == 1
+    other = down.clone()
+    y1, _ = torch.ops.twell.ffn(x, gate, up, other, 64, 8, "auto", -1.0)
+    assert len(_plans._plans) == 2
+    del other
+    assert len(_plans._plans) == 1
+    with torch.no_grad():
+        down.mul_(2)  # weights updated in place: the plan reads the new values
+    y2, _ = torch.ops.twell.ffn(x, gate, up, down, 64, 8, "auto", -1.0)
+    torch.testing.assert_close(y2, 2 * y1)

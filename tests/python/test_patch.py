@@ -1,0 +1,114 @@
+"""patch_model / unpatch_model on tiny Hugging Face Llama, Qwen2 and Mistral models."""
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+
+import twell.torch as tt  # noqa: E402
+from torch import nn  # noqa: E402
+
+FAMILIES = ["Llama", "Qwen2", "Mistral"]
+
+
+def tiny(family, hidden_act="silu", **extra):
+    config_cls = getattr(transformers, f"{family}Config")
+    model_cls = getattr(transformers, f"{family}ForCausalLM")
+    config = config_cls(vocab_size=64, hidden_size=32, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                        hidden_act=hidden_act, **extra)
+    torch.manual_seed(0)
+    return model_cls(config).eval()
+
+
+def tokens(seed, batch=2, length=12):
+    return torch.randint(0, 64, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def mlps(model):
+    return [m for m in model.modules() if hasattr(m, "gate_proj") and hasattr(m, "act_fn")]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_silu_model_is_refused_unchanged(family):
+    model = tiny(family)
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"activation is silu.*activation='relu'"):
+        tt.patch_model(model)
+    assert not tt.sparse_modules(model)
+    assert model.config.hidden_act == "silu"
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_switch_to_relu_and_round_trip(seed, family):
+    model = tiny(family)
+    relu_ref = copy.deepcopy(model)
+    for m in mlps(relu_ref):
+        m.act_fn = nn.ReLU()
+    ids = tokens(seed)
+    want = logits(relu_ref, ids)
+    params = dict(model.named_parameters())
+
+    assert tt.patch_model(model, activation="relu") == 2
+    assert model.config.hidden_act == "relu"
+    assert len(tt.sparse_modules(model)) == 2
+    assert dict(model.named_parameters()).keys() == params.keys()
+    assert all(p is params[n] for n, p in model.named_parameters())  # same Parameter objects
+    torch.testing.assert_close(logits(model, ids), want, rtol=1e-4, atol=1e-5)
+
+    assert tt.unpatch_model(model) == 2
+    assert not tt.sparse_modules(model)
+    assert torch.equal(logits(model, ids), want)
+    assert all(isinstance(m.act_fn, nn.ReLU) for m in mlps(model))
+
+
+def test_relu_model_patches_without_asking(seed):
+    model = tiny("Llama", hidden_act="relu")
+    ids = tokens(seed)
+    want = logits(model, ids)
+    tt.patch_model(model, l1_coef=0.01)
+    torch.testing.assert_close(logits(model, ids), want, rtol=1e-4, atol=1e-5)
+    tt.unpatch_model(model)
+    assert torch.equal(logits(model, ids), want)
+
+
+def test_training_gradients_match_dense(seed):
+    model = tiny("Llama", hidden_act="relu").train()
+    dense = copy.deepcopy(model)
+    tt.patch_model(model, l1_coef=0.0)
+    ids = tokens(seed)
+    for m in (model, dense):
+        m(ids, labels=ids).loss.backward()
+    for (name, p), q in zip(model.named_parameters(), dense.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_l1_term_and_l0_are_recorded(seed):
+    model = tiny("Llama").train()
+    tt.patch_model(model, activation="relu", l1_coef=0.1)
+    ids = tokens(seed)
+    out = model(ids, labels=ids)
+    l1 = tt.l1_loss(model)
+    assert l1.requires_grad and float(l1.detach()) > 0
+    (out.loss + l1).backward()
+    l0 = tt.l0_per_layer(model)
+    assert set(l0) == {n for n, _ in tt.sparse_modules(model)}
+    assert all(0 < v <= 128 for v in l0.values())
+
+
+def test_biased_mlp_is_refused():
+    model = tiny("Llama", hidden_act="relu", mlp_bias=True)
+    with pytest.raises(ValueError, match="bias"):
+        tt.patch_model(model)
+
+
+def test_unknown_activation_is_refused():
+    with pytest.raises(ValueError, match="activation"):
+        tt.patch_model(tiny("Llama"), activation="gelu")

@@ -1,0 +1,822 @@
+// The CUDA inference backend against the fp64 oracle: every activation pattern, odd M, small and
+// LLM-sized shapes, both FFN kinds and 16-bit dtypes, each dispatch mode; the pack kernel bit for
+// bit against the CPU pack_twell; counters; CUDA-graph capture; argument errors.
+// TWELL_SMALL=1 keeps only small shapes (for the compute-sanitizer runs of scripts/gpu-check).
+#include "common.hpp"
+
+#ifdef TWELL_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "cuda/device.hpp"
+#include "cuda/kernels.hpp"
+#endif
+
+namespace twell::test {
+namespace {
+
+#ifndef TWELL_WITH_CUDA
+
+TEST(CudaInference, Backend) { GTEST_SKIP() << "built without CUDA"; }
+
+#else
+
+bool small_only() {
+  const char* s = std::getenv("TWELL_SMALL");
+  return s != nullptr && *s != '\0' && *s != '0';
+}
+
+bool has_device() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+#define TWELL_REQUIRE_DEVICE() \
+  if (!has_device()) GTEST_SKIP() << "no CUDA device"
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes_ > 0) cuda_ok(cudaMalloc(&p_, bytes_), "cudaMalloc");
+  }
+  explicit DeviceBuffer(const std::vector<uint8_t>& host) : DeviceBuffer(host.size()) { upload(host); }
+  ~DeviceBuffer() {
+    if (p_ != nullptr) cudaFree(p_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; o.bytes_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+
+  void* get() const { return p_; }
+  size_t bytes() const { return bytes_; }
+  // Both complete before returning, so work on any stream (non-blocking ones too) sees them.
+  void upload(const std::vector<uint8_t>& host) {
+    cuda_ok(cudaMemcpy(p_, host.data(), host.size(), cudaMemcpyHostToDevice), "upload");
+    cuda_ok(cudaDeviceSynchronize(), "upload");
+  }
+  std::vector<uint8_t> download() const {
+    std::vector<uint8_t> host(bytes_);
+    cuda_ok(cudaMemcpy(host.data(), p_, bytes_, cudaMemcpyDeviceToHost), "download");
+    return host;
+  }
+  void poison() {
+    cuda_ok(cudaMemset(p_, 0xff, bytes_), "poison");
+    cuda_ok(cudaDeviceSynchronize(), "poison");
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A problem with its tensors on device 0.
+struct DeviceProblem {
+  Problem p;
+  DeviceBuffer x, gate, up, down, y, counters;
+
+  explicit DeviceProblem(const ProblemSpec& spec)
+      : p(testing::make_problem(spec)),
+        x(p.x),
+        up(p.up),
+        down(p.down),
+        y(std::max<size_t>(p.x.size(), 16)),
+        counters(2 * sizeof(int64_t)) {
+    if (spec.kind == FfnKind::gated) gate = DeviceBuffer(p.gate);
+  }
+  FfnWeights weights() const {
+    const Device dev = Device::cuda(0);
+    const ProblemSpec& s = p.spec;
+    FfnWeights w;
+    w.kind = s.kind;
+    if (s.kind == FfnKind::gated) w.gate = TensorView::matrix(gate.get(), s.dtype, s.n, s.k, dev);
+    w.up = TensorView::matrix(up.get(), s.dtype, s.n, s.k, dev);
+    w.down = TensorView::matrix(down.get(), s.dtype, s.n, s.k, dev);
+    return w;
+  }
+  InferenceArgs args(bool with_counters = true) const {
+    const Device dev = Device::cuda(0);
+    const ProblemSpec& s = p.spec;
+    InferenceArgs a;
+    a.x = TensorView::matrix(x.get() ? x.get() : y.get(), s.dtype, s.m, s.k, dev);
+    a.y = TensorView::matrix(y.get(), s.dtype, s.m, s.k, dev);
+    if (with_counters) a.counters = TensorView::vector(counters.get(), DType::i64, 2, dev);
+    return a;
+  }
+  std::vector<uint8_t> y_host() const {
+    auto h = y.download();
+    h.resize(p.x.size());
+    return h;
+  }
+  std::array<int64_t, 2> counters_host() const {
+    std::array<int64_t, 2> c{};
+    cuda_ok(cudaMemcpy(c.data(), counters.get(), sizeof c, cudaMemcpyDeviceToHost), "counters");
+    return c;
+  }
+};
+
+struct Outcome {
+  std::vector<uint8_t> y;
+  RunInfo info;
+  std::array<int64_t, 2> counters{};
+};
+
+// Poisons y and the counters, runs on the per-thread default stream, waits, downloads.
+Outcome run_once(InferencePlan& plan, DeviceProblem& d) {
+  d.y.poison();
+  d.counters.poison();
+  plan.run(d.args(), nullptr);
+  cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "run");
+  return {d.y_host(), plan.last_run(), d.counters_host()};
+}
+
+void expect_matches_oracle(DeviceProblem& d, const std::vector<uint8_t>& y, const std::string& what) {
+  const ForwardCheck c = check_forward(d.p, y.data());
+  EXPECT_LE(c.error, c.tolerance) << what << ": " << d.p.spec.describe();
+  EXPECT_TRUE(c.zero_rows_exact) << what << ": rows with a zero reference are not exactly zero: "
+                                 << d.p.spec.describe();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward sweep against the oracle.
+
+struct Case {
+  FfnKind kind = FfnKind::gated;
+  DType dtype = DType::bf16;
+  Pattern pattern = Pattern::uniform;
+  double density = 0.05;
+  int64_t m = 1, k = 64, n = 520;
+  Dispatch dispatch = Dispatch::force_sparse;
+  int32_t tile = 0, capacity = 0;
+};
+
+std::string dispatch_name(Dispatch d) {
+  switch (d) {
+    case Dispatch::automatic: return "auto";
+    case Dispatch::force_sparse: return "sparse";
+    case Dispatch::force_dense: return "dense";
+  }
+  return "unknown";
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  std::string density = std::to_string(int(c.density * 1000 + 0.5));  // per mille
+  std::string s = std::string(ffn_kind_name(c.kind)) + "_" + dtype_name(c.dtype) + "_" +
+                  testing::pattern_name(c.pattern) + "_" + density + "pm_M" + std::to_string(c.m) +
+                  "_K" + std::to_string(c.k) + "_N" + std::to_string(c.n) + "_" +
+                  dispatch_name(c.dispatch);
+  if (c.tile != 0) s += "_tile" + std::to_string(c.tile) + "_cap" + std::to_string(c.capacity);
+  return s;
+}
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << ffn_kind_name(c.kind) << " " << dtype_name(c.dtype) << " " << testing::pattern_name(c.pattern)
+      << " " << c.density << " M=" << c.m << " K=" << c.k << " N=" << c.n << " "
+      << dispatch_name(c.dispatch) << " tile=" << c.tile << " capacity=" << c.capacity;
+}
+
+struct PatternDensity {
+  Pattern pattern;
+  double density;
+};
+
+const PatternDensity kAllPatterns[] = {
+    {Pattern::uniform, 0.005},      {Pattern::uniform, 0.05},   {Pattern::uniform, 0.3},
+    {Pattern::heavy_tailed, 0.02},  {Pattern::edge_rows, 0.05}, {Pattern::all_zero, 0.0},
+    {Pattern::all_dense, 1.0},
+};
+
+std::vector<Case> sparse_cases() {
+  std::vector<Case> out;
+  const bool small = small_only();
+  struct Shape { int64_t m, k, n; };
+  // {65, 2048, 264}: a row spans two warps, so the cross-warp dot reduction runs.
+  std::vector<Shape> shapes = {{1, 64, 520},    {7, 64, 520},     {255, 64, 520}, {257, 64, 520},
+                               {7, 136, 1000},  {257, 136, 1000}, {65, 2048, 264}};
+  if (!small) shapes.push_back({4097, 64, 520});
+  for (DType dt : {DType::bf16, DType::f16})
+    for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
+      for (const PatternDensity& pd : kAllPatterns)
+        for (const Shape& s : shapes) {
+          Case c;
+          c.kind = kind;
+          c.dtype = dt;
+          c.pattern = pd.pattern;
+          c.density = pd.density;
+          c.m = s.m;
+          c.k = s.k;
+          c.n = s.n;
+          out.push_back(c);
+        }
+  // Non-default tiles and capacities (capacity 1 routes nearly everything; capacity = tile none).
+  struct TileCap { int32_t tile, capacity; };
+  for (DType dt : {DType::bf16, DType::f16})
+    for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
+      for (TileCap tc : {TileCap{64, 8}, TileCap{128, 1}, TileCap{256, 256}}) {
+        Case c;
+        c.kind = kind;
+        c.dtype = dt;
+        c.pattern = Pattern::edge_rows;
+        c.m = 257;
+        c.k = 136;
+        c.n = 1000;
+        c.tile = tc.tile;
+        c.capacity = tc.capacity;
+        out.push_back(c);
+      }
+  if (small) return out;
+  // LLM-sized (hidden 2048, intermediate 5632): small M only, the oracle is slow there.
+  struct Llm { FfnKind kind; DType dtype; Pattern pattern; double density; int64_t m; };
+  const Llm llm[] = {
+      {FfnKind::gated, DType::bf16, Pattern::uniform, 0.005, 7},
+      {FfnKind::gated, DType::bf16, Pattern::heavy_tailed, 0.02, 7},
+      {FfnKind::gated, DType::bf16, Pattern::edge_rows, 0.05, 7},
+      {FfnKind::plain, DType::bf16, Pattern::heavy_tailed, 0.02, 7},
+      {FfnKind::gated, DType::f16, Pattern::edge_rows, 0.05, 7},
+      {FfnKind::gated, DType::bf16, Pattern::uniform, 0.005, 1},
+      {FfnKind::plain, DType::f16, Pattern::uniform, 0.005, 1},
+  };
+  for (const Llm& l : llm) {
+    Case c;
+    c.kind = l.kind;
+    c.dtype = l.dtype;
+    c.pattern = l.pattern;
+    c.density = l.density;
+    c.m = l.m;
+    c.k = 2048;
+    c.n = 5632;
+    out.push_back(c);
+  }
+  // 7B-class (4096 x 11008), a few rows.
+  Case big;
+  big.density = 0.005;
+  big.m = 3;
+  big.k = 4096;
+  big.n = 11008;
+  out.push_back(big);
+  return out;
+}
+
+std::vector<Case> dispatch_cases() {
+  std::vector<Case> out;
+  const bool small = small_only();
+  struct Shape { int64_t m, k, n; };
+  std::vector<Shape> shapes = {{257, 136, 1000}};
+  if (!small) shapes.push_back({4097, 64, 520});
+  for (Dispatch dispatch : {Dispatch::force_dense, Dispatch::automatic})
+    for (DType dt : {DType::bf16, DType::f16})
+      for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
+        for (PatternDensity pd : {PatternDensity{Pattern::uniform, 0.05},
+                                  PatternDensity{Pattern::edge_rows, 0.05},
+                                  PatternDensity{Pattern::all_zero, 0.0},
+                                  PatternDensity{Pattern::all_dense, 1.0}})
+          for (const Shape& s : shapes) {
+            Case c;
+            c.kind = kind;
+            c.dtype = dt;
+            c.pattern = pd.pattern;
+            c.density = pd.density;
+            c.m = s.m;
+            c.k = s.k;
+            c.n = s.n;
+            c.dispatch = dispatch;
+            out.push_back(c);
+          }
+  if (small) return out;
+  for (Dispatch dispatch : {Dispatch::force_dense, Dispatch::automatic}) {
+    Case c;
+    c.density = 0.005;
+    c.m = 7;
+    c.k = 2048;
+    c.n = 5632;
+    c.dispatch = dispatch;
+    out.push_back(c);
+  }
+  return out;
+}
+
+ProblemSpec spec_of(const Case& c, uint64_t salt) {
+  ProblemSpec s;
+  s.kind = c.kind;
+  s.dtype = c.dtype;
+  s.pattern = c.pattern;
+  s.density = c.density;
+  s.m = c.m;
+  s.k = c.k;
+  s.n = c.n;
+  s.seed = seed(salt);
+  return s;
+}
+
+InferenceOptions options_of(const Case& c) {
+  InferenceOptions o;
+  o.dispatch = c.dispatch;
+  o.tile = c.tile;
+  o.capacity = c.capacity;
+  return o;
+}
+
+class CudaForward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaForward, MatchesOracle) {
+  TWELL_REQUIRE_DEVICE();
+  const Case& c = GetParam();
+  DeviceProblem d(spec_of(c, 101));
+  InferencePlan plan(d.weights(), options_of(c));
+  const Outcome first = run_once(plan, d);
+  expect_matches_oracle(d, first.y, "first run");
+  EXPECT_EQ(first.info.rows, c.m);
+  EXPECT_EQ(first.info.ran_dense, c.dispatch == Dispatch::force_dense);
+  EXPECT_GE(first.counters[0], 0);
+  EXPECT_LE(first.counters[0], c.m);
+  if (c.pattern == Pattern::all_zero) {
+    EXPECT_EQ(first.counters[0], 0);
+    EXPECT_EQ(first.counters[1], 0);
+  }
+  if (c.pattern == Pattern::all_dense) {
+    EXPECT_EQ(first.counters[1], c.m * c.n);
+    const int32_t capacity = plan.options().capacity;
+    const bool routes = capacity < std::min<int32_t>(plan.options().tile, int32_t(c.n));
+    if (c.dispatch != Dispatch::force_dense) EXPECT_EQ(first.counters[0], routes ? c.m : 0);
+  }
+  if (c.dispatch != Dispatch::automatic) return;
+  // The second run follows the density the first one measured (it has completed by now).
+  const Outcome second = run_once(plan, d);
+  expect_matches_oracle(d, second.y, "second run");
+  if (c.pattern == Pattern::all_dense) EXPECT_TRUE(second.info.ran_dense);
+  if (c.pattern == Pattern::all_zero) EXPECT_FALSE(second.info.ran_dense);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sparse, CudaForward, ::testing::ValuesIn(sparse_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Dispatch, CudaForward, ::testing::ValuesIn(dispatch_cases()), case_name);
+
+// ---------------------------------------------------------------------------------------------
+// Counters: routed rows and active entries against the oracle's G (rounded to the dtype).
+
+struct Expected {
+  int64_t routed = 0;
+  int64_t active = 0;
+};
+
+Expected expected_counts(Problem& p, int32_t tile, int32_t capacity) {
+  const auto w = ref::from_weights(p.weights());
+  const auto f = ref::ffn_forward(w, ref::from_view(p.x_view()));
+  Expected e;
+  const int64_t n = p.spec.n;
+  for (int64_t r = 0; r < p.spec.m; ++r) {
+    bool routed = false;
+    for (int64_t t0 = 0; t0 < n; t0 += tile) {
+      int64_t count = 0;
+      for (int64_t c = t0; c < std::min<int64_t>(n, t0 + tile); ++c)
+        count += round_to(p.spec.dtype, float(f.gate_pre.at(r, c))) > 0.0f;
+      e.active += count;
+      routed = routed || count > capacity;
+    }
+    e.routed += routed;
+  }
+  return e;
+}
+
+class CudaCounters : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaCounters, MatchOracle) {
+  TWELL_REQUIRE_DEVICE();
+  const Case& c = GetParam();
+  DeviceProblem d(spec_of(c, 202));
+  InferencePlan plan(d.weights(), options_of(c));
+  const Outcome o = run_once(plan, d);
+  const Expected e = expected_counts(d.p, plan.options().tile, plan.options().capacity);
+  // Values within fp32 rounding of zero may flip between the fp64 oracle and the GPU GEMM.
+  const int64_t slack = 2 + e.active / 10000;
+  EXPECT_NEAR(double(o.counters[1]), double(e.active), double(slack)) << d.p.spec.describe();
+  EXPECT_EQ(o.counters[0], e.routed) << d.p.spec.describe();
+  EXPECT_EQ(o.info.routed_rows, -1);  // device-side only: read the counters instead
+  EXPECT_EQ(o.info.active, -1);
+  expect_matches_oracle(d, o.y, "counters run");
+}
+
+std::vector<Case> counter_cases() {
+  std::vector<Case> out;
+  for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
+    for (const PatternDensity& pd : kAllPatterns) {
+      Case c;
+      c.kind = kind;
+      c.pattern = pd.pattern;
+      c.density = pd.density;
+      c.m = 257;
+      c.k = 136;
+      c.n = 1000;
+      out.push_back(c);
+    }
+  Case narrow;
+  narrow.pattern = Pattern::heavy_tailed;
+  narrow.density = 0.03;
+  narrow.m = 257;
+  narrow.k = 136;
+  narrow.n = 1000;
+  narrow.tile = 64;
+  narrow.capacity = 8;
+  out.push_back(narrow);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Counters, CudaCounters, ::testing::ValuesIn(counter_cases()), case_name);
+
+// ---------------------------------------------------------------------------------------------
+// The pack kernel bit for bit against the CPU pack_twell, on adversarial rows.
+
+enum class RowKind : uint8_t { zero, sparse, dense, hot_tile, at_capacity, over_capacity, signed_zeros };
+
+// A host G [m, n] of 16-bit patterns: non-zero values are random normal-ish bits, zeros are +0
+// or -0 (both must count as zero).
+std::vector<uint16_t> adversarial_hidden(int64_t m, int64_t n, int32_t tile, int32_t capacity,
+                                         uint64_t s) {
+  std::mt19937_64 rng(s);
+  std::uniform_int_distribution<int> kind_of(0, 6);
+  std::uniform_real_distribution<double> u01(0, 1);
+  auto value = [&]() { return uint16_t(0x3c00u + (rng() & 0x03ffu)); };  // positive, non-zero
+  const int64_t tiles = (n + tile - 1) / tile;
+  std::vector<uint16_t> g(size_t(m * n), 0);
+  for (int64_t r = 0; r < m; ++r) {
+    uint16_t* row = g.data() + r * n;
+    const int64_t t = int64_t(rng() % uint64_t(tiles));
+    const int64_t t0 = t * tile, width = std::min<int64_t>(tile, n - t0);
+    switch (RowKind(kind_of(rng))) {
+      case RowKind::zero: break;
+      case RowKind::sparse:
+        for (int64_t c = 0; c < n; ++c) row[c] = u01(rng) < 0.02 ? value() : 0;
+        break;
+      case RowKind::dense:
+        for (int64_t c = 0; c < n; ++c) row[c] = value();
+        break;
+      case RowKind::hot_tile:
+        for (int64_t c = t0; c < t0 + width; ++c) row[c] = value();
+        break;
+      case RowKind::at_capacity:
+      case RowKind::over_capacity: {
+        const int64_t want = std::min<int64_t>(width, capacity + (RowKind(kind_of(rng)) == RowKind::over_capacity));
+        for (int64_t i = 0; i < want; ++i) row[t0 + (i * width) / want] = value();
+        break;
+      }
+      case RowKind::signed_zeros:
+        for (int64_t c = 0; c < n; ++c) row[c] = u01(rng) < 0.5 ? 0x8000u : (u01(rng) < 0.03 ? value() : 0);
+        break;
+    }
+  }
+  return g;
+}
+
+struct PackCase {
+  int64_t m, n;
+  int32_t tile, capacity;
+};
+
+void PrintTo(const PackCase& c, std::ostream* os) {
+  *os << "M=" << c.m << " N=" << c.n << " tile=" << c.tile << " capacity=" << c.capacity;
+}
+
+class CudaPack : public ::testing::TestWithParam<PackCase> {};
+
+TEST_P(CudaPack, MatchesCpuPack) {
+  TWELL_REQUIRE_DEVICE();
+  const PackCase& pc = GetParam();
+  const std::vector<uint16_t> g = adversarial_hidden(pc.m, pc.n, pc.tile, pc.capacity, seed(303));
+  std::vector<uint8_t> g_bytes(g.size() * 2);
+  std::memcpy(g_bytes.data(), g.data(), g_bytes.size());
+
+  // CPU reference.
+  TensorView gv = TensorView::matrix(g_bytes.data(), DType::bf16, pc.m, pc.n);
+  TwellMatrix cpu = pack_twell(&gv, 1, pc.tile, pc.capacity);
+  TwellView cv = cpu.view();
+
+  // GPU.
+  TwellShape shape;
+  shape.rows = pc.m;
+  shape.cols = pc.n;
+  shape.tile = pc.tile;
+  shape.capacity = pc.capacity;
+  const int64_t tiles = shape.num_tiles(), slots = pc.m * tiles * pc.capacity;
+  DeviceBuffer hidden(g_bytes), values(size_t(slots) * 2), cols(size_t(slots) * 2),
+      counts(size_t(pc.m * tiles) * 2), row_slot(size_t(pc.m) * 4), routed_rows(size_t(pc.m) * 4),
+      control(sizeof(gpu::RunCounters));
+  cuda_ok(cudaMemset(control.get(), 0, control.bytes()), "memset");
+  cuda_ok(cudaDeviceSynchronize(), "memset");
+  for (DeviceBuffer* b : {&values, &cols, &counts, &row_slot, &routed_rows}) b->poison();
+  auto* ctl = static_cast<gpu::RunCounters*>(control.get());
+  gpu::PackArgs a;
+  a.hidden = hidden.get();
+  a.out.shape = shape;
+  a.out.dtype = DType::bf16;
+  a.out.device = Device::cuda(0);
+  a.out.values = values.get();
+  a.out.cols = static_cast<uint16_t*>(cols.get());
+  a.out.counts = static_cast<uint16_t*>(counts.get());
+  a.out.row_slot = static_cast<int32_t*>(row_slot.get());
+  a.out.routed_rows = static_cast<int32_t*>(routed_rows.get());
+  a.out.num_routed = &ctl->num_routed;
+  a.active = &ctl->active;
+  gpu::launch_pack(a, gpu::query_device(0, "test"), cudaStreamPerThread);
+  cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "pack");
+
+  gpu::RunCounters c{};
+  cuda_ok(cudaMemcpy(&c, control.get(), sizeof c, cudaMemcpyDeviceToHost), "counters");
+  auto as = [](const std::vector<uint8_t>& b, auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    std::vector<T> v(b.size() / sizeof(T));
+    std::memcpy(v.data(), b.data(), b.size());
+    return v;
+  };
+  const auto gvals = as(values.download(), (uint16_t*)nullptr);
+  const auto gcols = as(cols.download(), (uint16_t*)nullptr);
+  const auto gcounts = as(counts.download(), (uint16_t*)nullptr);
+  const auto gslot = as(row_slot.download(), (int32_t*)nullptr);
+  auto listed = as(routed_rows.download(), (int32_t*)nullptr);
+
+  ASSERT_EQ(c.num_routed, cpu.num_routed());
+  int64_t nonzeros = 0;
+  for (uint16_t v : g) nonzeros += (v & 0x7fffu) != 0;
+  EXPECT_EQ(int64_t(c.active), nonzeros);
+  listed.resize(size_t(c.num_routed));
+  for (int32_t s = 0; s < c.num_routed; ++s)
+    EXPECT_EQ(gslot[size_t(listed[size_t(s)])], s) << "routed slot " << s;
+  std::vector<int32_t> gpu_routed(listed), cpu_routed(cv.routed_rows, cv.routed_rows + cpu.num_routed());
+  std::sort(gpu_routed.begin(), gpu_routed.end());
+  EXPECT_EQ(gpu_routed, cpu_routed);
+  const auto* cpu_vals = static_cast<const uint16_t*>(cv.values);
+  for (int64_t r = 0; r < pc.m; ++r) {
+    ASSERT_EQ(gslot[size_t(r)] >= 0, cv.row_slot[r] >= 0) << "row " << r;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const size_t ti = size_t(r * tiles + t);
+      ASSERT_EQ(gcounts[ti], cv.counts[ti]) << "row " << r << " tile " << t;
+      for (int64_t i = 0; i < cv.counts[ti]; ++i) {
+        const size_t si = ti * size_t(pc.capacity) + size_t(i);
+        ASSERT_EQ(gcols[si], cv.cols[si]) << "row " << r << " tile " << t << " entry " << i;
+        ASSERT_EQ(gvals[si], cpu_vals[si]) << "row " << r << " tile " << t << " entry " << i;
+      }
+    }
+  }
+}
+
+std::vector<PackCase> pack_cases() {
+  std::vector<PackCase> out;
+  for (int32_t tile : {64, 128, 256})
+    for (int32_t capacity : {1, 8, tile / 8, tile})
+      for (int64_t n : {int64_t(520), int64_t(1000), int64_t(5632)})
+        for (int64_t m : {int64_t(1), int64_t(7), int64_t(257)}) {
+          if (small_only() && n > 1000) continue;
+          out.push_back({m, n, tile, capacity});
+        }
+  return out;
+}
+
+std::string pack_name(const ::testing::TestParamInfo<PackCase>& info) {
+  const PackCase& c = info.param;
+  return "M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_tile" + std::to_string(c.tile) +
+         "_cap" + std::to_string(c.capacity) + "_" + std::to_string(info.index);
+}
+
+INSTANTIATE_TEST_SUITE_P(Pack, CudaPack, ::testing::ValuesIn(pack_cases()), pack_name);
+
+// ---------------------------------------------------------------------------------------------
+// Streams, graphs, workspaces.
+
+ProblemSpec small_spec(FfnKind kind, Pattern pattern, uint64_t salt) {
+  ProblemSpec s;
+  s.kind = kind;
+  s.dtype = DType::bf16;
+  s.pattern = pattern;
+  s.density = 0.05;
+  s.m = 257;
+  s.k = 136;
+  s.n = 1000;
+  s.seed = seed(salt);
+  return s;
+}
+
+struct GraphCase {
+  Dispatch dispatch;
+};
+void PrintTo(const GraphCase& c, std::ostream* os) { *os << dispatch_name(c.dispatch); }
+
+class CudaGraph : public ::testing::TestWithParam<GraphCase> {};
+
+TEST_P(CudaGraph, CaptureAndReplay) {
+  TWELL_REQUIRE_DEVICE();
+  DeviceProblem d(small_spec(FfnKind::gated, Pattern::edge_rows, 404));
+  InferenceOptions o;
+  o.dispatch = GetParam().dispatch;
+  InferencePlan plan(d.weights(), o);
+  cudaStream_t s = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  plan.run(d.args(), s);  // grows the plan's workspace and plans the cuBLASLt calls
+  cuda_ok(cudaStreamSynchronize(s), "warm-up");
+
+  cudaGraph_t graph = nullptr;
+  cuda_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "begin capture");
+  plan.run(d.args(), s);
+  cuda_ok(cudaStreamEndCapture(s, &graph), "end capture");
+  size_t nodes = 0;
+  cuda_ok(cudaGraphGetNodes(graph, nullptr, &nodes), "graph nodes");
+  EXPECT_GT(nodes, 2u) << "the capture recorded (almost) nothing";
+  cudaGraphExec_t exec = nullptr;
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+
+  d.y.poison();
+  cuda_ok(cudaGraphLaunch(exec, s), "launch");
+  cuda_ok(cudaStreamSynchronize(s), "replay");
+  expect_matches_oracle(d, d.y_host(), "graph replay");
+
+  // New x in the same buffer: the replay computes on it (nothing host-side was baked in).
+  d.p.x = testing::make_problem(small_spec(FfnKind::gated, Pattern::edge_rows, 405)).x;
+  d.x.upload(d.p.x);
+  d.y.poison();
+  cuda_ok(cudaGraphLaunch(exec, s), "launch");
+  cuda_ok(cudaStreamSynchronize(s), "replay");
+  expect_matches_oracle(d, d.y_host(), "graph replay on new x");
+
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, CudaGraph,
+                         ::testing::Values(GraphCase{Dispatch::force_sparse},
+                                           GraphCase{Dispatch::force_dense},
+                                           GraphCase{Dispatch::automatic}),
+                         [](const ::testing::TestParamInfo<GraphCase>& i) {
+                           return dispatch_name(i.param.dispatch);
+                         });
+
+TEST(CudaInference, CaptureBeforeWorkspaceExistsRaises) {
+  TWELL_REQUIRE_DEVICE();
+  DeviceProblem d(small_spec(FfnKind::plain, Pattern::uniform, 505));
+  InferencePlan plan(d.weights());
+  cudaStream_t s = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  cuda_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "begin capture");
+  EXPECT_THROW(plan.run(d.args(), s), Error);
+  cudaGraph_t graph = nullptr;
+  (void)cudaStreamEndCapture(s, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  (void)cudaGetLastError();
+  // The plan is still usable afterwards.
+  const Outcome o = run_once(plan, d);
+  expect_matches_oracle(d, o.y, "after a refused capture");
+  cudaStreamDestroy(s);
+}
+
+TEST(CudaInference, CallerWorkspaceAndAlternatingStreams) {
+  TWELL_REQUIRE_DEVICE();
+  DeviceProblem d(small_spec(FfnKind::gated, Pattern::edge_rows, 606));
+  InferencePlan plan(d.weights());
+  const size_t need = plan.workspace_bytes(d.args());
+  DeviceBuffer ws(need + 16);
+  char* unaligned = static_cast<char*>(ws.get()) + 16;  // the plan aligns it itself
+  EXPECT_THROW(plan.run(d.args(), nullptr, unaligned, need - 1), Error);
+  d.y.poison();
+  plan.run(d.args(), nullptr, unaligned, need);
+  cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "run");
+  expect_matches_oracle(d, d.y_host(), "caller workspace");
+
+  cudaStream_t s1 = nullptr, s2 = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), "stream");
+  cuda_ok(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking), "stream");
+  DeviceBuffer y2(d.y.bytes());
+  InferenceArgs second = d.args(false);
+  second.y.data = y2.get();
+  d.y.poison();
+  y2.poison();
+  for (int i = 0; i < 3; ++i) {
+    plan.run(d.args(false), s1);
+    plan.run(second, s2);
+  }
+  cuda_ok(cudaDeviceSynchronize(), "streams");
+  expect_matches_oracle(d, d.y_host(), "stream 1");
+  auto other = y2.download();
+  other.resize(d.p.x.size());
+  expect_matches_oracle(d, other, "stream 2");
+  cudaStreamDestroy(s1);
+  cudaStreamDestroy(s2);
+}
+
+TEST(CudaInference, EmptyBatchIsANoOp) {
+  TWELL_REQUIRE_DEVICE();
+  ProblemSpec s = small_spec(FfnKind::gated, Pattern::uniform, 707);
+  s.m = 0;
+  DeviceProblem d(s);
+  InferencePlan plan(d.weights());
+  d.counters.poison();
+  plan.run(d.args(), nullptr);
+  cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "run");
+  const auto c = d.counters_host();
+  EXPECT_EQ(c[0], 0);
+  EXPECT_EQ(c[1], 0);
+  EXPECT_EQ(plan.last_run().rows, 0);
+}
+
+TEST(CudaInference, DenseAboveOptionIsHonoured) {
+  TWELL_REQUIRE_DEVICE();
+  DeviceProblem d(small_spec(FfnKind::gated, Pattern::all_dense, 808));
+  InferenceOptions o;
+  o.dense_above = 2.0;  // no density exceeds it: always sparse
+  InferencePlan plan(d.weights(), o);
+  for (int i = 0; i < 2; ++i) {
+    const Outcome r = run_once(plan, d);
+    EXPECT_FALSE(r.info.ran_dense);
+    expect_matches_oracle(d, r.y, "never dense");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Argument errors name the argument.
+
+void expect_error(const std::function<void()>& f, const std::string& argument) {
+  try {
+    f();
+    ADD_FAILURE() << "no Error for " << argument;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), argument) << e.what();
+  }
+}
+
+FfnWeights device_weights(DType dt, int64_t n, int64_t k, DeviceBuffer& storage) {
+  storage = DeviceBuffer(size_t(3 * n * k) * dtype_size(dt) + 256);
+  char* p = static_cast<char*>(storage.get());
+  const size_t bytes = size_t(n * k) * dtype_size(dt);
+  const size_t step = (bytes + 255) / 256 * 256;
+  FfnWeights w;
+  w.kind = FfnKind::gated;
+  w.gate = TensorView::matrix(p, dt, n, k, Device::cuda(0));
+  w.up = TensorView::matrix(p + step, dt, n, k, Device::cuda(0));
+  w.down = TensorView::matrix(p + 2 * step, dt, n, k, Device::cuda(0));
+  return w;
+}
+
+TEST(CudaInference, UnsupportedShapesAndTypesRaise) {
+  TWELL_REQUIRE_DEVICE();
+  DeviceBuffer storage;
+  expect_error([&] { InferencePlan p(device_weights(DType::bf16, 520, 68, storage)); }, "hidden size K");
+  expect_error([&] { InferencePlan p(device_weights(DType::bf16, 1004, 64, storage)); },
+               "intermediate size N");
+  expect_error([&] { InferencePlan p(device_weights(DType::bf16, 520, 16392, storage)); },
+               "hidden size K");
+  expect_error([&] { InferencePlan p(device_weights(DType::f32, 520, 64, storage)); }, "weights dtype");
+  InferenceOptions o;
+  o.tile = 32;
+  expect_error([&] { InferencePlan p(device_weights(DType::bf16, 520, 64, storage), o); },
+               "options.tile");
+  FfnWeights host_labelled = device_weights(DType::bf16, 520, 64, storage);
+  std::vector<uint8_t> host(size_t(520 * 64 * 2));
+  host_labelled.down.data = host.data();
+  expect_error([&] { InferencePlan p(host_labelled); }, "down weight");
+}
+
+TEST(CudaInference, BadRunArgumentsRaise) {
+  TWELL_REQUIRE_DEVICE();
+  DeviceProblem d(small_spec(FfnKind::gated, Pattern::uniform, 909));
+  InferencePlan plan(d.weights());
+  InferenceArgs cpu_x = d.args();
+  cpu_x.x = d.p.x_view();
+  expect_error([&] { plan.run(cpu_x); }, "x");
+  InferenceArgs host_labelled = d.args();
+  host_labelled.x.data = d.p.x.data();  // host memory with a CUDA label
+  expect_error([&] { plan.run(host_labelled); }, "x");
+  InferenceArgs misaligned = d.args();
+  DeviceBuffer shifted(d.p.x.size() + 16);
+  misaligned.y.data = static_cast<char*>(shifted.get()) + 2;
+  expect_error([&] { plan.run(misaligned); }, "y");
+}
+
+TEST(CudaInference, TrainingIsNotImplementedYet) {
+  TWELL_REQUIRE_DEVICE();
+  DeviceBuffer storage;
+  expect_error([&] { TrainingPlan p(device_weights(DType::bf16, 520, 64, storage)); },
+               "weights device");
+}
+
+#endif  // TWELL_WITH_CUDA
+
+}  // namespace
+}  // namespace twell::test
