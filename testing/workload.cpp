@@ -125,28 +125,45 @@ Problem make_problem(const ProblemSpec& spec) {
   p.down.resize(size_t(n * k) * es);
   const double wscale = 1.0 / std::sqrt(double(kr));
   const int64_t hot_end = std::min<int64_t>(n, spec.hot_tile);
+  // Each row of each tensor draws from its own stream, so generation runs in parallel and the
+  // result does not depend on the thread count.
+  auto row_rng = [&](uint64_t tensor, int64_t row) {
+    return std::mt19937_64(spec.seed * 0x9e3779b97f4a7c15ull + tensor * 0xbf58476d1ce4e5b9ull +
+                           uint64_t(row) * 0x94d049bb133111ebull);
+  };
   auto fill_first = [&](std::vector<uint8_t>& w) {  // gate (gated) or up (plain)
+#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
-      for (int64_t c = 0; c < kr; ++c) store_float(w.data(), spec.dtype, i * k + c, float(z(rng) * wscale));
+      std::mt19937_64 r = row_rng(1, i);
+      std::normal_distribution<double> zr(0.0, 1.0);
+      for (int64_t c = 0; c < kr; ++c) store_float(w.data(), spec.dtype, i * k + c, float(zr(r) * wscale));
       store_float(w.data(), spec.dtype, i * k + kr, float(a));
       store_float(w.data(), spec.dtype, i * k + kr + 1, float(i < hot_end ? b : -b));
       store_float(w.data(), spec.dtype, i * k + kr + 2, float(-t[size_t(i)]));
     }
   };
-  auto fill_random = [&](std::vector<uint8_t>& w, double sc) {
-    for (int64_t i = 0; i < n * k; ++i) store_float(w.data(), spec.dtype, i, float(z(rng) * sc));
+  auto fill_random = [&](std::vector<uint8_t>& w, double sc, uint64_t tensor) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      std::mt19937_64 r = row_rng(tensor, i);
+      std::normal_distribution<double> zr(0.0, 1.0);
+      for (int64_t c = 0; c < k; ++c) store_float(w.data(), spec.dtype, i * k + c, float(zr(r) * sc));
+    }
   };
   if (spec.kind == FfnKind::gated) {
     fill_first(p.gate);
-    fill_random(p.up, wscale);
+    fill_random(p.up, wscale, 2);
   } else {
     fill_first(p.up);
   }
-  fill_random(p.down, 1.0 / std::sqrt(std::max(1.0, d * double(n))));
+  fill_random(p.down, 1.0 / std::sqrt(std::max(1.0, d * double(n))), 3);
+#pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < m; ++r) {
+    std::mt19937_64 rr = row_rng(4, r);
+    std::normal_distribution<double> zr(0.0, 1.0);
     const Role ro = Role(role[size_t(r)]);
     const double sc = ro == normal ? scale[size_t(r)] : 0.1;
-    for (int64_t c = 0; c < kr; ++c) store_float(p.x.data(), spec.dtype, r * k + c, float(z(rng) * sc));
+    for (int64_t c = 0; c < kr; ++c) store_float(p.x.data(), spec.dtype, r * k + c, float(zr(rr) * sc));
     store_float(p.x.data(), spec.dtype, r * k + kr, ro == dense ? 1.f : ro == zero ? -1.f : 0.f);
     store_float(p.x.data(), spec.dtype, r * k + kr + 1, ro == hot ? 1.f : 0.f);
     store_float(p.x.data(), spec.dtype, r * k + kr + 2, ro == normal ? 1.f : ro == hot ? 1.f : 0.f);

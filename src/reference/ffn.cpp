@@ -29,9 +29,11 @@ Weights from_weights(const FfnWeights& w) {
 
 namespace {
 
+// Row loops run in parallel: rows are independent, so the arithmetic per element is unchanged.
 // a [M, K] times b [N, K]^T -> [M, N]
 Matrix times_transposed(const Matrix& a, const Matrix& b) {
   Matrix c(a.rows, b.rows);
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < a.rows; ++i)
     for (int64_t j = 0; j < b.rows; ++j) {
       double s = 0;
@@ -44,6 +46,7 @@ Matrix times_transposed(const Matrix& a, const Matrix& b) {
 // a [M, N] times b [N, K] -> [M, K]
 Matrix times(const Matrix& a, const Matrix& b) {
   Matrix c(a.rows, b.cols);
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < a.rows; ++i)
     for (int64_t n = 0; n < a.cols; ++n) {
       const double v = a.at(i, n);
@@ -122,12 +125,14 @@ Matrix ffn_forward_rounded(const Weights& w, const Matrix& x, DType t) {
     return round_to(t, s);
   };
   Matrix h(m_rows, n), y(m_rows, k);
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < m_rows; ++i)
     for (int64_t j = 0; j < n; ++j) {
       const float g = dot_f32(x, i, first, j);
       const float hv = gated ? (g > 0 ? round_to(t, g * dot_f32(x, i, w.up, j)) : 0.0f) : (g > 0 ? g : 0.0f);
       h.at(i, j) = hv;
     }
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < m_rows; ++i)
     for (int64_t c = 0; c < k; ++c) {
       float s = 0.0f;
