@@ -55,6 +55,8 @@ class CpuRunner final : public Runner {
     return plan.last_run();
   }
 
+  RunInfo last_run(Dispatch d) override { return plan_for(d).last_run(); }
+
  private:
   InferenceArgs args() {
     const auto& s = p_->spec;

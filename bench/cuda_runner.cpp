@@ -120,6 +120,8 @@ class CudaRunner final : public Runner {
     return info;
   }
 
+  RunInfo last_run(Dispatch d) override { return plan_for(d).last_run(); }
+
  private:
   InferenceArgs args(bool with_counters) {
     const Device dev = Device::cuda(0);
@@ -140,7 +142,10 @@ class CudaRunner final : public Runner {
 
   template <class F>
   Timing time(F&& f, int warmup, int reps) {
-    for (int i = 0; i < warmup; ++i) f();
+    for (int i = 0; i < warmup; ++i) {  // synchronised, so automatic dispatch sees each timing
+      f();
+      check(cudaStreamSynchronize(stream_), "warm-up");
+    }
     std::vector<double> ms;
     for (int i = 0; i < reps; ++i) {
       check(cudaMemsetAsync(flush_.p, i & 0xff, flush_.bytes, stream_), "L2 flush");

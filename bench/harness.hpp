@@ -25,7 +25,7 @@ struct Row {
   Timing dense, gate, twell;
   double speedup = 0;          // dense.median / twell.median
   int64_t routed_rows = 0;
-  bool ran_dense = false;      // automatic dispatch chose the dense path
+  bool ran_dense = false;      // automatic dispatch chose the dense path (last timed run)
   double error = 0, tolerance = 0;  // twell vs fp64 oracle (sampled rows); -1 when not checked
   double tflops = 0;           // dense-equivalent FLOPs / twell time
   double gbps = 0;             // x + y + all weights bytes / twell time
@@ -41,6 +41,7 @@ class Runner {
   virtual Timing time_plan(Dispatch d, int warmup, int reps) = 0;
   virtual Timing time_gate(int warmup, int reps) = 0;
   virtual RunInfo run_once(Dispatch d, std::vector<uint8_t>& y_host) = 0;
+  virtual RunInfo last_run(Dispatch d) = 0;  // of the last run with this dispatch
 };
 std::unique_ptr<Runner> make_cpu_runner();
 std::unique_ptr<Runner> make_cuda_runner();  // throws Error without CUDA or without a device
@@ -48,7 +49,7 @@ std::unique_ptr<Runner> make_cuda_runner();  // throws Error without CUDA or wit
 struct Options {
   std::string suite = "default";  // default | cpu | inference | sweep | custom
   std::string backend = "auto";   // auto (CUDA when a device is present) | cpu | cuda
-  int warmup = 2, reps = 10;
+  int warmup = 4, reps = 10;     // automatic dispatch times each path twice in its first runs
   bool check = true;
   std::string out_dir;            // empty: bench/results/<device slug>/ under the source tree
   testing::ProblemSpec custom;    // the case of suite "custom"

@@ -362,11 +362,16 @@ TEST_P(CudaForward, MatchesOracle) {
     if (c.dispatch != Dispatch::force_dense) EXPECT_EQ(first.counters[0], routes ? c.m : 0);
   }
   if (c.dispatch != Dispatch::automatic) return;
-  // The second run follows the density the first one measured (it has completed by now).
+  // The second run follows what the first one measured (it has completed by now): above the
+  // plan's dense_above it runs dense; below it, a regime's second run is the trial of the dense
+  // path. Every run is exact whichever path it takes.
   const Outcome second = run_once(plan, d);
   expect_matches_oracle(d, second.y, "second run");
-  if (c.pattern == Pattern::all_dense) EXPECT_TRUE(second.info.ran_dense);
-  if (c.pattern == Pattern::all_zero) EXPECT_FALSE(second.info.ran_dense);
+  if (c.pattern == Pattern::all_dense || c.pattern == Pattern::all_zero)
+    EXPECT_TRUE(second.info.ran_dense);
+  const Outcome third = run_once(plan, d);
+  expect_matches_oracle(d, third.y, "third run");
+  if (c.pattern == Pattern::all_dense) EXPECT_TRUE(third.info.ran_dense);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sparse, CudaForward, ::testing::ValuesIn(sparse_cases()), case_name);
@@ -738,14 +743,14 @@ TEST(CudaInference, EmptyBatchIsANoOp) {
 
 TEST(CudaInference, DenseAboveOptionIsHonoured) {
   TWELL_REQUIRE_DEVICE();
-  DeviceProblem d(small_spec(FfnKind::gated, Pattern::all_dense, 808));
+  DeviceProblem d(small_spec(FfnKind::gated, Pattern::uniform, 808));
   InferenceOptions o;
-  o.dense_above = 2.0;  // no density exceeds it: always sparse
+  o.dense_above = 0.0;  // every measured density exceeds it: dense from the second run on
   InferencePlan plan(d.weights(), o);
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 3; ++i) {
     const Outcome r = run_once(plan, d);
-    EXPECT_FALSE(r.info.ran_dense);
-    expect_matches_oracle(d, r.y, "never dense");
+    EXPECT_EQ(r.info.ran_dense, i > 0);
+    expect_matches_oracle(d, r.y, "dense above the cap");
   }
 }
 

@@ -43,10 +43,10 @@ struct InferenceOptions {
   int32_t tile = 0;             // TwELL tile width; 0 = backend default (CPU 256, CUDA 256)
   int32_t capacity = 0;         // slots per (row, tile); 0 = tile / 8
   Dispatch dispatch = Dispatch::automatic;
-  double dense_above = -1.0;    // density (fraction of N) above which dense runs; <0 = backend
-                                // default (CPU 0.05, CUDA 0.01). CUDA decides from the density the
-                                // previous finished run measured (the first run is sparse), so a
-                                // decision never waits for the device.
+  double dense_above = -1.0;    // density (fraction of N) above which automatic dispatch runs
+                                // dense; <0 = backend default (CPU 0.05, CUDA 0.04). CUDA decides
+                                // from what finished runs measured (density, and the time of each
+                                // path per regime), so a decision never waits for the device.
 };
 
 // counters (optional, int64 [2] on x's device): {rows routed to the dense backup, active entries}.

@@ -58,9 +58,16 @@ struct LtConfig {
   static constexpr size_t kMaxCachedPlans = 64;  // (product, M, alignment) plans kept per layer
 };
 
-// Automatic dispatch: dense when the previous run's measured density (fraction of N) exceeds
-// this. Dense costs ~3 gate GEMMs, sparse one gate GEMM plus 4K bytes of weight rows streamed from
-// L2 per (token, active neuron); they meet where density ~ L2 bandwidth / tensor-core rate
-// (~6 TB/s / ~700 TFLOP/s ~ 1%), independent of M, K, N (docs/kernels.md). Tune from bench results.
+// The warp-per-row fused up + down (row_ffn.cu).
+struct RowConfig {
+  static constexpr int kWarps = 4;            // warps (rows in flight) per CTA
+  static constexpr int kCtasPerSm = 4;        // persistent grid: CTAs per SM, rows from a queue
+  static constexpr int kChunk = 256;          // K columns per lane step: 32 lanes x 8 values
+  static constexpr int64_t kMaxHidden = 2048; // x row and fp32 accumulators live in registers
+  // A routed row with more active neurons than this goes to the tensor-core backup instead: at
+  // ~1 ns per (row, neuron) from L2 the row kernel spends ~0.5 us on it, about what one row costs
+  // in the backup GEMM.
+  static constexpr int kHeavyRow = 512;
+};
 
 }  // namespace twell::gpu

@@ -96,7 +96,7 @@ class CudaInference final : public detail::InferenceBackend {
     check_device_pointer(w.up.data, device_.index, kPlanOp, "up weight");
     check_device_pointer(w.down.data, device_.index, kPlanOp, "down weight");
     lt_ = std::make_unique<LtGemm>(dims_.dtype);
-    calibration_ = std::make_unique<DensityCalibration>();
+    calibration_ = std::make_unique<DispatchCalibration>();
     check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), kPlanOp, "run event");
   }
 
@@ -125,11 +125,11 @@ class CudaInference final : public detail::InferenceBackend {
     WorkspaceLayout layout;
   };
 
-  bool choose_dense(bool capturing) {
+  bool choose_dense(int64_t rows, bool capturing) {
     switch (options_.dispatch) {
       case Dispatch::force_dense: return true;
       case Dispatch::force_sparse: return false;
-      case Dispatch::automatic: return calibration_->prefer_dense(dense_above_, capturing);
+      case Dispatch::automatic: return calibration_->prefer_dense(rows, dense_above_, capturing);
     }
     return false;
   }
@@ -152,7 +152,7 @@ class CudaInference final : public detail::InferenceBackend {
   DeviceInfo device_;
   double dense_above_;
   std::unique_ptr<LtGemm> lt_;
-  std::unique_ptr<DensityCalibration> calibration_;
+  std::unique_ptr<DispatchCalibration> calibration_;
   OwnedWorkspace own_;
   cudaEvent_t done_ = nullptr;          // recorded at the end of every uncaptured run
   cudaStream_t last_stream_ = nullptr;  // the stream of the last uncaptured run
@@ -183,7 +183,9 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
   if (!capturing && last_stream_ != nullptr && last_stream_ != s)
     check_cuda(cudaStreamWaitEvent(s, done_, 0), kRunOp, "previous run");
 
-  const bool dense = choose_dense(capturing);
+  const bool dense = choose_dense(rows, capturing);
+  const bool calibrate = !capturing && options_.dispatch == Dispatch::automatic;
+  if (calibrate) calibration_->start(s);
   Buffers b;
   b.layout = workspace_layout(dims_, rows, paths_for(options_.dispatch));
   b.base = aligned_base(workspace);
@@ -202,7 +204,7 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
 
   if (counters != nullptr) launch_write_counters(b.control, counters, s);
   if (!capturing) {
-    if (options_.dispatch == Dispatch::automatic) calibration_->measure(b.control, rows, dims_.n, s);
+    if (calibrate) calibration_->finish(b.control, rows, dims_.n, dense, s);
     check_cuda(cudaEventRecord(done_, s), kRunOp, "run event");
     last_stream_ = s;
   }
@@ -240,7 +242,21 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
   compact.y = args.y.data;
   compact.hidden = dims_.k;
   compact.twell = tw;
-  launch_compact_ffn(compact, s);
+  // K <= 2048: the warp-per-row kernel, which also runs the moderately dense routed rows from G
+  // and hands only the heavy ones to the tensor-core backup. Larger K: one CTA per compact row,
+  // every routed row to the backup.
+  const bool row_kernel = row_kernel_supports(dims_.k);
+  auto* heavy = reinterpret_cast<int32_t*>(b.base + b.layout.heavy_rows);
+  if (row_kernel) {
+    RowArgs row;
+    row.compact = compact;
+    row.hidden = b.hidden;
+    row.heavy_rows = heavy;
+    row.control = b.control;
+    launch_row_ffn(row, device_, s);
+  } else {
+    launch_compact_ffn(compact, s);
+  }
 
   RoutedArgs routed;
   routed.kind = dims_.kind;
@@ -253,8 +269,8 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
   routed.rows = rows;
   routed.k = dims_.k;
   routed.n = dims_.n;
-  routed.routed_rows = tw.routed_rows;
-  routed.num_routed = tw.num_routed;
+  routed.routed_rows = row_kernel ? heavy : tw.routed_rows;
+  routed.num_routed = row_kernel ? &b.control->num_heavy : tw.num_routed;
   launch_routed(routed, device_, s);
 }
 

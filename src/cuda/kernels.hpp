@@ -16,8 +16,9 @@ namespace twell::gpu {
 // Per-run device counters, zeroed by the plan before the first kernel of a run.
 struct RunCounters {
   int32_t num_routed = 0;       // rows routed to the dense backup (TwellView::num_routed)
-  int32_t reserved = 0;         // keeps `active` 8-byte aligned
+  int32_t num_heavy = 0;        // routed rows too dense for the row kernel (row_ffn.cu)
   unsigned long long active = 0;  // non-zero gate activations over all rows
+  int32_t next_row = 0;         // the row kernel's work queue head
 };
 
 // pack.cu: G [rows, cols] (relu applied, out.dtype) -> TwELL `out` (values, cols, counts,
@@ -43,6 +44,20 @@ struct CompactArgs {
   TwellView twell;             // rows, cols = N, tile, capacity, dtype
 };
 void launch_compact_ffn(const CompactArgs& a, cudaStream_t s);
+
+// row_ffn.cu: the fused up + down with one warp per row, taken from a queue (so heavy rows do not
+// stall a fixed grid), for K a multiple of 256 up to RowConfig::kMaxHidden. Compact rows use their
+// TwELL entries; routed rows are scanned straight from G (all of their active neurons, uncapped),
+// except those with more than RowConfig::kHeavyRow active neurons, which are appended to
+// heavy_rows / *num_heavy for the tensor-core backup (launch_routed on that list).
+struct RowArgs {
+  CompactArgs compact;
+  const void* hidden = nullptr;  // G [rows, N] (relu applied)
+  int32_t* heavy_rows = nullptr; // [rows]
+  RunCounters* control = nullptr;
+};
+bool row_kernel_supports(int64_t hidden);
+void launch_row_ffn(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
 // routed_gemm.cu: exact dense rows for the *num_routed rows listed in routed_rows, on tensor
 // cores. Gated: G[r] <- G[r] * (x[r] Wu^T) in place, then (both kinds) y[r] = G[r] Wd.

@@ -54,6 +54,7 @@ WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths
     l.counts = take(m * size_t(d.num_tiles()) * sizeof(uint16_t));
     l.row_slot = take(m * sizeof(int32_t));
     l.routed_rows = take(m * sizeof(int32_t));
+    l.heavy_rows = take(m * sizeof(int32_t));
     end = std::max(end, at);
   }
   l.bytes = end + WorkspaceLayout::kAlign;  // slack for aligning an arbitrary caller pointer
@@ -70,8 +71,8 @@ OwnedWorkspace::~OwnedWorkspace() {
   if (data_ != nullptr) cudaFree(data_);  // synchronises: no run still uses it afterwards
 }
 
-void* OwnedWorkspace::reserve(size_t bytes, cudaStream_t s, cudaEvent_t after, bool capturing) {
-  const char* op = "InferencePlan::run";
+void* OwnedWorkspace::reserve(size_t bytes, cudaStream_t s, cudaEvent_t after, bool capturing,
+                              const char* op) {
   if (bytes <= bytes_) return data_;
   if (capturing)
     throw Error(op, "workspace",

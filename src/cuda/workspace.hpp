@@ -37,6 +37,7 @@ struct WorkspaceLayout {
   size_t counts = 0;       // TwELL counts [M, tiles] uint16
   size_t row_slot = 0;     // TwELL row_slot [M] int32
   size_t routed_rows = 0;  // TwELL routed_rows [M] int32
+  size_t heavy_rows = 0;   // routed rows sent to the tensor-core backup [M] int32
   size_t bytes = 0;        // 0 when M = 0 (a run of no rows touches nothing)
 };
 WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths);
@@ -54,8 +55,10 @@ class OwnedWorkspace {
 
   // At least `bytes` on the current device. Growing frees the old buffer on s after `after` (the
   // previous run's completion event), so no run still in flight loses its memory. Growing while
-  // s is being captured raises Error: run once outside the capture, or pass a workspace.
-  void* reserve(size_t bytes, cudaStream_t s, cudaEvent_t after, bool capturing);
+  // s is being captured raises Error: run once outside the capture, or pass a workspace. `op`
+  // names the caller in errors.
+  void* reserve(size_t bytes, cudaStream_t s, cudaEvent_t after, bool capturing,
+                const char* op = "InferencePlan::run");
 
  private:
   void* data_ = nullptr;

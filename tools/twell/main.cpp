@@ -28,7 +28,7 @@ bench options:
   --dtype T         float32 | bfloat16 | float16   (default: float32 on CPU, bfloat16 on CUDA)
   --kind K          gated | plain   (default gated)
   --reps R          timed repetitions per measurement, median reported (default 10)
-  --warmup W        untimed runs first (default 2)
+  --warmup W        untimed runs first (default 4)
   --out DIR         results folder (default bench/results/<device>)
   --no-check        skip the comparison with the fp64 oracle
   --no-write        print only

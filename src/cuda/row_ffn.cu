@@ -1,0 +1,239 @@
+// Fused up + down, one warp per row (K a multiple of 256, at most RowConfig::kMaxHidden):
+//   CTA: RowConfig::kWarps warps of a persistent grid; each warp takes rows from a queue.
+//   warp: one row: its x row and fp32 accumulators in registers; 32 TwELL entries decoded at once
+//         (one per lane), then consumed two at a time: dot with Wu rows (warp butterfly), axpy of
+//         Wd rows. Routed rows: the warp scans the row of G for its active neurons instead.
+//   thread: 8 consecutive columns of every 256-column chunk of K (16-byte loads).
+#include <string>
+
+#include "cuda/config.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/element.cuh"
+#include "cuda/kernels.hpp"
+
+namespace twell::gpu {
+
+namespace {
+
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kMaxChunks = int(RowConfig::kMaxHidden / RowConfig::kChunk);
+static_assert(RowConfig::kChunk == kWarpSize * kVecElems, "a chunk is one 16-byte vector per lane");
+
+// The row's x slice and accumulators, and the pairwise up/down step over active neurons.
+template <typename T, FfnKind kKind, int kChunks>
+struct RowState {
+  uint4 x[kChunks];
+  float acc[kChunks][kVecElems];
+
+  __device__ void load(const T* xrow, int lane) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      x[c] = load_readonly(xrow + c * RowConfig::kChunk + lane * kVecElems);
+#pragma unroll
+      for (int e = 0; e < kVecElems; ++e) acc[c][e] = 0.0f;
+    }
+  }
+
+  // h = g * dot(x, Wu[n]) (gated) or g (plain) for two neurons, then acc += h * Wd[n].
+  __device__ void step(const T* up, const T* down, int64_t k, int n0, float g0, int n1, float g1,
+                       bool two, int lane) {
+    float h0 = g0, h1 = two ? g1 : 0.0f;
+    const int64_t col = int64_t(lane) * kVecElems;
+    if constexpr (kKind == FfnKind::gated) {
+      float d0 = 0.0f, d1 = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        float xv[kVecElems], w0[kVecElems], w1[kVecElems];
+        unpack8<T>(x[c], xv);
+        unpack8<T>(load_readonly(up + int64_t(n0) * k + c * RowConfig::kChunk + col), w0);
+        unpack8<T>(load_readonly(up + int64_t(n1) * k + c * RowConfig::kChunk + col), w1);
+#pragma unroll
+        for (int e = 0; e < kVecElems; ++e) {
+          d0 = fmaf(xv[e], w0[e], d0);
+          d1 = fmaf(xv[e], w1[e], d1);
+        }
+      }
+#pragma unroll
+      for (int s = kWarpSize / 2; s > 0; s >>= 1) {
+        d0 += __shfl_xor_sync(kFullMask, d0, s);
+        d1 += __shfl_xor_sync(kFullMask, d1, s);
+      }
+      h0 *= d0;
+      h1 *= d1;
+    }
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      float w0[kVecElems], w1[kVecElems];
+      unpack8<T>(load_readonly(down + int64_t(n0) * k + c * RowConfig::kChunk + col), w0);
+      unpack8<T>(load_readonly(down + int64_t(n1) * k + c * RowConfig::kChunk + col), w1);
+#pragma unroll
+      for (int e = 0; e < kVecElems; ++e) acc[c][e] = fmaf(h1, w1[e], fmaf(h0, w0[e], acc[c][e]));
+    }
+  }
+
+  // Consumes `count` (<= 32) entries held one per lane (neuron, g), two at a time.
+  __device__ void consume(const T* up, const T* down, int64_t k, int neuron, float g, int count,
+                          int lane) {
+    for (int i = 0; i < count; i += 2) {
+      const int n0 = __shfl_sync(kFullMask, neuron, i);
+      const float g0 = __shfl_sync(kFullMask, g, i);
+      const bool two = i + 1 < count;
+      const int n1 = __shfl_sync(kFullMask, neuron, two ? i + 1 : i);
+      const float g1 = __shfl_sync(kFullMask, g, two ? i + 1 : i);
+      step(up, down, k, n0, g0, n1, g1, two, lane);
+    }
+  }
+
+  __device__ void store(T* yrow, int lane) const {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+      *reinterpret_cast<uint4*>(yrow + c * RowConfig::kChunk + lane * kVecElems) = pack8<T>(acc[c]);
+  }
+};
+
+// Compact row: tiles 32 at a time; lane t holds tile t's count, a warp scan gives each entry its
+// tile, and lane j decodes entry j of the group (in column order).
+template <typename T, FfnKind kKind, int kChunks>
+__device__ void compact_row(RowState<T, kKind, kChunks>& st, const TwellView& tw, const T* up,
+                            const T* down, int64_t k, int64_t row, int lane) {
+  const int num_tiles = int((tw.shape.cols + tw.shape.tile - 1) / tw.shape.tile);
+  const auto* values = static_cast<const T*>(tw.values);
+  for (int t0 = 0; t0 < num_tiles; t0 += kWarpSize) {
+    const int t = t0 + lane;
+    const int count = t < num_tiles ? tw.counts[row * num_tiles + t] : 0;
+    int incl = count;  // inclusive prefix sum of the counts over the lanes
+#pragma unroll
+    for (int s = 1; s < kWarpSize; s <<= 1) {
+      const int v = __shfl_up_sync(kFullMask, incl, s);
+      if (lane >= s) incl += v;
+    }
+    const int total = __shfl_sync(kFullMask, incl, kWarpSize - 1);
+    for (int e0 = 0; e0 < total; e0 += kWarpSize) {
+      const int e = e0 + lane;
+      // The tile of entry e: the number of lanes whose inclusive sum is <= e.
+      int tile = 0, before = 0;
+      for (int j = 0; j < kWarpSize; ++j) {
+        const int inc_j = __shfl_sync(kFullMask, incl, j);
+        if (inc_j <= e) {
+          tile = j + 1;
+          before = inc_j;
+        }
+      }
+      int neuron = 0;
+      float g = 0.0f;
+      if (e < total) {
+        const int64_t slot = (row * num_tiles + t0 + tile) * tw.shape.capacity + (e - before);
+        neuron = (t0 + tile) * tw.shape.tile + tw.cols[slot];
+        g = Elem<T>::to_float(values[slot]);
+      }
+      st.consume(up, down, k, neuron, g, min(kWarpSize, total - e0), lane);
+    }
+  }
+}
+
+// Routed row: scans its row of G 32 x 8 values at a time; the active neurons of each step are
+// compacted by ballot and consumed. Returns false (nothing written) when the row holds more than
+// kHeavyRow active neurons: it then belongs to the tensor-core backup.
+template <typename T, FfnKind kKind, int kChunks>
+__device__ bool routed_row(RowState<T, kKind, kChunks>& st, const T* g_row, int64_t n, const T* up,
+                           const T* down, int64_t k, int lane) {
+  int active = 0;
+  for (int64_t c = int64_t(lane) * kVecElems; c - lane * kVecElems < n; c += RowConfig::kChunk)
+    active += c < n ? nonzero_count(load_readonly(g_row + c)) : 0;
+#pragma unroll
+  for (int s = kWarpSize / 2; s > 0; s >>= 1) active += __shfl_xor_sync(kFullMask, active, s);
+  if (active > RowConfig::kHeavyRow) return false;
+  for (int64_t c0 = 0; c0 < n; c0 += RowConfig::kChunk) {
+    const int64_t c = c0 + int64_t(lane) * kVecElems;
+    float v[kVecElems] = {};
+    if (c < n) unpack8<T>(load_readonly(g_row + c), v);
+#pragma unroll
+    for (int e = 0; e < kVecElems; ++e) {
+      // The lanes holding an active neuron at offset e, walked two at a time (uniform mask).
+      unsigned mask = __ballot_sync(kFullMask, v[e] > 0.0f);
+      while (mask != 0) {
+        const int s0 = __ffs(mask) - 1;
+        mask &= mask - 1;
+        const bool two = mask != 0;
+        const int s1 = two ? __ffs(mask) - 1 : s0;
+        if (two) mask &= mask - 1;
+        const float g0 = __shfl_sync(kFullMask, v[e], s0);
+        const float g1 = __shfl_sync(kFullMask, v[e], s1);
+        st.step(up, down, k, int(c0 + s0 * kVecElems + e), g0, int(c0 + s1 * kVecElems + e), g1,
+                two, lane);
+      }
+    }
+  }
+  return true;
+}
+
+template <typename T, FfnKind kKind, int kChunks>
+__global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize)
+    row_ffn_kernel(const T* __restrict__ x, const T* __restrict__ up, const T* __restrict__ down,
+                   T* __restrict__ y, int64_t k, TwellView tw, const T* __restrict__ hidden,
+                   int32_t* heavy_rows, RunCounters* control) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t rows = tw.shape.rows, n = tw.shape.cols;
+  for (;;) {
+    int64_t row = 0;
+    if (lane == 0) row = atomicAdd(&control->next_row, 1);
+    row = __shfl_sync(kFullMask, row, 0);
+    if (row >= rows) return;
+    RowState<T, kKind, kChunks> st;
+    st.load(x + row * k, lane);
+    if (tw.row_slot[row] < 0) {
+      compact_row(st, tw, up, down, k, row, lane);
+    } else if (!routed_row(st, hidden + row * n, n, up, down, k, lane)) {
+      if (lane == 0) heavy_rows[atomicAdd(&control->num_heavy, 1)] = int32_t(row);
+      continue;
+    }
+    st.store(y + row * k, lane);
+  }
+}
+
+template <typename T, FfnKind kKind, int kChunks>
+void launch_with(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s) {
+  const CompactArgs& c = a.compact;
+  const int64_t ctas = std::min<int64_t>(
+      int64_t(dev.sm_count) * RowConfig::kCtasPerSm,
+      (c.twell.shape.rows + RowConfig::kWarps - 1) / RowConfig::kWarps);
+  row_ffn_kernel<T, kKind, kChunks><<<unsigned(ctas), RowConfig::kWarps * kWarpSize, 0, s>>>(
+      static_cast<const T*>(c.x), static_cast<const T*>(c.up), static_cast<const T*>(c.down),
+      static_cast<T*>(c.y), c.hidden, c.twell, static_cast<const T*>(a.hidden), a.heavy_rows,
+      a.control);
+}
+
+template <typename T, FfnKind kKind, int kChunks = 1>
+void launch_chunks(const RowArgs& a, int chunks, const DeviceInfo& dev, cudaStream_t s) {
+  if constexpr (kChunks < kMaxChunks) {
+    if (chunks > kChunks) return launch_chunks<T, kKind, kChunks + 1>(a, chunks, dev, s);
+  }
+  launch_with<T, kKind, kChunks>(a, dev, s);
+}
+
+}  // namespace
+
+bool row_kernel_supports(int64_t hidden) {
+  return hidden % RowConfig::kChunk == 0 && hidden <= RowConfig::kMaxHidden;
+}
+
+void launch_row_ffn(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s) {
+  const CompactArgs& c = a.compact;
+  if (c.twell.shape.rows == 0) return;
+  if (!row_kernel_supports(c.hidden))
+    throw Error("InferencePlan::run", "hidden size K for the row kernel",
+                "a multiple of 256 up to " + std::to_string(RowConfig::kMaxHidden),
+                std::to_string(c.hidden));
+  const int chunks = int(c.hidden / RowConfig::kChunk);
+  with_element_type(c.twell.dtype, "InferencePlan::run", [&](auto tag) {
+    using T = decltype(tag);
+    if (c.kind == FfnKind::gated)
+      launch_chunks<T, FfnKind::gated>(a, chunks, dev, s);
+    else
+      launch_chunks<T, FfnKind::plain>(a, chunks, dev, s);
+  });
+  check_launch("InferencePlan::run", "row up+down kernel");
+}
+
+}  // namespace twell::gpu
