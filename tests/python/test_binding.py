@@ -180,6 +180,8 @@ def test_bad_inputs():
     saved = np.zeros(t.saved_bytes(m), np.uint8)
     expect("saved", lambda: t.forward(x, y, saved[:-1]))
     expect("saved", lambda: t.forward(x, y, saved.view(np.int32)))
+    unaligned = np.zeros(t.saved_bytes(m) + 16, np.uint8)[1:-15]
+    assert expect("saved", lambda: t.forward(x, y, unaligned)).expected == "16-byte aligned memory"
     expect("stats", lambda: t.forward(x, y, saved, stats=np.zeros(2, np.float64)))
     t.forward(x, y, saved)
     g = [np.zeros((n, k), f32) for _ in range(3)]

@@ -27,7 +27,7 @@ def train_step(model, x):
     y = model(x)
     loss = y.square().mean() + tt.l1_loss(model)
     loss.backward()
-    return loss.detach(), model.mlp.last_l0
+    return loss.detach(), model.mlp.l0
 
 
 def grads(model):

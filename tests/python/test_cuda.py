@@ -30,14 +30,14 @@ def test_inference_does_not_synchronise(seed):
         torch.cuda.set_sync_debug_mode("error")
         try:
             y = mod(x)
-            l0 = mod.last_l0
+            l0 = mod.l0
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert y.shape == x.shape and l0.device.type == "cuda"
 
 
 def test_side_stream_matches_default_stream(seed):
-    mod, x = frozen_module(seed)
+    mod, x = frozen_module(seed, dispatch="sparse")
     with torch.no_grad():
         want = mod(x)
         s = torch.cuda.Stream()
@@ -63,11 +63,13 @@ def test_cuda_graph_inference(seed, dispatch, gated):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             static_y = mod(static_x)
+        # "auto" keeps the path chosen at capture; eager runs may calibrate to the other one.
+        exact = {} if dispatch == "auto" else {"rtol": 0, "atol": 0}
         for scale in (1.0, -0.5, 2.0):
             static_x.copy_(x * scale)
             graph.replay()
             want = mod(static_x)
-            torch.testing.assert_close(static_y, want, rtol=0, atol=0)
+            torch.testing.assert_close(static_y, want, **exact)
 
 
 def test_cuda_graph_training_step(seed):

@@ -75,6 +75,8 @@ def test_relu_model_patches_without_asking(seed):
     want = logits(model, ids)
     tt.patch_model(model, l1_coef=0.01)
     torch.testing.assert_close(logits(model, ids), want, rtol=1e-4, atol=1e-5)
+    tt.freeze(model)
+    torch.testing.assert_close(logits(model, ids), want, rtol=1e-4, atol=1e-5)
     tt.unpatch_model(model)
     assert torch.equal(logits(model, ids), want)
 
@@ -107,6 +109,11 @@ def test_biased_mlp_is_refused():
     model = tiny("Llama", hidden_act="relu", mlp_bias=True)
     with pytest.raises(ValueError, match="bias"):
         tt.patch_model(model)
+
+
+def test_model_without_mlps_is_refused():
+    with pytest.raises(ValueError, match="no MLP"):
+        tt.patch_model(nn.Sequential(nn.Linear(4, 4)))
 
 
 def test_unknown_activation_is_refused():

@@ -1,0 +1,66 @@
+// twell._core: the twell C++ API for Python. Arrays cross as DLPack (numpy, PyTorch CPU/CUDA, ...)
+// with zero copy; CUDA streams cross as integers. twell::Error becomes twell.TwellError (a
+// ValueError) with the attributes op, argument, expected and actual.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "plans.hpp"
+#include "twell/dtype.hpp"
+#include "twell/error.hpp"
+#include "twell/info.hpp"
+
+namespace nb = nanobind;
+
+namespace {
+
+void bind_error(nb::module_& m) {
+  PyObject* type = PyErr_NewExceptionWithDoc(
+      "twell.TwellError",
+      "An unsupported shape, dtype, layout, device or value. Attributes: op, argument, expected, "
+      "actual.",
+      PyExc_ValueError, nullptr);
+  if (type == nullptr) throw nb::python_error();
+  m.attr("TwellError") = nb::steal(type);
+  nb::register_exception_translator(
+      [](const std::exception_ptr& p, void* payload) {
+        try {
+          std::rethrow_exception(p);
+        } catch (const twell::Error& e) {
+          nb::handle type(static_cast<PyObject*>(payload));
+          nb::object err = type(e.what());
+          err.attr("op") = e.op();
+          err.attr("argument") = e.argument();
+          err.attr("expected") = e.expected();
+          err.attr("actual") = e.actual();
+          PyErr_SetObject(type.ptr(), err.ptr());
+        }
+      },
+      type);
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  using namespace nb::literals;
+  m.doc() = "twell C++ bindings: DLPack arrays in, no framework linked.";
+  bind_error(m);
+
+  nb::enum_<twell::DType>(m, "DType")
+      .value("f32", twell::DType::f32)
+      .value("f16", twell::DType::f16)
+      .value("bf16", twell::DType::bf16)
+      .value("i32", twell::DType::i32)
+      .value("i64", twell::DType::i64)
+      .value("u16", twell::DType::u16)
+      .value("u8", twell::DType::u8);
+  m.def("dtype_size", &twell::dtype_size, "dtype"_a);
+
+  m.def("version", &twell::version);
+  m.def("cuda_compiled", &twell::cuda_compiled, "The CUDA backend is part of this build.");
+  m.def("cuda_device_count", &twell::cuda_device_count);
+  m.def("cuda_devices", &twell::cuda_devices);
+  m.def("cpu_description", &twell::cpu_description);
+
+  twell::python::bind_plans(m);
+}

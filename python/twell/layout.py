@@ -1,0 +1,38 @@
+"""Pure functions mirroring the C++ plans' option defaults and the saved training layout.
+
+The fake (meta) implementations of twell.torch's ops use them: the size of what training saves
+depends on the row count M alone, so a compiled graph can allocate it symbolically. The tests check
+every value against the C++ library (docs/format.md, "Single-buffer form").
+"""
+
+DEFAULT_TILE = 256  # both backends (one gate-GEMM output tile on the GPU)
+
+
+def resolve_tile(tile, capacity):
+    """(tile, capacity) with 0 meaning the backend default: tile 256, capacity tile // 8."""
+    tile = tile or DEFAULT_TILE
+    return tile, capacity or tile // 8
+
+
+def _aligned(nbytes):
+    return (nbytes + 15) // 16 * 16
+
+
+def saved_bytes(rows, cols, tile, capacity, planes, dtype):
+    """Bytes of the saved TwELL layout (no backup rows) for `rows` rows of `cols` neurons, values
+    of `dtype` (anything with an itemsize: a torch or numpy dtype).
+
+    Arrays in order, each rounded up to 16 bytes: values [P, M, NT, C] dtype, backup (empty),
+    cols u16 [M, NT, C], counts u16 [M, NT], row_slot i32 [M], routed_rows i32 [M],
+    num_routed i32 [1]. `rows` may be a torch SymInt.
+    """
+    tiles = (cols + tile - 1) // tile
+    slots = rows * tiles * capacity
+    return (
+        _aligned(planes * slots * dtype.itemsize)
+        + _aligned(0)
+        + _aligned(slots * 2)
+        + _aligned(rows * tiles * 2)
+        + 2 * _aligned(rows * 4)
+        + _aligned(4)
+    )

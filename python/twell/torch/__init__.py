@@ -1,0 +1,23 @@
+"""PyTorch integration of twell: custom ops (torch.ops.twell.*), nn.Modules, model patching and
+sparsity tracking. Tensors cross to the C++ library through DLPack; no libtorch is linked."""
+from twell.torch import _ops  # noqa: F401  (registers torch.ops.twell)
+from twell.torch._ops import saved_dtype
+from twell.torch._plans import clear as clear_plans
+from twell.torch.modules import (SparseGatedMLP, SparseMLP, freeze, l0_per_layer, l1_loss,
+                                 sparse_modules)
+from twell.torch.patch import patch_model, unpatch_model
+from twell.torch.tracker import SparsityTracker
+
+__all__ = [
+    "SparseGatedMLP",
+    "SparseMLP",
+    "SparsityTracker",
+    "clear_plans",
+    "freeze",
+    "l0_per_layer",
+    "l1_loss",
+    "patch_model",
+    "saved_dtype",
+    "sparse_modules",
+    "unpatch_model",
+]

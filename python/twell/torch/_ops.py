@@ -1,0 +1,120 @@
+"""The twell custom ops (namespace ``twell``), their fake implementations and autograd.
+
+Weights in nn.Linear layout ([N, K]) except `down`, which is neuron-major [N, K]
+(down_proj.weight.t()); `gate` is None for a plain FFN. x is [M, K], contiguous, of the weights'
+dtype. Streams are the current CUDA stream; nothing synchronises the host, so the ops can be
+captured in CUDA graphs.
+
+  twell::ffn                 y, counters = FFN(x)   counters: int64 [2] {routed rows, active}
+  twell::ffn_train           y, saved, stats        saved: uint8 state for backward,
+                                                    stats: float32 [2] {L0, L1 value}
+  twell::ffn_train_backward  [dx, dgate, dup, ddown] (weights' gradients in float32; no dgate
+                                                    for a plain FFN)
+
+ffn_train is differentiable w.r.t. x and the weights, through y and through stats[1], the L1
+value (1/M) sum |h|: the upstream gradient of stats[1] is passed to the C++ backward as this
+call's L1 coefficient, so any loss that uses l1_coef * stats[1] gets its exact gradient.
+"""
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from twell import layout
+from twell.torch import _plans
+
+
+def saved_dtype(device_type, weight_dtype):
+    """Element type of what training saves: float32 on the CPU backend, the weights' on CUDA."""
+    return torch.float32 if device_type == "cpu" else weight_dtype
+
+
+def _saved_bytes(x, gate, up, tile, capacity):
+    tile, capacity = layout.resolve_tile(tile, capacity)
+    return layout.saved_bytes(x.shape[0], up.shape[0], tile, capacity, 2 if gate is not None else 1,
+                              saved_dtype(x.device.type, up.dtype))
+
+
+@torch.library.custom_op("twell::ffn", mutates_args=())
+def ffn(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile: int, capacity: int,
+        dispatch: str, dense_above: float) -> Tuple[Tensor, Tensor]:
+    plan = _plans.inference_plan(gate, up, down, tile, capacity, dispatch, dense_above)
+    y = x.new_empty(x.shape)
+    counters = x.new_empty(2, dtype=torch.int64)
+    workspace = None
+    if x.device.type == "cuda":
+        workspace = x.new_empty(plan.workspace_bytes(_plans.dl(x), _plans.dl(y)), dtype=torch.uint8)
+    plan.run(_plans.dl(x), _plans.dl(y), _plans.dl(counters), _plans.dl(workspace),
+             _plans.stream_of(x.device))
+    return y, counters
+
+
+@ffn.register_fake
+def _(x, gate, up, down, tile, capacity, dispatch, dense_above):
+    return x.new_empty(x.shape), x.new_empty(2, dtype=torch.int64)
+
+
+@torch.library.custom_op("twell::ffn_train", mutates_args=())
+def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile: int,
+              capacity: int) -> Tuple[Tensor, Tensor, Tensor]:
+    plan = _plans.training_plan(gate, up, down, tile, capacity)
+    nbytes, mirror = plan.saved_bytes(x.shape[0]), _saved_bytes(x, gate, up, tile, capacity)
+    if nbytes != mirror:  # the fake implementation would disagree with this one
+        raise RuntimeError(f"twell.torch: the C++ plan saves {nbytes} bytes, twell.layout says "
+                           f"{mirror}: update twell/layout.py or saved_dtype()")
+    y = x.new_empty(x.shape)
+    # Zeroed: the layout leaves slots past each count unwritten, and an op's outputs must not
+    # depend on what memory held before (eager and compiled runs must agree byte for byte).
+    saved = x.new_zeros(nbytes, dtype=torch.uint8)
+    stats = x.new_empty(2, dtype=torch.float32)
+    plan.forward(_plans.dl(x), _plans.dl(y), _plans.dl(saved), _plans.dl(stats),
+                 _plans.stream_of(x.device))
+    return y, saved, stats
+
+
+@ffn_train.register_fake
+def _(x, gate, up, down, tile, capacity):
+    saved = x.new_empty(_saved_bytes(x, gate, up, tile, capacity), dtype=torch.uint8)
+    return x.new_empty(x.shape), saved, x.new_empty(2, dtype=torch.float32)
+
+
+@torch.library.custom_op("twell::ffn_train_backward", mutates_args=())
+def ffn_train_backward(dy: Tensor, x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor,
+                       saved: Tensor, l1_coef: Tensor, tile: int, capacity: int) -> List[Tensor]:
+    plan = _plans.training_plan(gate, up, down, tile, capacity)
+    dx = x.new_empty(x.shape)
+    grads = [up.new_empty(up.shape, dtype=torch.float32) for _ in range(3 if gate is not None else 2)]
+    dgate = grads[0] if gate is not None else None
+    plan.backward(_plans.dl(dy), _plans.dl(dx), _plans.dl(dgate), _plans.dl(grads[-2]),
+                  _plans.dl(grads[-1]), _plans.dl(x), _plans.dl(saved), _plans.dl(l1_coef),
+                  _plans.stream_of(x.device))
+    return [dx] + grads
+
+
+@ffn_train_backward.register_fake
+def _(dy, x, gate, up, down, saved, l1_coef, tile, capacity):
+    count = 3 if gate is not None else 2
+    return [x.new_empty(x.shape)] + [up.new_empty(up.shape, dtype=torch.float32)
+                                     for _ in range(count)]
+
+
+def _setup_train(ctx, inputs, output):
+    x, gate, up, down, tile, capacity = inputs
+    ctx.save_for_backward(x, gate, up, down, output[1])
+    ctx.tile, ctx.capacity = tile, capacity
+
+
+def _backward_train(ctx, dy, dsaved, dstats):
+    x, gate, up, down, saved = ctx.saved_tensors
+    dy = torch.zeros_like(x) if dy is None else dy.contiguous()
+    l1_coef = x.new_zeros(1, dtype=torch.float32) if dstats is None else dstats[1:2].contiguous()
+    grads = ffn_train_backward(dy, x, gate, up, down, saved, l1_coef, ctx.tile, ctx.capacity)
+    dx, weight_grads = grads[0], grads[1:]
+    if gate is None:
+        weight_grads = [None] + weight_grads
+    dgate, dup, ddown = (None if g is None else g.to(w.dtype)
+                         for g, w in zip(weight_grads, (gate, up, down)))
+    return dx, dgate, dup, ddown, None, None
+
+
+ffn_train.register_autograd(_backward_train, setup_context=_setup_train)

@@ -1,0 +1,97 @@
+"""Plans for the custom ops: created on first use, cached by the weights' addresses.
+
+A C++ plan holds views of its weights. The cache keys each plan on every weight's address, shape,
+strides, dtype and device, so a plan only ever runs on the memory it was made for, and drops it as
+soon as one of those weight tensors is garbage collected (or when more than MAX_PLANS are held).
+Stable weights (module parameters, a frozen neuron-major down copy) thus reuse one plan, which on
+CUDA also keeps its density calibration.
+"""
+import threading
+import weakref
+from collections import OrderedDict
+
+import torch
+import torch.utils.dlpack
+
+import twell
+
+MAX_PLANS = 512
+
+_DISPATCH = {
+    "auto": twell.Dispatch.automatic,
+    "sparse": twell.Dispatch.force_sparse,
+    "dense": twell.Dispatch.force_dense,
+}
+
+_lock = threading.RLock()  # reentrant: a finalizer may run while it is held
+_plans = OrderedDict()  # key -> (plan, [weakref.finalize])
+
+
+def dl(t):
+    """A DLPack capsule of `t` (None stays None): zero copy, no stream synchronisation."""
+    return None if t is None else torch.utils.dlpack.to_dlpack(t)
+
+
+def stream_of(device):
+    """The current CUDA stream of `device` as an int (0 for CPU tensors)."""
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+
+
+def dispatch_value(dispatch):
+    try:
+        return _DISPATCH[dispatch]
+    except KeyError:
+        raise ValueError(f"dispatch: expected one of {sorted(_DISPATCH)}, got {dispatch!r}") from None
+
+
+def _signature(t):
+    return None if t is None else (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
+
+
+def _forget(entry):
+    for f in entry[1]:
+        f.detach()
+
+
+def _drop(key):
+    with _lock:
+        entry = _plans.pop(key, None)
+    if entry is not None:
+        _forget(entry)
+
+
+def _get(cls, gate, up, down, options):
+    key = (cls.__name__, _signature(gate), _signature(up), _signature(down), options)
+    with _lock:
+        hit = _plans.get(key)
+        if hit is not None:
+            _plans.move_to_end(key)
+            return hit[0]
+    plan = cls(dl(gate), dl(up), dl(down), *options, borrow=True)
+    finalizers = [weakref.finalize(t, _drop, key) for t in (gate, up, down) if t is not None]
+    for f in finalizers:
+        f.atexit = False
+    with _lock:
+        _plans[key] = (plan, finalizers)
+        while len(_plans) > MAX_PLANS:
+            _forget(_plans.popitem(last=False)[1])
+    return plan
+
+
+def inference_plan(gate, up, down, tile, capacity, dispatch, dense_above):
+    options = (tile, capacity, dispatch_value(dispatch), dense_above)
+    return _get(twell.InferencePlan, gate, up, down, options)
+
+
+def training_plan(gate, up, down, tile, capacity):
+    # The L1 coefficient comes with each backward call (the upstream gradient of the L1 value).
+    return _get(twell.TrainingPlan, gate, up, down, (tile, capacity))
+
+
+def clear():
+    """Drops every cached plan."""
+    with _lock:
+        entries = list(_plans.values())
+        _plans.clear()
+    for entry in entries:
+        _forget(entry)

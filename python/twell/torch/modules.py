@@ -1,0 +1,118 @@
+"""SparseGatedMLP and SparseMLP: drop-in FFN modules running on the twell ops.
+
+Parameters and state dicts are those of a Llama MLP (gate_proj, up_proj, down_proj nn.Linear
+weights, no bias). With autograd recording and a parameter or the input requiring grad, forward
+runs the training op: it records `l0` (mean active units per token, detached) and
+`l1_loss` = l1_coef * (1/M) sum |h|, a differentiable term to add to the loss (the function
+`l1_loss(model)` sums them).
+Otherwise it runs the inference op and records `l0` only.
+"""
+import torch
+from torch import nn
+
+from twell.torch import _ops  # noqa: F401  (registers torch.ops.twell)
+
+
+class _SparseFFN(nn.Module):
+    def __init__(self, hidden_size, intermediate_size, gated, *, l1_coef=0.0, tile=0, capacity=0,
+                 dispatch="auto", dense_above=-1.0, device=None, dtype=None):
+        super().__init__()
+        kw = {"bias": False, "device": device, "dtype": dtype}
+        if gated:
+            self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
+        self.gated = gated
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.l1_coef = float(l1_coef)
+        self.tile = tile
+        self.capacity = capacity
+        self.dispatch = dispatch
+        self.dense_above = dense_above
+        self.l0 = None
+        self.l1_loss = None
+
+    @property
+    def first_weight(self):
+        """The weight whose ReLU decides which units are active (gate, or up for a plain FFN)."""
+        return self.gate_proj.weight if self.gated else self.up_proj.weight
+
+    def freeze(self):
+        """Keeps a neuron-major copy of down_proj.weight for inference (instead of transposing it
+        at every call): fast, but inference then ignores later changes of down_proj.weight until
+        freeze() is called again. Training never uses the copy."""
+        self.register_buffer("down_nk", self.down_proj.weight.detach().t().contiguous(),
+                             persistent=False)
+        return self
+
+    def unfreeze(self):
+        self.down_nk = None
+        return self
+
+    def _weights(self):
+        return (self.gate_proj.weight if self.gated else None), self.up_proj.weight
+
+    def forward(self, x):
+        shape = x.shape
+        x2 = x.reshape(-1, self.hidden_size).contiguous()
+        gate, up = self._weights()
+        if torch.is_grad_enabled() and (x.requires_grad or any(
+                p.requires_grad for p in self.parameters())):
+            down = self.down_proj.weight.t().contiguous()
+            y, _, stats = torch.ops.twell.ffn_train(x2, gate, up, down, self.tile, self.capacity)
+            self.l0 = stats[0].detach()
+            self.l1_loss = self.l1_coef * stats[1]
+        else:
+            down = getattr(self, "down_nk", None)
+            if down is None:
+                down = self.down_proj.weight.detach().t().contiguous()
+            y, counters = torch.ops.twell.ffn(x2, gate, up, down, self.tile, self.capacity,
+                                              self.dispatch, self.dense_above)
+            self.l0 = counters[1].float() / max(x2.shape[0], 1)
+            self.l1_loss = None
+        return y.reshape(shape)
+
+    def extra_repr(self):
+        return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
+                f"l1_coef={self.l1_coef}, tile={self.tile}, capacity={self.capacity}, "
+                f"dispatch={self.dispatch!r}")
+
+
+class SparseGatedMLP(_SparseFFN):
+    """y = down(relu(gate(x)) * up(x)), exactly, with twell's sparse kernels."""
+
+    def __init__(self, hidden_size, intermediate_size, **kwargs):
+        super().__init__(hidden_size, intermediate_size, True, **kwargs)
+
+
+class SparseMLP(_SparseFFN):
+    """y = down(relu(up(x))), exactly, with twell's sparse kernels."""
+
+    def __init__(self, hidden_size, intermediate_size, **kwargs):
+        super().__init__(hidden_size, intermediate_size, False, **kwargs)
+
+
+def sparse_modules(model):
+    """(name, module) for every twell FFN module in `model`."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, _SparseFFN)]
+
+
+def l1_loss(model):
+    """Sum of the L1 terms recorded by the last training forward of every twell FFN in `model`
+    (0.0 when none recorded one): add it to the loss."""
+    terms = [m.l1_loss for _, m in sparse_modules(model) if m.l1_loss is not None]
+    return sum(terms) if terms else 0.0
+
+
+def freeze(model):
+    """freeze() every twell FFN of `model` (fast inference, CUDA-graph capture); returns it."""
+    for _, m in sparse_modules(model):
+        m.freeze()
+    return model
+
+
+def l0_per_layer(model):
+    """{name: mean active units per token} of the last forward of every twell FFN (host floats;
+    this synchronises with the device)."""
+    return {n: float(m.l0) for n, m in sparse_modules(model) if m.l0 is not None}

@@ -1,0 +1,98 @@
+"""Sparsity tracking: L0 per layer and dead units over a token window, and re-initialisation of
+the gate rows of dead units.
+
+While started, the tracker observes every forward of every twell FFN of a model (a forward hook):
+it counts, per unit, the tokens for which the unit was active (relu(x W1^T) > 0 with W1 the gate,
+or up for a plain FFN; one extra [M, N] GEMM per forward, on the device, no host sync) and sums
+the layer's L0. A unit that was active for no token of a window of at least `window` tokens is
+dead.
+"""
+import torch
+import torch.nn.functional as F
+
+from twell.torch.modules import sparse_modules
+
+
+class SparsityTracker:
+    def __init__(self, model, window=4096):
+        self.window = window
+        self.layers = dict(sparse_modules(model))
+        self._hooks = []
+        self._hits, self._tokens, self._l0_sum = {}, {}, {}
+        self.reset()
+        self.start()
+
+    def start(self):
+        if not self._hooks:
+            self._hooks = [m.register_forward_hook(self._observe(n)) for n, m in self.layers.items()]
+        return self
+
+    def stop(self):
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        return self
+
+    def reset(self, names=None):
+        """Starts a new window (for the named layers, default all)."""
+        for n in self.layers if names is None else names:
+            self._hits[n] = None
+            self._tokens[n] = 0
+            self._l0_sum[n] = None
+
+    def _observe(self, name):
+        def hook(module, args, output):
+            x = args[0].detach().reshape(-1, module.hidden_size)
+            with torch.no_grad():
+                hits = (F.linear(x, module.first_weight.detach()) > 0).sum(0)
+                l0 = module.l0 * x.shape[0]
+            self._hits[name] = hits if self._hits[name] is None else self._hits[name] + hits
+            self._l0_sum[name] = l0 if self._l0_sum[name] is None else self._l0_sum[name] + l0
+            self._tokens[name] += x.shape[0]
+        return hook
+
+    def tokens(self, name):
+        return self._tokens[name]
+
+    def dead(self, name):
+        """Bool mask [N] of the layer's dead units, or None while its window is not full."""
+        if self._tokens[name] < self.window or self._hits[name] is None:
+            return None
+        return self._hits[name] == 0
+
+    def summary(self):
+        """{layer: {"tokens", "l0" (mean active units per token), "dead" (count or None),
+        "dead_fraction"}} (host values: synchronises with the device)."""
+        out = {}
+        for n, m in self.layers.items():
+            tokens = self._tokens[n]
+            dead = self.dead(n)
+            out[n] = {
+                "tokens": tokens,
+                "l0": float(self._l0_sum[n]) / tokens if tokens else None,
+                "dead": int(dead.sum()) if dead is not None else None,
+                "dead_fraction": float(dead.float().mean()) if dead is not None else None,
+            }
+        return out
+
+    @torch.no_grad()
+    def reinit_dead(self, std=None, generator=None):
+        """Re-initialises the gate rows (up rows for a plain FFN) of the dead units of every layer
+        whose window is full, from N(0, std) (default: the standard deviation of the live rows),
+        then starts a new window for those layers. Returns {layer: units re-initialised}."""
+        done = {}
+        for n, m in self.layers.items():
+            dead = self.dead(n)
+            if dead is None:
+                continue
+            w = m.first_weight
+            count = int(dead.sum())
+            if count:
+                live = w[~dead] if count < len(dead) else w
+                scale = std if std is not None else live.float().std().item()
+                fresh = torch.randn((count, w.shape[1]), generator=generator, device=w.device,
+                                    dtype=torch.float32) * scale
+                w[dead] = fresh.to(w.dtype)
+            done[n] = count
+            self.reset([n])
+        return done
