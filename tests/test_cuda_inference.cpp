@@ -814,13 +814,6 @@ TEST(CudaInference, BadRunArgumentsRaise) {
   expect_error([&] { plan.run(misaligned); }, "y");
 }
 
-TEST(CudaInference, TrainingIsNotImplementedYet) {
-  TWELL_REQUIRE_DEVICE();
-  DeviceBuffer storage;
-  expect_error([&] { TrainingPlan p(device_weights(DType::bf16, 520, 64, storage)); },
-               "weights device");
-}
-
 #endif  // TWELL_WITH_CUDA
 
 }  // namespace

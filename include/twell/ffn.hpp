@@ -44,7 +44,7 @@ struct InferenceOptions {
   int32_t capacity = 0;         // slots per (row, tile); 0 = tile / 8
   Dispatch dispatch = Dispatch::automatic;
   double dense_above = -1.0;    // density (fraction of N) above which automatic dispatch runs
-                                // dense; <0 = backend default (CPU 0.05, CUDA 0.04). CUDA decides
+                                // dense; <0 = backend default (CPU 0.035, CUDA 0.04). CUDA decides
                                 // from what finished runs measured (density, and the time of each
                                 // path per regime), so a decision never waits for the device.
 };

@@ -45,11 +45,12 @@ namespace detail {
 InferenceOptions resolve_inference_options(const InferenceOptions& o, Device dev) {
   InferenceOptions r = o;
   // Both backends pack 256-wide tiles (one gate-GEMM output tile on the GPU). The CPU runs dense
-  // above 5%, where streaming weight rows from DRAM loses to the BLAS (bench/results/cpu). CUDA
+  // above 3.5%: at M = 256 the sparse stage costs ~1 us per active (row, neuron) streaming weight
+  // rows from DRAM, the dense up and down ~63 ms, so they cross at ~4.4% (bench/results/cpu). CUDA
   // times both paths per regime and keeps the faster (src/cuda/calibration.hpp); above 4% it does
   // not try sparse at all (one gate GEMM plus 4 KB of L2 reads per active neuron and token cannot
   // beat ~700 TFLOP/s tensor cores there; docs/kernels.md).
-  constexpr double kCpuDenseAbove = 0.05, kCudaDenseAbove = 0.04;
+  constexpr double kCpuDenseAbove = 0.035, kCudaDenseAbove = 0.04;
   if (r.tile == 0) r.tile = 256;
   if (r.dense_above < 0) r.dense_above = dev.type == DeviceType::cpu ? kCpuDenseAbove : kCudaDenseAbove;
   if (r.capacity == 0) r.capacity = r.tile / 8;

@@ -17,6 +17,9 @@ namespace twell::detail {
 namespace {
 
 constexpr int64_t kBlockRows = 256;         // rows per block: big enough for sgemm efficiency
+// Blocks of fewer rows never run dense: a dense up and down streams both weight matrices whatever
+// the row count (~14 ms at 2048 x 5632 fp32), more than even a fully active row costs sparse.
+constexpr int64_t kMinDenseRows = 16;
 
 // Byte offsets of the per-block buffers inside the workspace.
 struct BlockLayout {
@@ -120,7 +123,8 @@ class CpuInference final : public InferenceBackend {
     info.active += active;
     const bool dense =
         opt_.dispatch == Dispatch::force_dense ||
-        (opt_.dispatch == Dispatch::automatic && double(active) > opt_.dense_above * double(rows * n_));
+        (opt_.dispatch == Dispatch::automatic && rows >= kMinDenseRows &&
+         double(active) > opt_.dense_above * double(rows * n_));
     if (dense) {
       info.ran_dense = true;
       dense_rest(L, rows, x, g, ws, y);

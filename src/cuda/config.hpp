@@ -68,6 +68,8 @@ struct RowConfig {
   // ~1 ns per (row, neuron) from L2 the row kernel spends ~0.5 us on it, about what one row costs
   // in the backup GEMM.
   static constexpr int kHeavyRow = 512;
+  // Compact rows with more entries than this go to the long-row kernel, split over a CTA's warps.
+  static constexpr int kLongRow = 96;
 };
 
 }  // namespace twell::gpu

@@ -252,6 +252,7 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
     row.compact = compact;
     row.hidden = b.hidden;
     row.heavy_rows = heavy;
+    row.long_rows = reinterpret_cast<int32_t*>(b.base + b.layout.long_rows);
     row.control = b.control;
     launch_row_ffn(row, device_, s);
   } else {

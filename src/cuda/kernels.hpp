@@ -19,6 +19,8 @@ struct RunCounters {
   int32_t num_heavy = 0;        // routed rows too dense for the row kernel (row_ffn.cu)
   unsigned long long active = 0;  // non-zero gate activations over all rows
   int32_t next_row = 0;         // the row kernel's work queue head
+  int32_t num_long = 0;         // compact rows deferred to the long-row kernel (row_ffn.cu)
+  int32_t next_long = 0;        // the long-row kernel's work queue head
 };
 
 // pack.cu: G [rows, cols] (relu applied, out.dtype) -> TwELL `out` (values, cols, counts,
@@ -45,15 +47,18 @@ struct CompactArgs {
 };
 void launch_compact_ffn(const CompactArgs& a, cudaStream_t s);
 
-// row_ffn.cu: the fused up + down with one warp per row, taken from a queue (so heavy rows do not
-// stall a fixed grid), for K a multiple of 256 up to RowConfig::kMaxHidden. Compact rows use their
-// TwELL entries; routed rows are scanned straight from G (all of their active neurons, uncapped),
-// except those with more than RowConfig::kHeavyRow active neurons, which are appended to
-// heavy_rows / *num_heavy for the tensor-core backup (launch_routed on that list).
+// row_ffn.cu: the fused up + down for K a multiple of 256 up to RowConfig::kMaxHidden, in two
+// kernels. The first gives each compact row of at most RowConfig::kLongRow entries to one warp
+// (rows from a queue) and lists the longer ones in long_rows. The second gives each long row and
+// each routed row to a whole CTA (its warps split the row's neurons, partial sums meet in shared
+// memory), so no row 10-40x denser than the mean holds up the end of the run. Routed rows are
+// scanned straight from G (all of their active neurons, uncapped), except those with more than
+// RowConfig::kHeavyRow, which go to heavy_rows / *num_heavy for the tensor-core backup.
 struct RowArgs {
   CompactArgs compact;
   const void* hidden = nullptr;  // G [rows, N] (relu applied)
   int32_t* heavy_rows = nullptr; // [rows]
+  int32_t* long_rows = nullptr;  // [rows]
   RunCounters* control = nullptr;
 };
 bool row_kernel_supports(int64_t hidden);

@@ -1,8 +1,11 @@
-// Fused up + down, one warp per row (K a multiple of 256, at most RowConfig::kMaxHidden):
-//   CTA: RowConfig::kWarps warps of a persistent grid; each warp takes rows from a queue.
-//   warp: one row: its x row and fp32 accumulators in registers; 32 TwELL entries decoded at once
-//         (one per lane), then consumed two at a time: dot with Wu rows (warp butterfly), axpy of
-//         Wd rows. Routed rows: the warp scans the row of G for its active neurons instead.
+// Fused up + down (K a multiple of 256, at most RowConfig::kMaxHidden), two kernels:
+//   row kernel: CTA = RowConfig::kWarps warps of a persistent grid; a warp takes compact rows from
+//     a queue, one at a time: its x row and fp32 accumulators in registers; 32 TwELL entries
+//     decoded at once (one per lane), consumed two at a time (dot with Wu rows, warp butterfly,
+//     axpy of Wd rows). Rows over kLongRow entries are listed for the second kernel.
+//   long-row kernel: a CTA takes a long compact row or a routed row; every warp walks the same
+//     sequence of neuron pairs and takes every kWarps-th; partial sums are added in shared memory
+//     in warp order (deterministic). Routed rows are found by scanning the row of G.
 //   thread: 8 consecutive columns of every 256-column chunk of K (16-byte loads).
 #include <string>
 
@@ -25,6 +28,9 @@ template <typename T, FfnKind kKind, int kChunks>
 struct RowState {
   uint4 x[kChunks];
   float acc[kChunks][kVecElems];
+  int pair = 0;    // neuron pairs seen so far
+  int stride = 1;  // this warp runs pairs offset, offset + stride, ...
+  int offset = 0;
 
   __device__ void load(const T* xrow, int lane) {
 #pragma unroll
@@ -38,6 +44,7 @@ struct RowState {
   // h = g * dot(x, Wu[n]) (gated) or g (plain) for two neurons, then acc += h * Wd[n].
   __device__ void step(const T* up, const T* down, int64_t k, int n0, float g0, int n1, float g1,
                        bool two, int lane) {
+    if (pair++ % stride != offset) return;
     float h0 = g0, h1 = two ? g1 : 0.0f;
     const int64_t col = int64_t(lane) * kVecElems;
     if constexpr (kKind == FfnKind::gated) {
@@ -168,40 +175,113 @@ __device__ bool routed_row(RowState<T, kKind, kChunks>& st, const T* g_row, int6
   return true;
 }
 
+// Entries of a compact row (sum of its tile counts), identical in every lane.
+__device__ int row_entries(const TwellView& tw, int64_t row, int lane) {
+  const int num_tiles = int((tw.shape.cols + tw.shape.tile - 1) / tw.shape.tile);
+  int total = 0;
+  for (int t = lane; t < num_tiles; t += kWarpSize) total += tw.counts[row * num_tiles + t];
+#pragma unroll
+  for (int s = kWarpSize / 2; s > 0; s >>= 1) total += __shfl_xor_sync(kFullMask, total, s);
+  return total;
+}
+
+struct KernelArgs {
+  const void* x;
+  const void* up;
+  const void* down;
+  void* y;
+  int64_t k;
+  TwellView tw;
+  const void* hidden;
+  int32_t* heavy_rows;
+  int32_t* long_rows;
+  RunCounters* control;
+};
+
 template <typename T, FfnKind kKind, int kChunks>
-__global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize)
-    row_ffn_kernel(const T* __restrict__ x, const T* __restrict__ up, const T* __restrict__ down,
-                   T* __restrict__ y, int64_t k, TwellView tw, const T* __restrict__ hidden,
-                   int32_t* heavy_rows, RunCounters* control) {
+__global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) row_ffn_kernel(KernelArgs a) {
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t rows = tw.shape.rows, n = tw.shape.cols;
+  const TwellView& tw = a.tw;
+  const auto* up = static_cast<const T*>(a.up);
+  const auto* down = static_cast<const T*>(a.down);
   for (;;) {
     int64_t row = 0;
-    if (lane == 0) row = atomicAdd(&control->next_row, 1);
+    if (lane == 0) row = atomicAdd(&a.control->next_row, 1);
     row = __shfl_sync(kFullMask, row, 0);
-    if (row >= rows) return;
-    RowState<T, kKind, kChunks> st;
-    st.load(x + row * k, lane);
-    if (tw.row_slot[row] < 0) {
-      compact_row(st, tw, up, down, k, row, lane);
-    } else if (!routed_row(st, hidden + row * n, n, up, down, k, lane)) {
-      if (lane == 0) heavy_rows[atomicAdd(&control->num_heavy, 1)] = int32_t(row);
+    if (row >= tw.shape.rows) return;
+    if (tw.row_slot[row] >= 0) continue;  // routed: the long-row kernel's
+    if (row_entries(tw, row, lane) > RowConfig::kLongRow) {
+      if (lane == 0) a.long_rows[atomicAdd(&a.control->num_long, 1)] = int32_t(row);
       continue;
     }
-    st.store(y + row * k, lane);
+    RowState<T, kKind, kChunks> st;
+    st.load(static_cast<const T*>(a.x) + row * a.k, lane);
+    compact_row(st, tw, up, down, a.k, row, lane);
+    st.store(static_cast<T*>(a.y) + row * a.k, lane);
+  }
+}
+
+template <typename T, FfnKind kKind, int kChunks>
+__global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) long_row_kernel(KernelArgs a) {
+  constexpr int kCols = kChunks * RowConfig::kChunk;
+  __shared__ float partial[RowConfig::kWarps][kCols];
+  __shared__ int64_t item_row;
+  __shared__ bool item_routed;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const TwellView& tw = a.tw;
+  const auto* up = static_cast<const T*>(a.up);
+  const auto* down = static_cast<const T*>(a.down);
+  const int num_long = a.control->num_long, num_routed = *tw.num_routed;
+  for (;;) {
+    if (threadIdx.x == 0) {
+      const int q = atomicAdd(&a.control->next_long, 1);
+      item_routed = q >= num_long;
+      item_row = q < num_long ? a.long_rows[q] : q < num_long + num_routed ? tw.routed_rows[q - num_long] : -1;
+    }
+    __syncthreads();
+    const int64_t row = item_row;
+    const bool routed = item_routed;
+    __syncthreads();  // every thread has read the item before thread 0 takes the next
+    if (row < 0) return;
+    RowState<T, kKind, kChunks> st;
+    st.stride = RowConfig::kWarps;
+    st.offset = warp;
+    st.load(static_cast<const T*>(a.x) + row * a.k, lane);
+    if (!routed) {
+      compact_row(st, tw, up, down, a.k, row, lane);
+    } else if (!routed_row(st, static_cast<const T*>(a.hidden) + row * tw.shape.cols, tw.shape.cols,
+                           up, down, a.k, lane)) {
+      // Every warp counted the same active neurons: the whole CTA skips the row.
+      if (threadIdx.x == 0) a.heavy_rows[atomicAdd(&a.control->num_heavy, 1)] = int32_t(row);
+      continue;
+    }
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+      for (int e = 0; e < kVecElems; ++e)
+        partial[warp][c * RowConfig::kChunk + lane * kVecElems + e] = st.acc[c][e];
+    __syncthreads();
+    auto* yrow = static_cast<T*>(a.y) + row * a.k;
+    for (int col = threadIdx.x; col < kCols; col += blockDim.x) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < RowConfig::kWarps; ++w) sum += partial[w][col];
+      yrow[col] = Elem<T>::from_float(sum);
+    }
+    __syncthreads();  // partial is rewritten by the next item
   }
 }
 
 template <typename T, FfnKind kKind, int kChunks>
 void launch_with(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const CompactArgs& c = a.compact;
+  const KernelArgs k{c.x, c.up, c.down, c.y, c.hidden, c.twell, a.hidden, a.heavy_rows, a.long_rows,
+                     a.control};
   const int64_t ctas = std::min<int64_t>(
       int64_t(dev.sm_count) * RowConfig::kCtasPerSm,
       (c.twell.shape.rows + RowConfig::kWarps - 1) / RowConfig::kWarps);
-  row_ffn_kernel<T, kKind, kChunks><<<unsigned(ctas), RowConfig::kWarps * kWarpSize, 0, s>>>(
-      static_cast<const T*>(c.x), static_cast<const T*>(c.up), static_cast<const T*>(c.down),
-      static_cast<T*>(c.y), c.hidden, c.twell, static_cast<const T*>(a.hidden), a.heavy_rows,
-      a.control);
+  row_ffn_kernel<T, kKind, kChunks><<<unsigned(ctas), RowConfig::kWarps * kWarpSize, 0, s>>>(k);
+  long_row_kernel<T, kKind, kChunks><<<unsigned(ctas), RowConfig::kWarps * kWarpSize, 0, s>>>(k);
 }
 
 template <typename T, FfnKind kKind, int kChunks = 1>

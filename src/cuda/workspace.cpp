@@ -55,6 +55,7 @@ WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths
     l.row_slot = take(m * sizeof(int32_t));
     l.routed_rows = take(m * sizeof(int32_t));
     l.heavy_rows = take(m * sizeof(int32_t));
+    l.long_rows = take(m * sizeof(int32_t));
     end = std::max(end, at);
   }
   l.bytes = end + WorkspaceLayout::kAlign;  // slack for aligning an arbitrary caller pointer

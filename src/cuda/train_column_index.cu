@@ -1,0 +1,170 @@
+// The per-neuron (column) view of the compact entries of the saved layout, built on the device by
+// a stable counting sort: entries[col_ptr[n] .. col_ptr[n+1]) are the slots of neuron n's entries
+// in ascending row order. No float and no order-dependent atomics: the result is the same every run.
+//   count:   CTA (row block b, tile t): counts each neuron of tile t over the block's compact rows
+//            (shared-memory integer atomics) -> block_counts[b, n]. warp: one row at a time;
+//            thread: one entry of that row.
+//   offsets: thread per neuron: exclusive prefix of block_counts[., n] over the row blocks -> the
+//            block's start inside the neuron's range, and the neuron's total.
+//   col_ptr: the only CTA: exclusive scan of the totals, kScanThreads neurons per step.
+//   place:   CTA (b, t): walks the block's rows kChunkRows at a time. A chunk's entries set one bit
+//            per row in a per-neuron mask; an entry's rank among its neuron's entries of the chunk
+//            is the number of lower bits, so rows stay ascending. warp: one row; thread: one entry.
+#include <algorithm>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/train_config.hpp"
+#include "cuda/train_kernels.hpp"
+#include "cuda/train_device.cuh"
+#include "cuda/train_scan.cuh"
+
+namespace twell::gpu {
+
+namespace {
+
+using Cfg = ColumnIndexConfig;
+constexpr int kWarpSize = 32;
+
+static_assert(Cfg::kThreads % kWarpSize == 0 && Cfg::kScanThreads % kWarpSize == 0 &&
+                  Cfg::kScanThreads <= 1024 && Cfg::kThreads <= 1024,
+              "whole warps within the CTA size limit");
+static_assert(Cfg::kChunkRows == 64, "a chunk's rows are the bits of one uint64 mask");
+static_assert(Cfg::kRowsPerBlock % Cfg::kChunkRows == 0, "a row block is whole chunks");
+
+// The rows [first, last) of row block b.
+struct RowRange {
+  int64_t first;
+  int64_t last;
+};
+__device__ __forceinline__ RowRange block_rows(int64_t b, int64_t rows) {
+  const int64_t first = b * Cfg::kRowsPerBlock;
+  return {first, first + Cfg::kRowsPerBlock < rows ? first + Cfg::kRowsPerBlock : rows};
+}
+
+__global__ void __launch_bounds__(Cfg::kThreads)
+    count_kernel(TwellView tw, int32_t* __restrict__ block_counts) {
+  __shared__ int32_t count[kMaxTileWidth];
+  const int tile = blockIdx.y;
+  const int tiles = tiles_of(tw.shape);
+  const int width = tile_width(tw.shape, tile);
+  const RowRange range = block_rows(blockIdx.x, tw.shape.rows);
+  for (int j = threadIdx.x; j < width; j += blockDim.x) count[j] = 0;
+  __syncthreads();
+
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  for (int64_t r = range.first + warp; r < range.last; r += warps) {
+    if (tw.row_slot[r] >= 0) continue;
+    const int64_t tile_index = r * tiles + tile;
+    const int entries = tw.counts[tile_index];
+    for (int e = lane; e < entries; e += kWarpSize)
+      atomicAdd(&count[tw.cols[tile_index * tw.shape.capacity + e]], 1);
+  }
+  __syncthreads();
+  int32_t* out = block_counts + int64_t(blockIdx.x) * tw.shape.cols + int64_t(tile) * tw.shape.tile;
+  for (int j = threadIdx.x; j < width; j += blockDim.x) out[j] = count[j];
+}
+
+__global__ void __launch_bounds__(Cfg::kOffsetThreads)
+    offsets_kernel(int32_t* __restrict__ block_counts, int64_t blocks, int64_t cols,
+                   int32_t* __restrict__ col_totals) {
+  const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= cols) return;
+  int32_t running = 0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    int32_t& c = block_counts[b * cols + n];
+    const int32_t mine = c;
+    c = running;
+    running += mine;
+  }
+  col_totals[n] = running;
+}
+
+__global__ void __launch_bounds__(Cfg::kScanThreads)
+    col_ptr_kernel(const int32_t* __restrict__ col_totals, int64_t cols, int64_t* __restrict__ col_ptr) {
+  __shared__ scan::ScanShared sm;
+  int64_t base = 0;
+  for (int64_t n0 = 0; n0 < cols; n0 += Cfg::kScanThreads) {
+    const int64_t n = n0 + threadIdx.x;
+    int64_t total = 0;
+    const int64_t before = scan::exclusive_scan(n < cols ? col_totals[n] : 0, sm, total);
+    if (n < cols) col_ptr[n] = base + before;
+    base += total;
+    __syncthreads();  // sm is rewritten by the next step's scan
+  }
+  if (threadIdx.x == 0) col_ptr[cols] = base;
+}
+
+__global__ void __launch_bounds__(Cfg::kThreads)
+    place_kernel(TwellView tw, const int32_t* __restrict__ block_counts,
+                 const int64_t* __restrict__ col_ptr, int64_t* __restrict__ entries) {
+  __shared__ int64_t next[kMaxTileWidth];             // next free position of each neuron
+  __shared__ unsigned long long mask[kMaxTileWidth];  // bit i: row i of the chunk has the neuron
+  __shared__ int32_t row_entries[Cfg::kChunkRows];    // the chunk's entry counts (0: routed / past M)
+  const int tile = blockIdx.y;
+  const int tiles = tiles_of(tw.shape);
+  const int width = tile_width(tw.shape, tile);
+  const int capacity = tw.shape.capacity;
+  const RowRange range = block_rows(blockIdx.x, tw.shape.rows);
+  const int64_t n0 = int64_t(tile) * tw.shape.tile;
+  for (int j = threadIdx.x; j < width; j += blockDim.x) {
+    next[j] = col_ptr[n0 + j] + block_counts[int64_t(blockIdx.x) * tw.shape.cols + n0 + j];
+    mask[j] = 0;
+  }
+
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  for (int64_t c0 = range.first; c0 < range.last; c0 += Cfg::kChunkRows) {
+    for (int i = threadIdx.x; i < Cfg::kChunkRows; i += blockDim.x) {
+      const int64_t r = c0 + i;
+      row_entries[i] = r < range.last && tw.row_slot[r] < 0 ? tw.counts[r * tiles + tile] : 0;
+    }
+    __syncthreads();
+    for (int i = warp; i < Cfg::kChunkRows; i += warps) {
+      const int64_t base = ((c0 + i) * tiles + tile) * capacity;
+      for (int e = lane; e < row_entries[i]; e += kWarpSize) atomicOr(&mask[tw.cols[base + e]], 1ull << i);
+    }
+    __syncthreads();
+    for (int i = warp; i < Cfg::kChunkRows; i += warps) {
+      const int64_t base = ((c0 + i) * tiles + tile) * capacity;
+      const unsigned long long below = (1ull << i) - 1;
+      for (int e = lane; e < row_entries[i]; e += kWarpSize) {
+        const int col = tw.cols[base + e];
+        entries[next[col] + __popcll(mask[col] & below)] = base + e;
+      }
+    }
+    __syncthreads();
+    // Neuron j's owner advances and clears it before the next chunk's first barrier, which every
+    // later read of next[j] and mask[j] follows.
+    for (int j = threadIdx.x; j < width; j += blockDim.x) {
+      next[j] += __popcll(mask[j]);
+      mask[j] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+int64_t column_index_blocks(int64_t rows) { return (rows + Cfg::kRowsPerBlock - 1) / Cfg::kRowsPerBlock; }
+
+void launch_column_index(const ColumnIndexArgs& a, cudaStream_t s) {
+  const char* op = "TrainingPlan::backward";
+  const TwellShape& shape = a.saved.shape;
+  const int64_t blocks = column_index_blocks(shape.rows);
+  if (blocks == 0) return;
+  const dim3 grid(unsigned(blocks), unsigned(shape.num_tiles()));
+  count_kernel<<<grid, Cfg::kThreads, 0, s>>>(a.saved, a.block_counts);
+  check_launch(op, "column index count kernel");
+  const int64_t offset_ctas = (shape.cols + Cfg::kOffsetThreads - 1) / Cfg::kOffsetThreads;
+  offsets_kernel<<<unsigned(offset_ctas), Cfg::kOffsetThreads, 0, s>>>(a.block_counts, blocks,
+                                                                        shape.cols, a.col_totals);
+  check_launch(op, "column index offsets kernel");
+  col_ptr_kernel<<<1, Cfg::kScanThreads, 0, s>>>(a.col_totals, shape.cols, a.col_ptr);
+  check_launch(op, "column index scan kernel");
+  place_kernel<<<grid, Cfg::kThreads, 0, s>>>(a.saved, a.block_counts, a.col_ptr, a.entries);
+  check_launch(op, "column index place kernel");
+}
+
+}  // namespace twell::gpu

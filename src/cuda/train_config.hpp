@@ -1,0 +1,67 @@
+// Launch parameters of the CUDA training kernels, one comment per field. Tile shapes are
+// compile-time (the kernels are templates over them); SM counts come from the device (DeviceInfo).
+#pragma once
+#include <cstdint>
+
+#include "cuda/config.hpp"
+
+namespace twell::gpu {
+
+// The widest TwELL tile the backend packs: bounds the per-tile shared arrays.
+constexpr int32_t kMaxTileWidth = kTileWidths[sizeof(kTileWidths) / sizeof(kTileWidths[0]) - 1];
+
+// The compact-row passes (train_forward_rows.cu, train_backward_rows.cu): one CTA per row.
+struct TrainRowConfig {
+  static constexpr int kBatch = 8;              // entries per step; their dots share one barrier
+  static constexpr int kVectorsPerThread = 4;   // 16-byte row vectors a thread owns once K >= 1024
+  static constexpr int kMaxThreads = 512;       // CTA ceiling: K = 16384 is 512 threads x 4 vectors
+  static constexpr int kMaxWarps = kMaxThreads / 32;
+  // Tile counts of one row staged in shared memory (N / the narrowest tile).
+  static constexpr int kMaxTiles = int(ShapeLimits::kMaxIntermediate / kTileWidths[0]);
+};
+
+// The per-neuron column index of the compact entries (train_column_index.cu).
+struct ColumnIndexConfig {
+  static constexpr int kThreads = 256;          // per CTA of the count and place kernels
+  static constexpr int kRowsPerBlock = 1024;    // rows of one (row block, tile) CTA
+  static constexpr int kChunkRows = 64;         // rows ranked at once: one bit each in a uint64 mask
+  static constexpr int kOffsetThreads = 256;    // per CTA of the per-neuron offsets kernel (one neuron each)
+  static constexpr int kScanThreads = 1024;     // the single CTA of the column-pointer scan
+};
+
+// The ascending list of routed rows (train_routed_order.cu).
+struct RoutedOrderConfig {
+  static constexpr int kThreads = 1024;         // the single CTA; a thread scans M / kThreads rows
+};
+
+// Weight gradients of the compact entries (train_weight_grads.cu).
+struct WeightGradConfig {
+  static constexpr int kMaxThreads = 128;       // per CTA: one 16-byte vector of K each
+  static constexpr int kBatch = 8;              // entries whose x / dy rows are loaded at once
+};
+
+// The tensor-core GEMMs over routed rows (train_routed_gemm.cu).
+struct TrainGemmConfig {
+  static constexpr int kBlockM = 64;     // output rows per CTA tile
+  static constexpr int kBlockN = 64;     // output columns per CTA tile
+  static constexpr int kBlockK = 32;     // reduction slice per pipeline stage
+  static constexpr int kWarpsM = 2;      // warp grid over the CTA tile; each warp owns a
+  static constexpr int kWarpsN = 2;      //   (kBlockM / kWarpsM) x (kBlockN / kWarpsN) sub-tile
+  static constexpr int kStages = 2;      // cp.async double buffering of the A and B slices
+  static constexpr int kCtasPerSm = 2;   // persistent grid: CTAs per SM, walking tiles grid-stride
+};
+
+// The elementwise backward of the routed rows (train_routed_hidden.cu).
+struct TrainElementwiseConfig {
+  static constexpr int kThreads = 256;   // threads per CTA
+  static constexpr int kCtasPerSm = 8;   // grid-stride CTAs per SM
+};
+
+// The statistics reduction (train_stats.cu).
+struct TrainStatsConfig {
+  static constexpr int kThreads = 256;   // the single CTA reducing the per-row L1 sums; also the CTA
+                                         // size of the routed-row L1 kernel (one CTA per row)
+  static constexpr int kCtasPerSm = 4;   // routed-row L1: persistent CTAs per SM
+};
+
+}  // namespace twell::gpu

@@ -1,0 +1,178 @@
+// Launchers of the CUDA training kernels (host-callable, stream-taking, graph-capturable: they only
+// enqueue). Every pointer is device memory on the current device; shapes were checked by the plan
+// (K, N multiples of 8; tile 64/128/256; 16-bit float dtypes). `saved` is the training layout of
+// docs/format.md (gated: planes {relu(g), u}; plain: plane {h}; no backup rows).
+// The routed row count R exists only on the device: kernels over routed rows read it and exit
+// past it, their grids sized for R = M.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/device.hpp"
+#include "cuda/lt_gemm.hpp"
+#include "twell/dtype.hpp"
+#include "twell/ffn.hpp"
+#include "twell/format.hpp"
+
+namespace twell::gpu {
+
+// The L1 coefficient: read on the device when `device` is set, else `host`. The gradient of the
+// L1 term w.r.t. h is coefficient * sign(h) / rows.
+struct L1Coef {
+  const float* device = nullptr;
+  float host = 0.0f;
+};
+
+// train_forward_rows.cu: for every compact row m and entry (n, g) of `saved`:
+//   gated: u = <x[m], Wu[n]> rounded to the dtype, stored in plane 1; h = g * u
+//   plain: h = g
+//   y[m] = sum h Wd[n] (rounded once); row_l1[m] = sum |h| (when row_l1 is set).
+// Routed rows are left untouched.
+struct ForwardRowsArgs {
+  FfnKind kind = FfnKind::gated;
+  const void* x = nullptr;     // [rows, K]
+  const void* up = nullptr;    // Wu [N, K]
+  const void* down = nullptr;  // Wd [N, K]
+  void* y = nullptr;           // [rows, K]
+  float* row_l1 = nullptr;     // [rows], optional
+  int64_t k = 0;
+  TwellView saved;
+};
+void launch_forward_rows(const ForwardRowsArgs& a, cudaStream_t s);
+
+// train_backward_rows.cu: for every compact row m and entry at slot i (neuron n, g, u):
+//   dh[i] = <dy[m], Wd[n]> + l1 * sign(h) / rows;  dg = dh * u (gated) or dh (plain); du = dh * g
+//   dx[m] = sum dg W1[n] + du Wu[n] (rounded once). Routed rows are left untouched.
+struct BackwardRowsArgs {
+  FfnKind kind = FfnKind::gated;
+  const void* dy = nullptr;     // [rows, K]
+  const void* first = nullptr;  // W1 = Wg (gated) or Wu (plain), [N, K]
+  const void* up = nullptr;     // Wu [N, K] (gated)
+  const void* down = nullptr;   // Wd [N, K]
+  void* dx = nullptr;           // [rows, K]
+  float* dh = nullptr;          // [rows * slots_per_row], written at the entries' slots
+  L1Coef l1;
+  int64_t k = 0;
+  TwellView saved;
+};
+void launch_backward_rows(const BackwardRowsArgs& a, cudaStream_t s);
+
+// train_routed_order.cu: order[0 .. R) = the routed rows (row_slot >= 0) in ascending order and
+// *count = R: a deterministic order for the dense reductions over routed rows.
+void launch_routed_order(const int32_t* row_slot, int64_t rows, int32_t* order, int32_t* count,
+                         cudaStream_t s);
+
+// train_column_index.cu: the per-neuron view of the compact entries: entries[col_ptr[n] ..
+// col_ptr[n+1]) are the slots of neuron n's entries, rows ascending. Deterministic.
+struct ColumnIndexArgs {
+  TwellView saved;
+  int32_t* block_counts = nullptr;  // [column_index_blocks(rows), N] scratch
+  int32_t* col_totals = nullptr;    // [N] scratch
+  int64_t* col_ptr = nullptr;       // [N + 1]
+  int64_t* entries = nullptr;       // [rows * slots_per_row] (the first col_ptr[N] are written)
+};
+int64_t column_index_blocks(int64_t rows);
+void launch_column_index(const ColumnIndexArgs& a, cudaStream_t s);
+
+// train_weight_grads.cu: the compact entries' weight gradients, written (not accumulated):
+//   dW1[n] = sum dg x[m];  dWu[n] = sum du x[m] (gated);  dWd[n] = sum h dy[m]
+// over neuron n's entries in column-index order (fp32, deterministic).
+struct WeightGradArgs {
+  FfnKind kind = FfnKind::gated;
+  DType dtype = DType::bf16;
+  const void* x = nullptr;        // [rows, K]
+  const void* dy = nullptr;       // [rows, K]
+  const float* dh = nullptr;      // per slot, from launch_backward_rows
+  const int64_t* col_ptr = nullptr;
+  const int64_t* entries = nullptr;
+  float* dfirst = nullptr;        // dWg (gated) or dWu (plain), [N, K]
+  float* dup = nullptr;           // dWu (gated only), [N, K]
+  float* ddown = nullptr;         // [N, K]
+  int64_t k = 0;
+  TwellView saved;
+};
+void launch_weight_grads(const WeightGradArgs& a, cudaStream_t s);
+
+// train_routed_gemm.cu: tensor-core GEMMs over the R routed rows (fp32 accumulation).
+// Recompute: out[s] = act(src[order[s]] W^T), s < R; src [rows, K], W [n_out, K], out [R, ldo].
+struct RecomputeArgs {
+  DType dtype = DType::bf16;
+  Activation act = Activation::none;
+  const void* src = nullptr;
+  const void* weight = nullptr;
+  void* out = nullptr;
+  int64_t ldo = 0;
+  int64_t n_out = 0;
+  int64_t k = 0;
+  int64_t max_rows = 0;              // M: the worst case R
+  const int32_t* order = nullptr;
+  const int32_t* count = nullptr;
+};
+void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cudaStream_t s);
+
+// Input gradient: dx[order[s]] = grad[s, :depth] [W1; Wu] for s < R, where rows k < split of the
+// stacked weight come from W1 and the others from Wu (gated: depth = 2N, split = N; plain: one
+// weight, split = depth). grad [R, depth] (ld depth), weights [N, K], dx [rows, K].
+struct InputGradArgs {
+  DType dtype = DType::bf16;
+  const void* grad = nullptr;
+  const void* first = nullptr;
+  const void* second = nullptr;
+  int64_t depth = 0;
+  int64_t split = 0;
+  void* dx = nullptr;
+  int64_t k = 0;
+  int64_t max_rows = 0;
+  const int32_t* order = nullptr;
+  const int32_t* count = nullptr;
+};
+void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cudaStream_t s);
+
+// Weight gradient: dw[n, :] += sum_{s < R} grad[s, n] src[order[s], :]; grad [R, lda] (the N
+// columns used start at `grad`), src [rows, K], dw [N, K] fp32. R = 0 leaves dw untouched.
+struct WeightGradGemmArgs {
+  DType dtype = DType::bf16;
+  const void* grad = nullptr;
+  int64_t lda = 0;
+  const void* src = nullptr;
+  float* dw = nullptr;
+  int64_t n = 0;
+  int64_t k = 0;
+  const int32_t* order = nullptr;
+  const int32_t* count = nullptr;
+};
+void launch_routed_weight_grad(const WeightGradGemmArgs& a, const DeviceInfo& dev, cudaStream_t s);
+
+// train_routed_hidden.cu: the elementwise backward of the R routed rows, in place:
+//   gated: p = g -> h = g*u;  q = [u | dh] -> [dg | du]  (dh += l1 * sign(h) / rows)
+//   plain: p = g = h (kept); q = dh -> dg (zero where g = 0)
+// p [R, N], q [R, N * (gated ? 2 : 1)], all rounded to the dtype.
+struct RoutedHiddenArgs {
+  FfnKind kind = FfnKind::gated;
+  DType dtype = DType::bf16;
+  void* p = nullptr;
+  void* q = nullptr;
+  int64_t n = 0;
+  int64_t rows = 0;            // M: the L1 normalisation and the worst case R
+  L1Coef l1;
+  const int32_t* count = nullptr;
+};
+void launch_routed_hidden(const RoutedHiddenArgs& a, const DeviceInfo& dev, cudaStream_t s);
+
+// train_stats.cu: row_l1[r] = sum |h[r, :]| for the routed rows r (h: the dense hidden rows the
+// routed-row backup left in `hidden` [rows, N]); then stats = {active / rows, sum row_l1 / rows}.
+struct StatsArgs {
+  DType dtype = DType::bf16;
+  const void* hidden = nullptr;
+  int64_t n = 0;
+  int64_t rows = 0;
+  const int32_t* routed_rows = nullptr;
+  const int32_t* num_routed = nullptr;
+  const unsigned long long* active = nullptr;
+  float* row_l1 = nullptr;
+  float* stats = nullptr;
+};
+void launch_stats(const StatsArgs& a, const DeviceInfo& dev, cudaStream_t s);
+
+}  // namespace twell::gpu

@@ -1,0 +1,83 @@
+// The elementwise backward of the R routed rows (their g, u and dh recomputed densely), in place:
+//   gated: p = g -> h = g*u;  q = [u | dh] -> [dg | du],  dh' = dh + l1 * sign(h) / M,
+//          dg = dh' * u where g > 0 (else 0), du = dh' * g
+//   plain: p = g = h (kept);  q = dh -> dg = dh + l1 / M where g > 0 (else 0)
+// every value rounded to the dtype once (the GEMMs that consume them read 16-bit operands).
+//   CTA: kThreads threads over a grid-stride range of 16-byte vectors of [R, N]; R read on the
+//        device (the grid is sized for R = M; CTAs past R*N exit).
+//   warp / thread: one vector of p (and the matching vectors of q) per step.
+#include <algorithm>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/element.cuh"
+#include "cuda/train_config.hpp"
+#include "cuda/train_device.cuh"
+#include "cuda/train_kernels.hpp"
+
+namespace twell::gpu {
+
+namespace {
+
+constexpr int kThreads = TrainElementwiseConfig::kThreads;
+
+template <typename T, FfnKind kKind>
+__global__ void __launch_bounds__(kThreads)
+    routed_hidden_kernel(T* __restrict__ p, T* __restrict__ q, int64_t n, int64_t rows, L1Coef l1,
+                         const int32_t* __restrict__ count) {
+  const int64_t row_vectors = n / kVecElems;
+  const int64_t vectors = int64_t(*count) * row_vectors;
+  const float scale = l1_scale(l1, rows);
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors; v += stride) {
+    const int64_t s = v / row_vectors;
+    const int64_t c = (v % row_vectors) * kVecElems;
+    T* pv = p + s * n + c;
+    float g[kVecElems], a[kVecElems];
+    unpack8<T>(*reinterpret_cast<const uint4*>(pv), g);
+    if constexpr (kKind == FfnKind::gated) {
+      T* uv = q + s * 2 * n + c;  // u, then dg
+      T* dv = uv + n;             // dh, then du
+      float u[kVecElems], h[kVecElems], du[kVecElems];
+      unpack8<T>(*reinterpret_cast<const uint4*>(uv), u);
+      unpack8<T>(*reinterpret_cast<const uint4*>(dv), a);
+#pragma unroll
+      for (int e = 0; e < kVecElems; ++e) {
+        h[e] = g[e] * u[e];
+        const float dh = a[e] + scale * sign_of(h[e]);
+        a[e] = g[e] > 0.0f ? dh * u[e] : 0.0f;
+        du[e] = dh * g[e];
+      }
+      *reinterpret_cast<uint4*>(pv) = pack8<T>(h);
+      *reinterpret_cast<uint4*>(uv) = pack8<T>(a);
+      *reinterpret_cast<uint4*>(dv) = pack8<T>(du);
+    } else {
+      T* dv = q + s * n + c;  // dh, then dg
+      unpack8<T>(*reinterpret_cast<const uint4*>(dv), a);
+#pragma unroll
+      for (int e = 0; e < kVecElems; ++e) a[e] = g[e] > 0.0f ? a[e] + scale : 0.0f;
+      *reinterpret_cast<uint4*>(dv) = pack8<T>(a);
+    }
+  }
+}
+
+}  // namespace
+
+void launch_routed_hidden(const RoutedHiddenArgs& a, const DeviceInfo& dev, cudaStream_t s) {
+  const char* op = "TrainingPlan::backward";
+  const int64_t vectors = a.rows * (a.n / kVecElems);
+  if (vectors == 0) return;
+  const int64_t grid = std::min<int64_t>((vectors + kThreads - 1) / kThreads,
+                                         int64_t(dev.sm_count) * TrainElementwiseConfig::kCtasPerSm);
+  with_element_type(a.dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    auto* p = static_cast<T*>(a.p);
+    auto* q = static_cast<T*>(a.q);
+    if (a.kind == FfnKind::gated)
+      routed_hidden_kernel<T, FfnKind::gated><<<unsigned(grid), kThreads, 0, s>>>(p, q, a.n, a.rows, a.l1, a.count);
+    else
+      routed_hidden_kernel<T, FfnKind::plain><<<unsigned(grid), kThreads, 0, s>>>(p, q, a.n, a.rows, a.l1, a.count);
+  });
+  check_launch(op, "routed hidden kernel");
+}
+
+}  // namespace twell::gpu

@@ -1,0 +1,89 @@
+// Training statistics on the device: the L1 sums of the routed rows, then {L0, L1} over all rows.
+//   routed L1: CTA: one routed row at a time (grid-stride over the R listed rows, grid sized for
+//              R = M); thread: |h| over a strided set of the row's 16-byte vectors; the CTA sum
+//              goes through shuffles and a fixed-order pass over the warps (deterministic).
+//   stats:     the only CTA: thread t sums row_l1[t], row_l1[t + kThreads], ... in fp64, then the
+//              same fixed-order CTA reduction; thread 0 writes {active / M, sum / M}.
+#include <algorithm>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/element.cuh"
+#include "cuda/train_config.hpp"
+#include "cuda/train_kernels.hpp"
+
+namespace twell::gpu {
+
+namespace {
+
+constexpr int kThreads = TrainStatsConfig::kThreads;
+constexpr int kWarpSize = 32;
+constexpr int kWarps = kThreads / kWarpSize;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+static_assert(kThreads % kWarpSize == 0 && kThreads <= 1024, "whole warps within the CTA size limit");
+
+// The CTA-wide sum of v, valid in thread 0; every thread must call it.
+template <typename F>
+__device__ __forceinline__ F cta_sum(F v, F (&warp_sums)[kWarps]) {
+#pragma unroll
+  for (int d = kWarpSize / 2; d > 0; d >>= 1) v += __shfl_xor_sync(kFullMask, v, d);
+  if (threadIdx.x % kWarpSize == 0) warp_sums[threadIdx.x / kWarpSize] = v;
+  __syncthreads();
+  F total = 0;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < kWarps; ++w) total += warp_sums[w];
+  __syncthreads();  // warp_sums may be rewritten by the caller's next call
+  return total;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    routed_l1_kernel(const T* __restrict__ hidden, int64_t n, const int32_t* __restrict__ routed_rows,
+                     const int32_t* __restrict__ num_routed, float* __restrict__ row_l1) {
+  __shared__ float warp_sums[kWarps];
+  const int64_t routed = *num_routed;
+  const int64_t vectors = n / kVecElems;
+  for (int64_t s = blockIdx.x; s < routed; s += gridDim.x) {
+    const int64_t row = routed_rows[s];
+    float sum = 0.0f;
+    for (int64_t v = threadIdx.x; v < vectors; v += kThreads) {
+      float h[kVecElems];
+      unpack8<T>(load_readonly(hidden + row * n + v * kVecElems), h);
+#pragma unroll
+      for (int e = 0; e < kVecElems; ++e) sum += fabsf(h[e]);
+    }
+    const float total = cta_sum(sum, warp_sums);
+    if (threadIdx.x == 0) row_l1[row] = total;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    stats_kernel(const float* __restrict__ row_l1, int64_t rows,
+                 const unsigned long long* __restrict__ active, float* __restrict__ stats) {
+  __shared__ double warp_sums[kWarps];
+  double sum = 0.0;
+  for (int64_t r = threadIdx.x; r < rows; r += kThreads) sum += double(row_l1[r]);
+  const double total = cta_sum(sum, warp_sums);
+  if (threadIdx.x == 0) {
+    stats[0] = float(double(*active) / double(rows));
+    stats[1] = float(total / double(rows));
+  }
+}
+
+}  // namespace
+
+void launch_stats(const StatsArgs& a, const DeviceInfo& dev, cudaStream_t s) {
+  const char* op = "TrainingPlan::forward";
+  if (a.rows == 0) return;
+  const int64_t grid = std::min<int64_t>(a.rows, int64_t(dev.sm_count) * TrainStatsConfig::kCtasPerSm);
+  with_element_type(a.dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    routed_l1_kernel<T><<<unsigned(grid), kThreads, 0, s>>>(
+        static_cast<const T*>(a.hidden), a.n, a.routed_rows, a.num_routed, a.row_l1);
+  });
+  check_launch(op, "routed-row L1 kernel");
+  stats_kernel<<<1, kThreads, 0, s>>>(a.row_l1, a.rows, a.active, a.stats);
+  check_launch(op, "statistics kernel");
+}
+
+}  // namespace twell::gpu

@@ -1,0 +1,61 @@
+#include "cuda/train_workspace.hpp"
+
+#include "cuda/config.hpp"
+#include "cuda/train_kernels.hpp"
+
+namespace twell::gpu {
+
+namespace {
+
+// Hands out aligned offsets in order.
+class Carver {
+ public:
+  size_t take(size_t bytes) {
+    const size_t offset = at_;
+    at_ += (bytes + WorkspaceLayout::kAlign - 1) / WorkspaceLayout::kAlign * WorkspaceLayout::kAlign;
+    return offset;
+  }
+  // The total, with slack for aligning the buffer's base.
+  size_t bytes() const { return at_ + WorkspaceLayout::kAlign; }
+
+ private:
+  size_t at_ = 0;
+};
+
+}  // namespace
+
+TrainForwardLayout train_forward_layout(const ProblemDims& d, int64_t rows) {
+  TrainForwardLayout l;
+  if (rows == 0) return l;
+  const size_t m = size_t(rows);
+  Carver c;
+  l.active = c.take(sizeof(unsigned long long));
+  l.lt = c.take(LtConfig::kWorkspaceBytes);
+  l.hidden = c.take(m * size_t(d.n) * dtype_size(d.dtype));
+  l.row_l1 = c.take(m * sizeof(float));
+  l.bytes = c.bytes();
+  return l;
+}
+
+TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows) {
+  TrainBackwardLayout l;
+  if (rows == 0) return l;
+  const size_t m = size_t(rows);
+  const size_t n = size_t(d.n);
+  const size_t slots = m * size_t(d.num_tiles()) * size_t(d.capacity);
+  const size_t es = dtype_size(d.dtype);
+  Carver c;
+  l.order = c.take(m * sizeof(int32_t));
+  l.count = c.take(sizeof(int32_t));
+  l.dh = c.take(slots * sizeof(float));
+  l.block_counts = c.take(size_t(column_index_blocks(rows)) * n * sizeof(int32_t));
+  l.col_totals = c.take(n * sizeof(int32_t));
+  l.col_ptr = c.take((n + 1) * sizeof(int64_t));
+  l.entries = c.take(slots * sizeof(int64_t));
+  l.p = c.take(m * n * es);
+  l.q = c.take(m * n * es * (d.kind == FfnKind::gated ? 2 : 1));
+  l.bytes = c.bytes();
+  return l;
+}
+
+}  // namespace twell::gpu

@@ -1,0 +1,35 @@
+// The CUDA training workspace: where each part of a forward or a backward of M rows lives. A plan
+// never runs the two at once (runs are ordered on its completion event), so both layouts start at
+// offset 0 of the same plan-owned buffer. Offsets are from the aligned base (aligned_base()).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/workspace.hpp"
+
+namespace twell::gpu {
+
+struct TrainForwardLayout {
+  size_t active = 0;    // unsigned long long: non-zero gate activations (L0)
+  size_t lt = 0;        // cuBLASLt scratch
+  size_t hidden = 0;    // G [M, N]; the routed-row backup turns routed rows into h
+  size_t row_l1 = 0;    // f32 [M]: sum |h| per row
+  size_t bytes = 0;     // 0 when M = 0
+};
+TrainForwardLayout train_forward_layout(const ProblemDims& d, int64_t rows);
+
+struct TrainBackwardLayout {
+  size_t order = 0;         // int32 [M]: routed rows, ascending
+  size_t count = 0;         // int32: routed row count
+  size_t dh = 0;            // f32 [M * slots_per_row]: dh of every compact entry, by slot
+  size_t block_counts = 0;  // int32 [column_index_blocks(M), N]
+  size_t col_totals = 0;    // int32 [N]
+  size_t col_ptr = 0;       // int64 [N + 1]
+  size_t entries = 0;       // int64 [M * slots_per_row]: slots by neuron
+  size_t p = 0;             // dtype [M, N]: routed rows' g, then h
+  size_t q = 0;             // dtype [M, 2N] gated ([u | dh], then [dg | du]); [M, N] plain (dh, then dg)
+  size_t bytes = 0;         // 0 when M = 0
+};
+TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows);
+
+}  // namespace twell::gpu

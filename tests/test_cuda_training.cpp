@@ -1,0 +1,744 @@
+// The CUDA training backend against the fp64 oracle: y, the statistics {L0, L1} and every gradient
+// (dx, dWg, dWu, dWd) for both FFN kinds, bf16 and fp16, every activation pattern, odd M, tiles and
+// capacities that route rows, the L1 coefficient from the options and from a device tensor;
+// bit-identical reruns; a CUDA-graph capture of forward + backward; the plan-owned saved state;
+// M = 0; argument errors. TWELL_SMALL=1 keeps only small shapes (compute-sanitizer runs).
+//
+// Gradient tolerance: 2x the larger relative error (vs the oracle) of two emulated implementations
+// of the same step in the dtype, plus 1e-3:
+//   plain dense: fp32 accumulation, with g, u, h, dh, dg, du and dx rounded to the dtype (what a
+//                framework's dense bf16/fp16 layer computes; the routed rows take this path);
+//   from saved:  exact arithmetic on g and u rounded to the dtype, dx rounded (what the saved planes
+//                allow at best; the compact rows compute this, up to fp32 accumulation).
+// The second term keeps the bound honest where few entries contribute (M = 1, sparse rows): there a
+// dense error can come out small by cancellation while the saved rounding alone does not.
+#include "common.hpp"
+
+#ifdef TWELL_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#endif
+
+namespace twell::test {
+namespace {
+
+#ifndef TWELL_WITH_CUDA
+
+TEST(CudaTraining, Backend) { GTEST_SKIP() << "built without CUDA"; }
+
+#else
+
+bool small_only() {
+  const char* s = std::getenv("TWELL_SMALL");
+  return s != nullptr && *s != '\0' && *s != '0';
+}
+
+bool has_device() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+#define TWELL_REQUIRE_DEVICE() \
+  if (!has_device()) GTEST_SKIP() << "no CUDA device"
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes_ > 0) cuda_ok(cudaMalloc(&p_, bytes_), "cudaMalloc");
+  }
+  explicit DeviceBuffer(const std::vector<uint8_t>& host) : DeviceBuffer(host.size()) { upload(host); }
+  ~DeviceBuffer() {
+    if (p_ != nullptr) cudaFree(p_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) {
+    o.p_ = nullptr;
+    o.bytes_ = 0;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+
+  void* get() const { return p_; }
+  size_t bytes() const { return bytes_; }
+  // Complete before returning, so work on any stream (non-blocking ones too) sees them.
+  void upload(const std::vector<uint8_t>& host) {
+    if (bytes_ == 0) return;
+    cuda_ok(cudaMemcpy(p_, host.data(), std::min(bytes_, host.size()), cudaMemcpyHostToDevice), "upload");
+    cuda_ok(cudaDeviceSynchronize(), "upload");
+  }
+  std::vector<uint8_t> download() const {
+    std::vector<uint8_t> host(bytes_);
+    if (bytes_ > 0) cuda_ok(cudaMemcpy(host.data(), p_, bytes_, cudaMemcpyDeviceToHost), "download");
+    return host;
+  }
+  void poison() {
+    if (bytes_ == 0) return;
+    cuda_ok(cudaMemset(p_, 0xff, bytes_), "poison");
+    cuda_ok(cudaDeviceSynchronize(), "poison");
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+std::vector<float> as_floats(const std::vector<uint8_t>& b) {
+  std::vector<float> v(b.size() / sizeof(float));
+  std::memcpy(v.data(), b.data(), v.size() * sizeof(float));
+  return v;
+}
+
+// Where the L1 coefficient comes from in a case.
+enum class L1From : uint8_t { options, tensor };
+
+// Everything one training step reads and writes, on device 0, with a caller-owned saved buffer.
+struct DeviceStep {
+  Problem p;
+  std::vector<uint8_t> dy_host;  // an independent random [M, K] upstream gradient
+  TrainingOptions options;
+  L1From l1_from = L1From::options;
+  float l1_tensor = 0.0f;  // the tensor's value when l1_from == tensor
+  std::unique_ptr<TrainingPlan> plan;
+  DeviceBuffer x, gate, up, down, dy, y, dx, dgate, dup, ddown, stats, l1, saved;
+  TwellView view;
+
+  DeviceStep(const ProblemSpec& spec, const TrainingOptions& o, L1From from, float tensor_value)
+      : p(testing::make_problem(spec)),
+        dy_host(testing::make_problem({spec.kind, spec.m, spec.k, 1, spec.dtype, Pattern::uniform, 0.5,
+                                       64, spec.seed + 1})
+                    .x),
+        options(o),
+        l1_from(from),
+        l1_tensor(tensor_value),
+        x(p.x),
+        up(p.up),
+        down(p.down),
+        dy(dy_host),
+        y(p.x.size()),
+        dx(p.x.size()),
+        dgate(grad_bytes()),
+        dup(grad_bytes()),
+        ddown(grad_bytes()),
+        stats(2 * sizeof(float)),
+        l1(sizeof(float)) {
+    if (spec.kind == FfnKind::gated) gate = DeviceBuffer(p.gate);
+    std::vector<uint8_t> l1_bytes(sizeof(float));
+    std::memcpy(l1_bytes.data(), &l1_tensor, sizeof(float));
+    l1.upload(l1_bytes);
+    plan = std::make_unique<TrainingPlan>(weights(), options);
+    saved = DeviceBuffer(plan->saved_shape(spec.m).bytes(plan->saved_dtype()));
+    view = new_view(saved);
+  }
+
+  size_t grad_bytes() const { return size_t(p.spec.n * p.spec.k) * sizeof(float); }
+  double l1_coef() const { return l1_from == L1From::tensor ? double(l1_tensor) : options.l1_coef; }
+  TwellView new_view(const DeviceBuffer& b) const {
+    return make_twell_view(b.get(), plan->saved_shape(p.spec.m), plan->saved_dtype(), Device::cuda(0));
+  }
+
+  FfnWeights weights() const {
+    const Device dev = Device::cuda(0);
+    const ProblemSpec& s = p.spec;
+    FfnWeights w;
+    w.kind = s.kind;
+    if (s.kind == FfnKind::gated) w.gate = TensorView::matrix(gate.get(), s.dtype, s.n, s.k, dev);
+    w.up = TensorView::matrix(up.get(), s.dtype, s.n, s.k, dev);
+    w.down = TensorView::matrix(down.get(), s.dtype, s.n, s.k, dev);
+    return w;
+  }
+  TensorView mat(const DeviceBuffer& b, DType t, int64_t r, int64_t c) const {
+    return TensorView::matrix(b.get(), t, r, c, Device::cuda(0));
+  }
+  TensorView x_view() const { return mat(x, p.spec.dtype, p.spec.m, p.spec.k); }
+  TrainingForwardArgs forward_args() const {
+    return {x_view(), mat(y, p.spec.dtype, p.spec.m, p.spec.k),
+            TensorView::vector(stats.get(), DType::f32, 2, Device::cuda(0))};
+  }
+  TrainingBackwardArgs backward_args() const {
+    const ProblemSpec& s = p.spec;
+    TrainingBackwardArgs a;
+    a.dy = mat(dy, s.dtype, s.m, s.k);
+    a.dx = mat(dx, s.dtype, s.m, s.k);
+    if (s.kind == FfnKind::gated) a.dgate = mat(dgate, DType::f32, s.n, s.k);
+    a.dup = mat(dup, DType::f32, s.n, s.k);
+    a.ddown = mat(ddown, DType::f32, s.n, s.k);
+    if (l1_from == L1From::tensor) a.l1_coef = TensorView::vector(l1.get(), DType::f32, 1, Device::cuda(0));
+    return a;
+  }
+  void poison_outputs() {
+    for (DeviceBuffer* b : {&y, &dx, &dgate, &dup, &ddown, &stats, &saved}) b->poison();
+  }
+  // Forward then backward on s, on the saved view v.
+  void enqueue(const TwellView& v, cudaStream_t s) {
+    plan->forward(forward_args(), v, s);
+    plan->backward(backward_args(), x_view(), v, s);
+  }
+};
+
+struct StepOutputs {
+  std::vector<uint8_t> y, dx;
+  std::vector<float> dgate, dup, ddown, stats;
+  int32_t routed = 0;
+};
+
+StepOutputs download(const DeviceStep& d, const TwellView& v) {
+  StepOutputs o;
+  o.y = d.y.download();
+  o.dx = d.dx.download();
+  if (d.p.spec.kind == FfnKind::gated) o.dgate = as_floats(d.dgate.download());
+  o.dup = as_floats(d.dup.download());
+  o.ddown = as_floats(d.ddown.download());
+  o.stats = as_floats(d.stats.download());
+  cuda_ok(cudaMemcpy(&o.routed, v.num_routed, sizeof o.routed, cudaMemcpyDeviceToHost), "num_routed");
+  return o;
+}
+
+StepOutputs run_step(DeviceStep& d) {
+  d.poison_outputs();
+  d.enqueue(d.view, nullptr);
+  cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "training step");
+  return download(d, d.view);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The emulated implementations that set the tolerance (see the top of the file).
+
+enum class Emulation : uint8_t {
+  plain_dense,  // fp32 accumulation; g, u, h, dh, dg, du, dx rounded to the dtype
+  from_saved,   // fp64 from g and u rounded to the dtype; dx rounded
+};
+
+struct Emulated {
+  ref::Matrix dx, dgate, dup, ddown;  // dgate empty for plain
+  double l1 = 0;                      // L1 value (sum |h| / M)
+};
+
+template <typename Acc>
+Emulated emulate(const ref::Weights& w, const ref::Matrix& x, const ref::Matrix& dy, double l1_coef,
+                 DType t, Emulation mode) {
+  const bool gated = w.kind == FfnKind::gated;
+  const bool dense = mode == Emulation::plain_dense;
+  const ref::Matrix& first = gated ? w.gate : w.up;
+  const int64_t m_rows = x.rows, n = first.rows, k = first.cols;
+  auto rnd = [t](Acc v) { return Acc(round_to(t, float(v))); };
+  auto dot = [k](const ref::Matrix& a, int64_t i, const ref::Matrix& b, int64_t j) {
+    Acc s = 0;
+    for (int64_t c = 0; c < k; ++c) s += Acc(a.at(i, c)) * Acc(b.at(j, c));
+    return s;
+  };
+  const Acc scale = m_rows ? Acc(l1_coef / double(m_rows)) : Acc(0);
+  std::vector<Acc> h(size_t(m_rows * n)), dg(h.size()), du(h.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < m_rows; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      const Acc g = rnd(dot(x, i, first, j));
+      const bool active = g > 0;
+      const Acc gr = active ? g : Acc(0);
+      const Acc u = gated ? rnd(dot(x, i, w.up, j)) : Acc(1);
+      const Acc hv = gated && dense ? rnd(gr * u) : gr * u;
+      const Acc dh = (dense ? rnd(dot(dy, i, w.down, j)) : dot(dy, i, w.down, j)) +
+                     scale * Acc((hv > 0) - (hv < 0));
+      const Acc dgv = active ? dh * u : Acc(0);
+      const Acc duv = dh * gr;
+      const size_t at = size_t(i * n + j);
+      h[at] = hv;
+      dg[at] = dense ? rnd(dgv) : dgv;
+      du[at] = dense ? rnd(duv) : duv;
+    }
+  Emulated e;
+  e.dx = ref::Matrix(m_rows, k);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < m_rows; ++i)
+    for (int64_t c = 0; c < k; ++c) {
+      Acc s = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const size_t at = size_t(i * n + j);
+        s += dg[at] * Acc(first.at(j, c));
+        if (gated) s += du[at] * Acc(w.up.at(j, c));
+      }
+      e.dx.at(i, c) = double(rnd(s));
+    }
+  auto weight_grad = [&](const std::vector<Acc>& coef, const ref::Matrix& src) {
+    ref::Matrix out(n, k);
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t c = 0; c < k; ++c) {
+        Acc s = 0;
+        for (int64_t i = 0; i < m_rows; ++i) s += coef[size_t(i * n + j)] * Acc(src.at(i, c));
+        out.at(j, c) = double(s);
+      }
+    return out;
+  };
+  if (gated) {
+    e.dgate = weight_grad(dg, x);
+    e.dup = weight_grad(du, x);
+  } else {
+    e.dup = weight_grad(dg, x);
+  }
+  e.ddown = weight_grad(h, dy);
+  double l1 = 0;
+  for (Acc v : h) l1 += std::fabs(double(v));
+  e.l1 = m_rows ? l1 / double(m_rows) : 0.0;
+  return e;
+}
+
+double unit_roundoff(DType t) { return t == DType::bf16 ? 1.0 / 256 : 1.0 / 2048; }
+
+// Compares one step's outputs with the oracle under the tolerances above.
+void expect_matches_oracle(DeviceStep& d, const StepOutputs& o, const std::string& what) {
+  const ProblemSpec& s = d.p.spec;
+  const bool gated = s.kind == FfnKind::gated;
+  const std::string where = what + ": " + s.describe() + " tile=" + std::to_string(d.plan->options().tile) +
+                            " capacity=" + std::to_string(d.plan->options().capacity);
+  const ref::Weights w = ref::from_weights(d.p.weights());
+  const ref::Matrix x = ref::from_view(d.p.x_view());
+  const ref::Matrix dy = ref::from_view(TensorView::matrix(d.dy_host.data(), s.dtype, s.m, s.k));
+  const double coef = d.l1_coef();
+  const ref::Forward f = ref::ffn_forward(w, x);
+  const ref::Grads g = ref::ffn_backward(w, x, dy, coef);
+  const Emulated dense = emulate<float>(w, x, dy, coef, s.dtype, Emulation::plain_dense);
+  const Emulated saved = emulate<double>(w, x, dy, coef, s.dtype, Emulation::from_saved);
+  auto tol = [](const ref::Matrix& a, const ref::Matrix& b, const ref::Matrix& r) {
+    return 2 * std::max(ref::rel_error(a, r), ref::rel_error(b, r)) + 1e-3;
+  };
+  auto f32 = [](const std::vector<float>& v, int64_t r, int64_t c) {
+    return ref::from_view(TensorView::matrix(const_cast<float*>(v.data()), DType::f32, r, c));
+  };
+  const ref::Matrix y = ref::from_view(TensorView::matrix(const_cast<uint8_t*>(o.y.data()), s.dtype, s.m, s.k));
+  const ref::Matrix dx = ref::from_view(TensorView::matrix(const_cast<uint8_t*>(o.dx.data()), s.dtype, s.m, s.k));
+  EXPECT_LE(ref::rel_error(y, f.y), test::tolerance(w, x, f.y, s.dtype)) << "y, " << where;
+  EXPECT_LE(ref::rel_error(dx, g.dx), tol(dense.dx, saved.dx, g.dx)) << "dx, " << where;
+  if (gated)
+    EXPECT_LE(ref::rel_error(f32(o.dgate, s.n, s.k), g.dgate), tol(dense.dgate, saved.dgate, g.dgate))
+        << "dgate, " << where;
+  EXPECT_LE(ref::rel_error(f32(o.dup, s.n, s.k), g.dup), tol(dense.dup, saved.dup, g.dup)) << "dup, " << where;
+  EXPECT_LE(ref::rel_error(f32(o.ddown, s.n, s.k), g.ddown), tol(dense.ddown, saved.ddown, g.ddown))
+      << "ddown, " << where;
+
+  // L0: gate values within fp32 rounding of zero may flip between the oracle and the GPU GEMM.
+  const double l0 = ref::l0_per_token(f);
+  const double active = l0 * double(s.m);
+  const double l0_slack = s.m ? (2 + active / 10000) / double(s.m) : 0.0;
+  EXPECT_NEAR(o.stats[0], l0, l0_slack + 1e-6 * l0) << "L0, " << where;
+  // L1: the same rule as the gradients on a scalar; 3 unit roundoffs bound the rounding of g, u
+  // and h in any term, which covers M = 1 rows with a handful of entries.
+  const double l1 = ref::l1_per_token(f);
+  const double l1_tol = 2 * std::max(std::fabs(dense.l1 - l1), std::fabs(saved.l1 - l1)) +
+                        std::max(1e-3, 3 * unit_roundoff(s.dtype)) * l1;
+  EXPECT_NEAR(o.stats[1], l1, l1_tol) << "L1, " << where;
+
+  EXPECT_GE(o.routed, 0);
+  EXPECT_LE(o.routed, s.m);
+  if (s.pattern == Pattern::all_zero) EXPECT_EQ(o.routed, 0) << where;
+  const int32_t tile = d.plan->options().tile, capacity = d.plan->options().capacity;
+  if (s.pattern == Pattern::all_dense && capacity < std::min<int64_t>(tile, s.n)) EXPECT_EQ(o.routed, s.m) << where;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sweep.
+
+struct Case {
+  FfnKind kind = FfnKind::gated;
+  DType dtype = DType::bf16;
+  Pattern pattern = Pattern::uniform;
+  double density = 0.05;
+  int64_t m = 1, k = 64, n = 520;
+  int32_t tile = 0, capacity = 0;
+  L1From l1_from = L1From::options;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << ffn_kind_name(c.kind) << " " << dtype_name(c.dtype) << " " << testing::pattern_name(c.pattern)
+      << " " << c.density << " M=" << c.m << " K=" << c.k << " N=" << c.n << " tile=" << c.tile
+      << " capacity=" << c.capacity << " l1=" << (c.l1_from == L1From::tensor ? "tensor" : "options");
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  std::string s = std::string(ffn_kind_name(c.kind)) + "_" + dtype_name(c.dtype) + "_" +
+                  testing::pattern_name(c.pattern) + "_M" + std::to_string(c.m) + "_K" +
+                  std::to_string(c.k) + "_N" + std::to_string(c.n);
+  if (c.tile != 0) s += "_tile" + std::to_string(c.tile) + "_cap" + std::to_string(c.capacity);
+  if (c.l1_from == L1From::tensor) s += "_l1tensor";
+  return s;
+}
+
+constexpr double kOptionsL1 = 0.05;  // options.l1_coef of every case
+constexpr float kTensorL1 = 0.07f;   // the l1_coef tensor's value where a case passes one
+
+ProblemSpec spec_of(const Case& c, uint64_t salt) {
+  ProblemSpec s;
+  s.kind = c.kind;
+  s.dtype = c.dtype;
+  s.pattern = c.pattern;
+  s.density = c.density;
+  s.m = c.m;
+  s.k = c.k;
+  s.n = c.n;
+  s.seed = seed(salt);
+  return s;
+}
+
+TrainingOptions options_of(const Case& c) {
+  TrainingOptions o;
+  o.tile = c.tile;
+  o.capacity = c.capacity;
+  o.l1_coef = kOptionsL1;
+  return o;
+}
+
+struct PatternDensity {
+  Pattern pattern;
+  double density;
+};
+
+std::vector<Case> sweep_cases() {
+  std::vector<Case> out;
+  const bool small = small_only();
+  struct Shape { int64_t m, k, n; };
+  const PatternDensity patterns[] = {{Pattern::uniform, 0.05},  {Pattern::heavy_tailed, 0.02},
+                                     {Pattern::edge_rows, 0.05}, {Pattern::all_zero, 0.0},
+                                     {Pattern::all_dense, 1.0}};
+  for (DType dt : {DType::bf16, DType::f16})
+    for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
+      for (const PatternDensity& pd : patterns) {
+        std::vector<Shape> shapes = {{1, 64, 520}, {7, 64, 520}, {257, 64, 520}, {7, 136, 1000}};
+        // The larger M x N only where rows differ from each other (the oracle dominates the time).
+        if (pd.pattern == Pattern::edge_rows || pd.pattern == Pattern::heavy_tailed)
+          shapes.push_back({257, 136, 1000});
+        for (const Shape& sh : shapes) {
+          Case c;
+          c.kind = kind;
+          c.dtype = dt;
+          c.pattern = pd.pattern;
+          c.density = pd.density;
+          c.m = sh.m;
+          c.k = sh.k;
+          c.n = sh.n;
+          out.push_back(c);
+        }
+      }
+  // Narrow tiles with small capacities: a mix of compact and routed rows in every step (capacity 1
+  // routes almost everything; capacity = tile nothing).
+  struct TileCap { int32_t tile, capacity; };
+  for (DType dt : {DType::bf16, DType::f16})
+    for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
+      for (TileCap tc : {TileCap{64, 2}, TileCap{128, 1}, TileCap{256, 256}}) {
+        Case c;
+        c.kind = kind;
+        c.dtype = dt;
+        c.pattern = Pattern::uniform;
+        c.density = 0.03;
+        c.m = 257;
+        c.k = 136;
+        c.n = 1000;
+        c.tile = tc.tile;
+        c.capacity = tc.capacity;
+        out.push_back(c);
+      }
+  // The coefficient from a device tensor (it overrides options.l1_coef).
+  for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
+    for (DType dt : {DType::bf16, DType::f16}) {
+      Case c;
+      c.kind = kind;
+      c.dtype = dt;
+      c.pattern = Pattern::edge_rows;
+      c.m = 7;
+      c.k = 64;
+      c.n = 520;
+      c.tile = 64;
+      c.capacity = 4;
+      c.l1_from = L1From::tensor;
+      out.push_back(c);
+    }
+  if (small) return out;
+  // LLM-sized (hidden 2048, intermediate 5632), a few rows: the oracle is slow there.
+  struct Llm { FfnKind kind; DType dtype; Pattern pattern; double density; int64_t m; };
+  const Llm llm[] = {
+      {FfnKind::gated, DType::bf16, Pattern::heavy_tailed, 0.02, 7},
+      {FfnKind::gated, DType::bf16, Pattern::edge_rows, 0.05, 5},
+      {FfnKind::plain, DType::f16, Pattern::uniform, 0.01, 3},
+  };
+  for (const Llm& l : llm) {
+    Case c;
+    c.kind = l.kind;
+    c.dtype = l.dtype;
+    c.pattern = l.pattern;
+    c.density = l.density;
+    c.m = l.m;
+    c.k = 2048;
+    c.n = 5632;
+    out.push_back(c);
+  }
+  return out;
+}
+
+class CudaTraining : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaTraining, MatchesOracle) {
+  TWELL_REQUIRE_DEVICE();
+  const Case& c = GetParam();
+  DeviceStep d(spec_of(c, 1101), options_of(c), c.l1_from, kTensorL1);
+  const StepOutputs o = run_step(d);
+  expect_matches_oracle(d, o, "step");
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, CudaTraining, ::testing::ValuesIn(sweep_cases()), case_name);
+
+// ---------------------------------------------------------------------------------------------
+// Determinism: a second forward (its routed rows listed in another atomic order) and backward on a
+// fresh saved buffer give bit-identical outputs, and so does a second backward on the same one.
+
+struct DeterminismCase {
+  FfnKind kind;
+  DType dtype;
+};
+
+class CudaTrainingDeterminism : public ::testing::TestWithParam<DeterminismCase> {};
+
+TEST_P(CudaTrainingDeterminism, RerunsAreBitIdentical) {
+  TWELL_REQUIRE_DEVICE();
+  Case c;
+  c.kind = GetParam().kind;
+  c.dtype = GetParam().dtype;
+  c.pattern = Pattern::edge_rows;
+  c.m = 257;
+  c.k = 136;
+  c.n = 1000;
+  c.tile = 64;
+  c.capacity = 4;
+  DeviceStep d(spec_of(c, 1202), options_of(c), L1From::options, 0.0f);
+  const StepOutputs first = run_step(d);
+  expect_matches_oracle(d, first, "first step");
+  EXPECT_GT(first.routed, 0) << "the case should route some rows";
+  EXPECT_LT(first.routed, c.m) << "the case should keep some rows compact";
+
+  DeviceBuffer other(d.saved.bytes());
+  const TwellView second_view = d.new_view(other);
+  d.poison_outputs();
+  d.enqueue(second_view, nullptr);
+  cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "second step");
+  const StepOutputs second = download(d, second_view);
+  EXPECT_EQ(first.y, second.y);
+  EXPECT_EQ(first.dx, second.dx);
+  EXPECT_EQ(first.dgate, second.dgate);
+  EXPECT_EQ(first.dup, second.dup);
+  EXPECT_EQ(first.ddown, second.ddown);
+  EXPECT_EQ(first.stats, second.stats);
+  EXPECT_EQ(first.routed, second.routed);
+
+  for (DeviceBuffer* b : {&d.dx, &d.dgate, &d.dup, &d.ddown}) b->poison();
+  d.plan->backward(d.backward_args(), d.x_view(), second_view, nullptr);
+  cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "third backward");
+  const StepOutputs third = download(d, second_view);
+  EXPECT_EQ(first.dx, third.dx);
+  EXPECT_EQ(first.dgate, third.dgate);
+  EXPECT_EQ(first.dup, third.dup);
+  EXPECT_EQ(first.ddown, third.ddown);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, CudaTrainingDeterminism,
+                         ::testing::Values(DeterminismCase{FfnKind::gated, DType::bf16},
+                                           DeterminismCase{FfnKind::plain, DType::f16}),
+                         [](const ::testing::TestParamInfo<DeterminismCase>& i) {
+                           return std::string(ffn_kind_name(i.param.kind)) + "_" + dtype_name(i.param.dtype);
+                         });
+
+// ---------------------------------------------------------------------------------------------
+// A whole step (forward + backward) captured in a CUDA graph and replayed.
+
+TEST(CudaTrainingGraph, CaptureAndReplay) {
+  TWELL_REQUIRE_DEVICE();
+  Case c;
+  c.pattern = Pattern::edge_rows;
+  c.m = 257;
+  c.tile = 64;
+  c.capacity = 4;
+  c.l1_from = L1From::tensor;
+  DeviceStep d(spec_of(c, 1303), options_of(c), c.l1_from, kTensorL1);
+  cudaStream_t s = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  d.poison_outputs();
+  d.enqueue(d.view, s);  // grows the plan's workspace and plans the cuBLASLt call
+  cuda_ok(cudaStreamSynchronize(s), "warm-up");
+  const StepOutputs eager = download(d, d.view);
+  expect_matches_oracle(d, eager, "eager step");
+
+  cudaGraph_t graph = nullptr;
+  cuda_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "begin capture");
+  d.enqueue(d.view, s);
+  cuda_ok(cudaStreamEndCapture(s, &graph), "end capture");
+  size_t nodes = 0;
+  cuda_ok(cudaGraphGetNodes(graph, nullptr, &nodes), "graph nodes");
+  EXPECT_GT(nodes, 10u) << "the capture recorded (almost) nothing";
+  cudaGraphExec_t exec = nullptr;
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+
+  d.poison_outputs();
+  cuda_ok(cudaGraphLaunch(exec, s), "launch");
+  cuda_ok(cudaStreamSynchronize(s), "replay");
+  const StepOutputs replay = download(d, d.view);
+  EXPECT_EQ(replay.y, eager.y);
+  EXPECT_EQ(replay.dx, eager.dx);
+  EXPECT_EQ(replay.dgate, eager.dgate);
+  EXPECT_EQ(replay.dup, eager.dup);
+  EXPECT_EQ(replay.ddown, eager.ddown);
+  EXPECT_EQ(replay.stats, eager.stats);
+
+  // New x and dy in the same buffers: the replay computes on them (nothing host-side baked in).
+  Case c2 = c;
+  c2.pattern = Pattern::heavy_tailed;
+  const ProblemSpec spec2 = spec_of(c2, 1304);
+  d.p.x = testing::make_problem(spec2).x;
+  d.x.upload(d.p.x);
+  d.dy_host = testing::make_problem({spec2.kind, spec2.m, spec2.k, 1, spec2.dtype, Pattern::uniform,
+                                     0.5, 64, spec2.seed + 1})
+                  .x;
+  d.dy.upload(d.dy_host);
+  d.poison_outputs();
+  cuda_ok(cudaGraphLaunch(exec, s), "launch");
+  cuda_ok(cudaStreamSynchronize(s), "replay");
+  expect_matches_oracle(d, download(d, d.view), "replay on new x and dy");
+
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
+TEST(CudaTrainingGraph, CaptureBeforeWorkspaceExistsRaises) {
+  TWELL_REQUIRE_DEVICE();
+  Case c;
+  c.kind = FfnKind::plain;
+  c.m = 7;
+  DeviceStep d(spec_of(c, 1404), options_of(c), L1From::options, 0.0f);
+  cudaStream_t s = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  cuda_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "begin capture");
+  EXPECT_THROW(d.plan->forward(d.forward_args(), d.view, s), Error);
+  cudaGraph_t graph = nullptr;
+  (void)cudaStreamEndCapture(s, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  (void)cudaGetLastError();
+  // The plan is still usable afterwards.
+  expect_matches_oracle(d, run_step(d), "after a refused capture");
+  cudaStreamDestroy(s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The plan-owned saved state, an empty batch, argument errors.
+
+TEST(CudaTrainingApi, PlanOwnedSavedStateMatchesCallerOwned) {
+  TWELL_REQUIRE_DEVICE();
+  Case c;
+  c.pattern = Pattern::edge_rows;
+  c.m = 65;
+  c.tile = 64;
+  c.capacity = 4;
+  DeviceStep d(spec_of(c, 1505), options_of(c), L1From::options, 0.0f);
+  const StepOutputs caller = run_step(d);
+  d.poison_outputs();
+  SavedActivations saved;
+  d.plan->forward(d.forward_args(), saved);
+  d.plan->backward(d.backward_args(), saved);
+  cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "plan-owned step");
+  const StepOutputs owned = download(d, d.view);
+  EXPECT_EQ(caller.y, owned.y);
+  EXPECT_EQ(caller.dx, owned.dx);
+  EXPECT_EQ(caller.dgate, owned.dgate);
+  EXPECT_EQ(caller.dup, owned.dup);
+  EXPECT_EQ(caller.ddown, owned.ddown);
+  EXPECT_EQ(saved.routed_rows(), caller.routed);
+  EXPECT_EQ(saved.bytes(), d.saved.bytes());
+}
+
+TEST(CudaTrainingApi, EmptyBatchWritesZeroGradients) {
+  TWELL_REQUIRE_DEVICE();
+  Case c;
+  c.m = 0;
+  DeviceStep d(spec_of(c, 1606), options_of(c), L1From::options, 0.0f);
+  const StepOutputs o = run_step(d);
+  for (float v : o.stats) EXPECT_EQ(v, 0.0f);
+  for (const std::vector<float>* g : {&o.dgate, &o.dup, &o.ddown})
+    for (float v : *g) ASSERT_EQ(v, 0.0f);
+  EXPECT_EQ(o.routed, 0);
+}
+
+void expect_error(const std::function<void()>& f, const std::string& argument) {
+  try {
+    f();
+    ADD_FAILURE() << "no Error for " << argument;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), argument) << e.what();
+  }
+}
+
+FfnWeights device_weights(DType dt, int64_t n, int64_t k, DeviceBuffer& storage) {
+  storage = DeviceBuffer(size_t(3 * n * k) * dtype_size(dt) + 256);
+  char* p = static_cast<char*>(storage.get());
+  const size_t bytes = size_t(n * k) * dtype_size(dt);
+  const size_t step = (bytes + 255) / 256 * 256;
+  FfnWeights w;
+  w.kind = FfnKind::gated;
+  w.gate = TensorView::matrix(p, dt, n, k, Device::cuda(0));
+  w.up = TensorView::matrix(p + step, dt, n, k, Device::cuda(0));
+  w.down = TensorView::matrix(p + 2 * step, dt, n, k, Device::cuda(0));
+  return w;
+}
+
+TEST(CudaTrainingApi, UnsupportedShapesAndTypesRaise) {
+  TWELL_REQUIRE_DEVICE();
+  DeviceBuffer storage;
+  expect_error([&] { TrainingPlan p(device_weights(DType::bf16, 520, 68, storage)); }, "hidden size K");
+  expect_error([&] { TrainingPlan p(device_weights(DType::bf16, 1004, 64, storage)); },
+               "intermediate size N");
+  expect_error([&] { TrainingPlan p(device_weights(DType::bf16, 520, 16392, storage)); }, "hidden size K");
+  expect_error([&] { TrainingPlan p(device_weights(DType::f32, 520, 64, storage)); }, "weights dtype");
+  TrainingOptions o;
+  o.tile = 32;
+  expect_error([&] { TrainingPlan p(device_weights(DType::bf16, 520, 64, storage), o); }, "options.tile");
+}
+
+TEST(CudaTrainingApi, BadStepArgumentsRaise) {
+  TWELL_REQUIRE_DEVICE();
+  Case c;
+  c.m = 7;
+  DeviceStep d(spec_of(c, 1707), options_of(c), L1From::options, 0.0f);
+  TrainingBackwardArgs host_dx = d.backward_args();
+  std::vector<uint8_t> host(d.p.x.size());
+  host_dx.dx.data = host.data();  // host memory with a CUDA label
+  d.plan->forward(d.forward_args(), d.view);
+  expect_error([&] { d.plan->backward(host_dx, d.x_view(), d.view); }, "dx");
+  TrainingForwardArgs misaligned = d.forward_args();
+  DeviceBuffer shifted(d.p.x.size() + 16);
+  misaligned.y.data = static_cast<char*>(shifted.get()) + 2;
+  expect_error([&] { d.plan->forward(misaligned, d.view); }, "y");
+  TrainingBackwardArgs host_l1 = d.backward_args();
+  float coef = 0.1f;
+  host_l1.l1_coef = TensorView::vector(&coef, DType::f32, 1, Device::cuda(0));
+  expect_error([&] { d.plan->backward(host_l1, d.x_view(), d.view); }, "l1_coef");
+  cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "forward");
+}
+
+#endif  // TWELL_WITH_CUDA
+
+}  // namespace
+}  // namespace twell::test
