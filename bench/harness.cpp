@@ -143,6 +143,13 @@ void make_dirs(const std::string& path) {
     if (i == path.size() || path[i] == '/') ::mkdir(path.substr(0, i).c_str(), 0755);
 }
 
+// A CSV field: quoted, with inner quotes doubled (device names hold commas).
+std::string csv_field(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) o += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return o + "\"";
+}
+
 std::string json_escape(const std::string& s) {
   std::string o;
   for (char c : s) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
@@ -166,7 +173,7 @@ void write_results(const std::vector<Row>& rows, const std::string& dir, const s
     std::snprintf(line, sizeof line,
                   "%s,%s,%s,%s,%s,%lld,%lld,%lld,%s,%.5f,%.5f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,"
                   "%.3f,%lld,%d,%.3e,%.3e,%.2f,%.1f\n",
-                  r.suite.c_str(), r.device.c_str(), r.backend.c_str(), ffn_kind_name(s.kind),
+                  r.suite.c_str(), csv_field(r.device).c_str(), r.backend.c_str(), ffn_kind_name(s.kind),
                   dtype_name(s.dtype), (long long)s.m, (long long)s.k, (long long)s.n,
                   testing::pattern_name(s.pattern), s.density, r.density, r.dense.median, r.dense.p20,
                   r.dense.p80, r.gate.median, r.twell.median, r.twell.p20, r.twell.p80, r.speedup,

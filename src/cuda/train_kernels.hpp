@@ -62,6 +62,10 @@ void launch_backward_rows(const BackwardRowsArgs& a, cudaStream_t s);
 // *count = R: a deterministic order for the dense reductions over routed rows.
 void launch_routed_order(const int32_t* row_slot, int64_t rows, int32_t* order, int32_t* count,
                          cudaStream_t s);
+// The same order written into the saved layout itself (routed_rows ascending, row_slot their
+// positions), so the bytes forward saves do not depend on the order of the pack's atomics: what
+// torch.compile's checks (eager vs traced outputs) and deterministic training need.
+void launch_routed_renumber(const TwellView& saved, cudaStream_t s);
 
 // train_column_index.cu: the per-neuron view of the compact entries: entries[col_ptr[n] ..
 // col_ptr[n+1]) are the slots of neuron n's entries, rows ascending. Deterministic.

@@ -255,6 +255,7 @@ void CudaTraining::forward(const TrainingForwardArgs& args, const TwellView& sav
   routed.routed_rows = saved.routed_rows;
   routed.num_routed = saved.num_routed;
   launch_routed(routed, device_, s);
+  launch_routed_renumber(saved, s);
 
   if (stats != nullptr) {
     StatsArgs st;

@@ -47,9 +47,11 @@ def run(rank, mode, init_file, out):
         if mode == "ddp":
             wrapped = nn.parallel.DistributedDataParallel(model)
         else:
+            from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
-            fully_shard(model[1])
-            wrapped = fully_shard(model)
+            mesh = init_device_mesh("cpu", (WORLD,))  # gloo on the CPU even where a GPU exists
+            fully_shard(model[1], mesh=mesh)
+            wrapped = fully_shard(model, mesh=mesh)
         x, target = batch()
         shard = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
         step(wrapped, x[shard], target[shard])
