@@ -32,20 +32,12 @@ class CpuRunner final : public Runner {
     for (int64_t i = 0; i < s.n * s.k; ++i) wf_[size_t(i)] = load_float(first.data, s.dtype, i);
   }
 
-  Timing time_plan(Dispatch d, int warmup, int reps) override {
-    InferencePlan& plan = plan_for(d);
-    const InferenceArgs args = this->args();
-    return time([&] { plan.run(args); }, warmup, reps);
-  }
+  void warm(Job j) override { job(j); }
 
-  Timing time_gate(int warmup, int reps) override {
-    const auto& s = p_->spec;
-    return time(
-        [&] {
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(s.m), int(s.n), int(s.k), 1.0f,
-                      xf_.data(), int(s.k), wf_.data(), int(s.k), 0.0f, gf_.data(), int(s.n));
-        },
-        warmup, reps);
+  double time_once(Job j) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    job(j);
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
 
   RunInfo run_once(Dispatch d, std::vector<uint8_t>& y_host) override {
@@ -72,16 +64,14 @@ class CpuRunner final : public Runner {
     return plans_.back().second;
   }
 
-  template <class F>
-  static Timing time(F&& f, int warmup, int reps) {
-    for (int i = 0; i < warmup; ++i) f();
-    std::vector<double> ms;
-    for (int i = 0; i < reps; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      f();
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  void job(Job j) {
+    const auto& s = p_->spec;
+    if (j == Job::gate) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(s.m), int(s.n), int(s.k), 1.0f,
+                  xf_.data(), int(s.k), wf_.data(), int(s.k), 0.0f, gf_.data(), int(s.n));
+      return;
     }
-    return summarize(ms);
+    plan_for(j == Job::dense ? Dispatch::force_dense : Dispatch::automatic).run(args());
   }
 
   testing::Problem* p_ = nullptr;

@@ -85,24 +85,20 @@ class CudaRunner final : public Runner {
     w_.down = TensorView::matrix(down_.p, spec_.dtype, spec_.n, spec_.k, dev);
   }
 
-  Timing time_plan(Dispatch d, int warmup, int reps) override {
-    InferencePlan& plan = plan_for(d);
-    const InferenceArgs a = args(false);
-    return time([&] { plan.run(a, stream_); }, warmup, reps);
+  void warm(Job j) override {  // synchronised, so automatic dispatch sees each timing
+    job(j);
+    check(cudaStreamSynchronize(stream_), "warm-up");
   }
 
-  Timing time_gate(int warmup, int reps) override {
-    const cudaDataType_t t = spec_.dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
-    const void* first = spec_.kind == FfnKind::gated ? gate_.p : up_.p;
-    const float alpha = 1.0f, beta = 0.0f;
-    const int m = int(spec_.m), n = int(spec_.n), k = int(spec_.k);
-    return time(
-        [&] {  // row-major G[M, N] = x W^T is column-major G^T = W^T-view times x-view
-          check(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, first, t, k, x_.p, t, k,
-                             &beta, g_.p, t, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                "cublasGemmEx");
-        },
-        warmup, reps);
+  double time_once(Job j) override {
+    check(cudaMemsetAsync(flush_.p, 0, flush_.bytes, stream_), "L2 flush");
+    check(cudaEventRecord(start_, stream_), "cudaEventRecord");
+    job(j);
+    check(cudaEventRecord(stop_, stream_), "cudaEventRecord");
+    check(cudaEventSynchronize(stop_), "cudaEventSynchronize");
+    float t = 0;
+    check(cudaEventElapsedTime(&t, start_, stop_), "cudaEventElapsedTime");
+    return t;
   }
 
   RunInfo run_once(Dispatch d, std::vector<uint8_t>& y_host) override {
@@ -140,24 +136,19 @@ class CudaRunner final : public Runner {
     return plans_.back().second;
   }
 
-  template <class F>
-  Timing time(F&& f, int warmup, int reps) {
-    for (int i = 0; i < warmup; ++i) {  // synchronised, so automatic dispatch sees each timing
-      f();
-      check(cudaStreamSynchronize(stream_), "warm-up");
+  void job(Job j) {
+    if (j != Job::gate) {
+      plan_for(j == Job::dense ? Dispatch::force_dense : Dispatch::automatic).run(args(false), stream_);
+      return;
     }
-    std::vector<double> ms;
-    for (int i = 0; i < reps; ++i) {
-      check(cudaMemsetAsync(flush_.p, i & 0xff, flush_.bytes, stream_), "L2 flush");
-      check(cudaEventRecord(start_, stream_), "cudaEventRecord");
-      f();
-      check(cudaEventRecord(stop_, stream_), "cudaEventRecord");
-      check(cudaEventSynchronize(stop_), "cudaEventSynchronize");
-      float t = 0;
-      check(cudaEventElapsedTime(&t, start_, stop_), "cudaEventElapsedTime");
-      ms.push_back(t);
-    }
-    return summarize(ms);
+    // Row-major G[M, N] = x W^T is column-major G^T = W^T-view times x-view.
+    const cudaDataType_t t = spec_.dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    const void* first = spec_.kind == FfnKind::gated ? gate_.p : up_.p;
+    const float alpha = 1.0f, beta = 0.0f;
+    const int m = int(spec_.m), n = int(spec_.n), k = int(spec_.k);
+    check(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, first, t, k, x_.p, t, k, &beta,
+                       g_.p, t, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx");
   }
 
   std::string name_;

@@ -118,9 +118,15 @@ std::vector<Row> run(const Options& o, std::ostream& progress) {
     } else {
       r.error = r.tolerance = -1;
     }
-    r.dense = runner->time_plan(Dispatch::force_dense, o.warmup, o.reps);
-    r.gate = runner->time_gate(o.warmup, o.reps);
-    r.twell = runner->time_plan(Dispatch::automatic, o.warmup, o.reps);
+    const Job jobs[] = {Job::dense, Job::gate, Job::twell};
+    for (int w = 0; w < o.warmup; ++w)
+      for (Job j : jobs) runner->warm(j);
+    std::vector<double> ms[3];
+    for (int rep = 0; rep < o.reps; ++rep)
+      for (Job j : jobs) ms[int(j)].push_back(runner->time_once(j));
+    r.dense = summarize(ms[int(Job::dense)]);
+    r.gate = summarize(ms[int(Job::gate)]);
+    r.twell = summarize(ms[int(Job::twell)]);
     r.ran_dense = runner->last_run(Dispatch::automatic).ran_dense;
     r.speedup = r.dense.median / r.twell.median;
     const double m = double(r.spec.m), k = double(r.spec.k), n = double(r.spec.n);

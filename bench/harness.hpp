@@ -31,15 +31,21 @@ struct Row {
   double gbps = 0;             // x + y + all weights bytes / twell time
 };
 
-// Times one problem on one device. Implementations: CPU (std::chrono) and CUDA (events, L2 flush).
+// What a row times: the plan forced dense (the baseline), the gate GEMM alone, the plan as users
+// get it (automatic dispatch).
+enum class Job : uint8_t { dense, gate, twell };
+
+// Runs one problem on one device. Implementations: CPU (std::chrono) and CUDA (events, L2 flushed
+// before each timed run). The harness interleaves the jobs rep by rep, so clock and temperature
+// drift over a row's measurements falls on all of them alike.
 class Runner {
  public:
   virtual ~Runner() = default;
   virtual std::string device() const = 0;
   virtual std::string backend() const = 0;
   virtual void load(testing::Problem& p) = 0;
-  virtual Timing time_plan(Dispatch d, int warmup, int reps) = 0;
-  virtual Timing time_gate(int warmup, int reps) = 0;
+  virtual void warm(Job j) = 0;          // one untimed run, finished before it returns
+  virtual double time_once(Job j) = 0;   // one timed run, milliseconds
   virtual RunInfo run_once(Dispatch d, std::vector<uint8_t>& y_host) = 0;
   virtual RunInfo last_run(Dispatch d) = 0;  // of the last run with this dispatch
 };

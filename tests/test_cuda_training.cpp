@@ -643,6 +643,43 @@ TEST(CudaTrainingGraph, CaptureBeforeWorkspaceExistsRaises) {
   cudaStreamDestroy(s);
 }
 
+// With a caller workspace a step can be captured with no uncaptured run before it (how frameworks
+// capture: their allocator provides the scratch), and the replay matches an eager step.
+TEST(CudaTrainingGraph, CaptureWithCallerWorkspace) {
+  TWELL_REQUIRE_DEVICE();
+  Case c;
+  c.pattern = Pattern::edge_rows;
+  c.m = 65;
+  c.tile = 128;
+  c.capacity = 8;
+  DeviceStep d(spec_of(c, 1505), options_of(c), L1From::options, 0.0f);
+  DeviceBuffer ws(d.plan->workspace_bytes(c.m));
+  const TensorView wsv = TensorView::vector(ws.get(), DType::u8, int64_t(d.plan->workspace_bytes(c.m)),
+                                            Device::cuda(0));
+  TrainingForwardArgs fa = d.forward_args();
+  TrainingBackwardArgs ba = d.backward_args();
+  fa.workspace = ba.workspace = wsv;
+  cudaStream_t s = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  cudaGraph_t graph = nullptr;
+  cuda_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "begin capture");
+  d.plan->forward(fa, d.view, s);
+  d.plan->backward(ba, d.x_view(), d.view, s);
+  cuda_ok(cudaStreamEndCapture(s, &graph), "end capture");
+  cudaGraphExec_t exec = nullptr;
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  d.poison_outputs();
+  cuda_ok(cudaGraphLaunch(exec, s), "launch");
+  cuda_ok(cudaStreamSynchronize(s), "replay");
+  expect_matches_oracle(d, download(d, d.view), "captured with a caller workspace");
+  TrainingForwardArgs small = fa;
+  small.workspace.shape[0] = 1;
+  EXPECT_THROW(d.plan->forward(small, d.view, s), Error);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The plan-owned saved state, an empty batch, argument errors.
 

@@ -107,6 +107,9 @@ TEST(Errors, Training) {
   float stats[2];
   expect_error([&] { plan.forward({p.x_view(), yv, TensorView::vector(stats, DType::f32, 3)}, saved); },
                "stats");
+  EXPECT_EQ(plan.workspace_bytes(4), 0u);  // the CPU backend keeps its scratch itself
+  expect_error([&] { plan.forward({p.x_view(), yv, {}, TensorView::vector(stats, DType::f32, 2)}, saved); },
+               "workspace");
 }
 
 TEST(Errors, CudaTensorsWithoutCudaBuildOrDevice) {

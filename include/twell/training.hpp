@@ -27,10 +27,15 @@ struct TrainingOptions {
   Determinism determinism = Determinism::deterministic;
 };
 
+// workspace (forward and backward, optional): uint8 [>= TrainingPlan::workspace_bytes(M)] on x's
+// device. Without one the plan grows its own (outside CUDA-graph capture only); with one the
+// caller's allocator owns the scratch, e.g. a framework's, as graph capture of a training step
+// needs.
 struct TrainingForwardArgs {
   TensorView x;       // [M, K]
   TensorView y;       // [M, K], written
   TensorView stats;   // optional f32 [2] on x's device: {L0, L1 value (unscaled by l1_coef)}
+  TensorView workspace;
 };
 
 struct TrainingBackwardArgs {
@@ -43,6 +48,7 @@ struct TrainingBackwardArgs {
   // synchronisation), instead of options.l1_coef. Frameworks pass the upstream gradient of the
   // L1 value here (l1_coef * d loss / d l1_loss), so loss scaling and accumulation stay exact.
   TensorView l1_coef;
+  TensorView workspace;
 };
 
 // Owning convenience holder of the saved state (and a view of x, which the caller keeps alive).
@@ -72,6 +78,8 @@ class TrainingPlan {
   // saved_shape(M).bytes(saved_dtype()) bytes on x's device and carve it with make_twell_view.
   TwellShape saved_shape(int64_t rows) const;
   DType saved_dtype() const;
+  // Scratch bytes one forward or backward of M rows needs in a caller workspace (0: none needed).
+  size_t workspace_bytes(int64_t rows) const;
 
   // Caller-owned state. Weights may be updated in place between steps; the plan keeps views only.
   void forward(const TrainingForwardArgs& args, const TwellView& saved, Stream stream = nullptr);

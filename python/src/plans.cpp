@@ -112,15 +112,16 @@ class PyTrainingPlan {
   }
 
   void forward(const Array& x, const Array& y, const Array& saved, const OptArray& stats,
-               uintptr_t stream) {
+               uintptr_t stream, const OptArray& workspace) {
     const char* op = "TrainingPlan::forward";
-    TrainingForwardArgs a{to_view(x, op, "x"), to_view(y, op, "y"), optional_view(stats, op, "stats")};
+    TrainingForwardArgs a{to_view(x, op, "x"), to_view(y, op, "y"), optional_view(stats, op, "stats"),
+                          optional_view(workspace, op, "workspace")};
     plan_.forward(a, this->saved(saved, a.x, op), to_stream(stream));
   }
 
   void backward(const Array& dy, const Array& dx, const OptArray& dgate, const Array& dup,
                 const Array& ddown, const Array& x, const Array& saved, const OptArray& l1_coef,
-                uintptr_t stream) {
+                uintptr_t stream, const OptArray& workspace) {
     const char* op = "TrainingPlan::backward";
     TrainingBackwardArgs a;
     a.dy = to_view(dy, op, "dy");
@@ -129,6 +130,7 @@ class PyTrainingPlan {
     a.dup = to_view(dup, op, "dup");
     a.ddown = to_view(ddown, op, "ddown");
     a.l1_coef = optional_view(l1_coef, op, "l1_coef");
+    a.workspace = optional_view(workspace, op, "workspace");
     const TensorView xv = to_view(x, op, "x");
     plan_.backward(a, xv, this->saved(saved, xv, op), to_stream(stream));
   }
@@ -240,10 +242,15 @@ void bind_plans(nb::module_& m) {
            "rows"_a)
       .def("saved_dtype", [](const PyTrainingPlan& p) { return p.plan().saved_dtype(); })
       .def("saved_bytes", &PyTrainingPlan::saved_bytes, "rows"_a)
+      .def("workspace_bytes", [](const PyTrainingPlan& p, int64_t rows) { return p.plan().workspace_bytes(rows); },
+           "rows"_a, "Scratch bytes of one forward or backward of `rows` rows (0: none needed).")
       .def("forward", &PyTrainingPlan::forward, "x"_a, "y"_a, "saved"_a, "stats"_a = nb::none(),
-           "stream"_a = 0, "y = FFN(x); fills saved; stats: optional float32 [2] {L0, L1 value}.")
+           "stream"_a = 0, "workspace"_a = nb::none(),
+           "y = FFN(x); fills saved; stats: optional float32 [2] {L0, L1 value}; workspace: "
+           "optional uint8 scratch of workspace_bytes(M) on x's device (else the plan's own).")
       .def("backward", &PyTrainingPlan::backward, "dy"_a, "dx"_a, "dgate"_a.none(), "dup"_a,
            "ddown"_a, "x"_a, "saved"_a, "l1_coef"_a = nb::none(), "stream"_a = 0,
+           "workspace"_a = nb::none(),
            "Gradients (weights' in float32, ddown neuron-major). l1_coef: optional float32 [1] "
            "on x's device, this call's L1 coefficient (default: the plan's).")
       .def_prop_ro("tile", [](const PyTrainingPlan& p) { return p.plan().options().tile; })

@@ -32,7 +32,9 @@ class TrainingBackend {
  public:
   virtual ~TrainingBackend() = default;
   virtual DType saved_dtype() const = 0;
-  // Arguments are validated; `saved` has the plan's saved_shape(M).
+  virtual size_t workspace_bytes(int64_t rows) const = 0;
+  // Arguments are validated; `saved` has the plan's saved_shape(M); a defined args.workspace holds
+  // at least workspace_bytes(M) bytes.
   virtual void forward(const TrainingForwardArgs& args, const TwellView& saved, Stream stream) = 0;
   virtual void backward(const TrainingBackwardArgs& args, const TensorView& x,
                         const TwellView& saved, Stream stream) = 0;

@@ -61,6 +61,18 @@ class TrainingPlan::Impl {
       throw Error(op, "saved", "every array of the layout", "a null pointer");
   }
 
+  void check_workspace(const char* op, const TensorView& ws, int64_t rows) const {
+    if (!ws.defined()) return;
+    const size_t need = backend->workspace_bytes(rows);
+    if (ws.rank != 1 || ws.dtype != DType::u8 || !ws.is_contiguous())
+      throw Error(op, "workspace", "a contiguous uint8 vector", ws.shape_string() + " " + dtype_name(ws.dtype));
+    if (ws.device != weights.up.device)
+      throw Error(op, "workspace", "device " + to_string(weights.up.device), to_string(ws.device));
+    if (size_t(ws.shape[0]) < need)
+      throw Error(op, "workspace", "at least " + std::to_string(need) + " bytes",
+                  std::to_string(ws.shape[0]) + " bytes");
+  }
+
   TwellShape shape(int64_t rows) const {
     TwellShape s;
     s.rows = rows;
@@ -88,6 +100,9 @@ TrainingPlan::TrainingPlan(TrainingPlan&&) noexcept = default;
 TrainingPlan& TrainingPlan::operator=(TrainingPlan&&) noexcept = default;
 const TrainingOptions& TrainingPlan::options() const { return impl_->options; }
 TwellShape TrainingPlan::saved_shape(int64_t rows) const { return impl_->shape(rows); }
+size_t TrainingPlan::workspace_bytes(int64_t rows) const {
+  return impl_->backend->workspace_bytes(rows);
+}
 DType TrainingPlan::saved_dtype() const { return impl_->backend->saved_dtype(); }
 
 void TrainingPlan::forward(const TrainingForwardArgs& args, const TwellView& saved, Stream stream) {
@@ -98,6 +113,7 @@ void TrainingPlan::forward(const TrainingForwardArgs& args, const TwellView& sav
   detail::check_matrix(op, "y", args.y, args.x.shape[0], w.hidden(), w.up.dtype, dev);
   if (args.stats.defined()) detail::check_vector(op, "stats", args.stats, 2, DType::f32, dev);
   impl_->check_saved(op, saved, args.x.shape[0]);
+  impl_->check_workspace(op, args.workspace, args.x.shape[0]);
   impl_->backend->forward(args, saved, stream);
 }
 
@@ -116,6 +132,7 @@ void TrainingPlan::backward(const TrainingBackwardArgs& args, const TensorView& 
   detail::check_matrix(op, "dup", args.dup, n, k, DType::f32, dev);
   detail::check_matrix(op, "ddown", args.ddown, n, k, DType::f32, dev);
   if (args.l1_coef.defined()) detail::check_vector(op, "l1_coef", args.l1_coef, 1, DType::f32, dev);
+  impl_->check_workspace(op, args.workspace, m);
   impl_->backend->backward(args, x, saved, stream);
 }
 

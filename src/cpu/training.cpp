@@ -26,6 +26,7 @@ class CpuTraining final : public TrainingBackend {
       : w_(w), opt_(o), k_(w.hidden()), n_(w.intermediate()), gated_(w.kind == FfnKind::gated) {}
 
   DType saved_dtype() const override { return DType::f32; }
+  size_t workspace_bytes(int64_t) const override { return 0; }  // host scratch is its own
 
   std::shared_ptr<void> allocate(size_t bytes) override {
     return std::shared_ptr<void>(std::calloc(1, bytes), std::free);

@@ -115,6 +115,9 @@ class CudaTraining final : public detail::TrainingBackend {
   }
 
   DType saved_dtype() const override { return dims_.dtype; }
+  size_t workspace_bytes(int64_t rows) const override {
+    return std::max(train_forward_layout(dims_, rows).bytes, train_backward_layout(dims_, rows).bytes);
+  }
 
   void forward(const TrainingForwardArgs& args, const TwellView& saved, Stream stream) override;
   void backward(const TrainingBackwardArgs& args, const TensorView& x, const TwellView& saved,
@@ -138,14 +141,15 @@ class CudaTraining final : public detail::TrainingBackend {
   }
 
  private:
-  // The workspace base for a run of `rows` rows on s, ordered after the previous run.
-  char* begin(int64_t rows, cudaStream_t s, bool capturing, const char* op) {
+  // The workspace base for a run of `rows` rows on s: the caller's, or the plan's own, ordered
+  // after the previous run.
+  char* begin(int64_t rows, const TensorView& caller, cudaStream_t s, bool capturing,
+              const char* op) {
     // Runs on different streams share the plan's workspace: order them.
     if (!capturing && last_stream_ != nullptr && last_stream_ != s)
       check_cuda(cudaStreamWaitEvent(s, done_, 0), op, "previous run");
-    const size_t bytes = std::max(train_forward_layout(dims_, rows).bytes,
-                                  train_backward_layout(dims_, rows).bytes);
-    return aligned_base(own_.reserve(bytes, s, done_, capturing, op));
+    if (caller.defined()) return aligned_base(caller.data);
+    return aligned_base(own_.reserve(workspace_bytes(rows), s, done_, capturing, op));
   }
 
   void end(cudaStream_t s, bool capturing, const char* op) {
@@ -205,7 +209,7 @@ void CudaTraining::forward(const TrainingForwardArgs& args, const TwellView& sav
     return;
   }
 
-  char* base = begin(rows, s, capturing, kForwardOp);
+  char* base = begin(rows, args.workspace, s, capturing, kForwardOp);
   const TrainForwardLayout l = train_forward_layout(dims_, rows);
   auto* active = at<unsigned long long>(base, l.active);
   void* hidden = base + l.hidden;
@@ -306,7 +310,7 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
     return;
   }
 
-  char* base = begin(rows, s, capturing, kBackwardOp);
+  char* base = begin(rows, args.workspace, s, capturing, kBackwardOp);
   const TrainBackwardLayout l = train_backward_layout(dims_, rows);
   RoutedBuffers rb;
   auto* order = at<int32_t>(base, l.order);

@@ -54,6 +54,13 @@ def _(x, gate, up, down, tile, capacity, dispatch, dense_above):
     return x.new_empty(x.shape), x.new_empty(2, dtype=torch.int64)
 
 
+def _workspace(plan, x):
+    """Training scratch from PyTorch's allocator (a capture-safe pool inside CUDA-graph capture),
+    so the plan never allocates while a step is captured; None where none is needed."""
+    nbytes = plan.workspace_bytes(x.shape[0])
+    return _plans.dl(x.new_empty(nbytes, dtype=torch.uint8)) if nbytes else None
+
+
 @torch.library.custom_op("twell::ffn_train", mutates_args=())
 def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile: int,
               capacity: int) -> Tuple[Tensor, Tensor, Tensor]:
@@ -68,7 +75,7 @@ def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile:
     saved = x.new_zeros(nbytes, dtype=torch.uint8)
     stats = x.new_empty(2, dtype=torch.float32)
     plan.forward(_plans.dl(x), _plans.dl(y), _plans.dl(saved), _plans.dl(stats),
-                 _plans.stream_of(x.device))
+                 _plans.stream_of(x.device), _workspace(plan, x))
     return y, saved, stats
 
 
@@ -87,7 +94,7 @@ def ffn_train_backward(dy: Tensor, x: Tensor, gate: Optional[Tensor], up: Tensor
     dgate = grads[0] if gate is not None else None
     plan.backward(_plans.dl(dy), _plans.dl(dx), _plans.dl(dgate), _plans.dl(grads[-2]),
                   _plans.dl(grads[-1]), _plans.dl(x), _plans.dl(saved), _plans.dl(l1_coef),
-                  _plans.stream_of(x.device))
+                  _plans.stream_of(x.device), _workspace(plan, x))
     return [dx] + grads
 
 

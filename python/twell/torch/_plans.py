@@ -67,6 +67,13 @@ def _get(cls, gate, up, down, options):
         if hit is not None:
             _plans.move_to_end(key)
             return hit[0]
+    if up.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # Making a plan allocates (pinned memory, events, cuBLASLt handles): inside a capture
+        # that would invalidate the graph and leave the CUDA context in an error state.
+        raise twell.TwellError(
+            f"{cls.__name__}: weights: expected weights a plan was made for before this CUDA-graph "
+            "capture (run the step once eagerly, and keep weight tensors in place between steps), "
+            "got weights first seen during the capture")
     plan = cls(dl(gate), dl(up), dl(down), *options, borrow=True)
     finalizers = [weakref.finalize(t, _drop, key) for t in (gate, up, down) if t is not None]
     for f in finalizers:
