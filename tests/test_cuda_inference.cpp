@@ -18,6 +18,7 @@
 
 #include "cuda/device.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda_util.hpp"
 #endif
 
 namespace twell::test {
@@ -28,68 +29,6 @@ namespace {
 TEST(CudaInference, Backend) { GTEST_SKIP() << "built without CUDA"; }
 
 #else
-
-bool small_only() {
-  const char* s = std::getenv("TWELL_SMALL");
-  return s != nullptr && *s != '\0' && *s != '0';
-}
-
-bool has_device() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
-
-#define TWELL_REQUIRE_DEVICE() \
-  if (!has_device()) GTEST_SKIP() << "no CUDA device"
-
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes_ > 0) cuda_ok(cudaMalloc(&p_, bytes_), "cudaMalloc");
-  }
-  explicit DeviceBuffer(const std::vector<uint8_t>& host) : DeviceBuffer(host.size()) { upload(host); }
-  ~DeviceBuffer() {
-    if (p_ != nullptr) cudaFree(p_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; o.bytes_ = 0; }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-
-  void* get() const { return p_; }
-  size_t bytes() const { return bytes_; }
-  // Both complete before returning, so work on any stream (non-blocking ones too) sees them.
-  void upload(const std::vector<uint8_t>& host) {
-    cuda_ok(cudaMemcpy(p_, host.data(), host.size(), cudaMemcpyHostToDevice), "upload");
-    cuda_ok(cudaDeviceSynchronize(), "upload");
-  }
-  std::vector<uint8_t> download() const {
-    std::vector<uint8_t> host(bytes_);
-    cuda_ok(cudaMemcpy(host.data(), p_, bytes_, cudaMemcpyDeviceToHost), "download");
-    return host;
-  }
-  void poison() {
-    cuda_ok(cudaMemset(p_, 0xff, bytes_), "poison");
-    cuda_ok(cudaDeviceSynchronize(), "poison");
-  }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-};
 
 // A problem with its tensors on device 0.
 struct DeviceProblem {

@@ -26,34 +26,6 @@ namespace {
 constexpr const char* kPlanOp = "InferencePlan";
 constexpr const char* kRunOp = "InferencePlan::run";
 
-bool fits(int64_t v, int64_t limit) { return v % ShapeLimits::kElemsPerVector == 0 && v <= limit; }
-
-// The problem, or Error naming the first property the CUDA kernels do not support.
-ProblemDims supported_dims(const FfnWeights& w, const InferenceOptions& o) {
-  if (w.up.dtype != DType::bf16 && w.up.dtype != DType::f16)
-    throw Error(kPlanOp, "weights dtype", "float16 or bfloat16 (CUDA backend)",
-                dtype_name(w.up.dtype));
-  ProblemDims d;
-  d.kind = w.kind;
-  d.dtype = w.up.dtype;
-  d.k = w.hidden();
-  d.n = w.intermediate();
-  d.tile = o.tile;
-  d.capacity = o.capacity;
-  if (!fits(d.k, ShapeLimits::kMaxHidden))
-    throw Error(kPlanOp, "hidden size K",
-                "a multiple of 8 up to " + std::to_string(ShapeLimits::kMaxHidden) + " (CUDA backend)",
-                std::to_string(d.k));
-  if (!fits(d.n, ShapeLimits::kMaxIntermediate))
-    throw Error(kPlanOp, "intermediate size N",
-                "a multiple of 8 up to " + std::to_string(ShapeLimits::kMaxIntermediate) +
-                    " (CUDA backend)",
-                std::to_string(d.n));
-  if (std::find(std::begin(kTileWidths), std::end(kTileWidths), d.tile) == std::end(kTileWidths))
-    throw Error(kPlanOp, "options.tile", "64, 128 or 256 (CUDA backend)", std::to_string(d.tile));
-  return d;
-}
-
 GemmCall linear(GemmId id, Activation act, int64_t rows, const ProblemDims& d, const void* x,
                 const void* weight, void* out) {
   GemmCall c;
@@ -88,7 +60,7 @@ class CudaInference final : public detail::InferenceBackend {
   CudaInference(const FfnWeights& w, const InferenceOptions& o)
       : weights_(w),
         options_(o),
-        dims_(supported_dims(w, o)),
+        dims_(supported_dims(w, o.tile, o.capacity, kPlanOp)),
         device_(query_device(w.up.device.index, kPlanOp)),
         dense_above_(o.dense_above) {
     DeviceGuard guard(device_.index, kPlanOp);

@@ -36,33 +36,6 @@ constexpr const char* kPlanOp = "TrainingPlan";
 constexpr const char* kForwardOp = "TrainingPlan::forward";
 constexpr const char* kBackwardOp = "TrainingPlan::backward";
 
-bool fits(int64_t v, int64_t limit) { return v % ShapeLimits::kElemsPerVector == 0 && v <= limit; }
-
-// The problem, or Error naming the first property the CUDA kernels do not support.
-ProblemDims supported_dims(const FfnWeights& w, const TrainingOptions& o) {
-  if (w.up.dtype != DType::bf16 && w.up.dtype != DType::f16)
-    throw Error(kPlanOp, "weights dtype", "float16 or bfloat16 (CUDA backend)", dtype_name(w.up.dtype));
-  ProblemDims d;
-  d.kind = w.kind;
-  d.dtype = w.up.dtype;
-  d.k = w.hidden();
-  d.n = w.intermediate();
-  d.tile = o.tile;
-  d.capacity = o.capacity;
-  if (!fits(d.k, ShapeLimits::kMaxHidden))
-    throw Error(kPlanOp, "hidden size K",
-                "a multiple of 8 up to " + std::to_string(ShapeLimits::kMaxHidden) + " (CUDA backend)",
-                std::to_string(d.k));
-  if (!fits(d.n, ShapeLimits::kMaxIntermediate))
-    throw Error(kPlanOp, "intermediate size N",
-                "a multiple of 8 up to " + std::to_string(ShapeLimits::kMaxIntermediate) +
-                    " (CUDA backend)",
-                std::to_string(d.n));
-  if (std::find(std::begin(kTileWidths), std::end(kTileWidths), d.tile) == std::end(kTileWidths))
-    throw Error(kPlanOp, "options.tile", "64, 128 or 256 (CUDA backend)", std::to_string(d.tile));
-  return d;
-}
-
 // Throws Error naming `name` unless p is device (or managed) memory usable on `device`; for
 // buffers read or written element by element (no vector alignment needed).
 void check_device_memory(const void* p, int device, const char* op, const char* name) {
@@ -100,7 +73,7 @@ class CudaTraining final : public detail::TrainingBackend {
   CudaTraining(const FfnWeights& w, const TrainingOptions& o)
       : weights_(w),
         options_(o),
-        dims_(supported_dims(w, o)),
+        dims_(supported_dims(w, o.tile, o.capacity, kPlanOp)),
         device_(query_device(w.up.device.index, kPlanOp)) {
     DeviceGuard guard(device_.index, kPlanOp);
     if (w.kind == FfnKind::gated) check_device_pointer(w.gate.data, device_.index, kPlanOp, "gate weight");

@@ -21,6 +21,9 @@ struct ProblemDims {
   int64_t num_tiles() const { return (n + tile - 1) / tile; }
 };
 
+// The problem, or Error (for op) naming the first property the CUDA kernels do not support.
+ProblemDims supported_dims(const FfnWeights& w, int32_t tile, int32_t capacity, const char* op);
+
 // The paths a run may take; the workspace is sized for all of them (one run takes one).
 enum class Paths : uint8_t { sparse, dense, either };
 Paths paths_for(Dispatch d);
