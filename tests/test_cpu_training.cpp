@@ -148,5 +148,22 @@ TEST(CpuTrainingApi, CallerOwnedSavedStateMatches) {
   }
 }
 
+// set_weights points a plan at other weight memory: the step then equals a fresh plan's on it.
+TEST(CpuTrainingApi, SetWeightsRebindsTheViews) {
+  Problem p = testing::make_problem({FfnKind::gated, 33, 24, 200, DType::f32, Pattern::uniform, 0.1, 64, seed(51)});
+  Problem q = testing::make_problem({FfnKind::gated, 33, 24, 200, DType::f32, Pattern::heavy_tailed, 0.1, 64, seed(52)});
+  TrainingPlan rebound(p.weights()), fresh(q.weights());
+  rebound.set_weights(q.weights());
+  std::vector<float> y1(33 * 24), y2(33 * 24);
+  SavedActivations s1, s2;
+  rebound.forward({q.x_view(), TensorView::matrix(y1.data(), DType::f32, 33, 24), {}}, s1);
+  fresh.forward({q.x_view(), TensorView::matrix(y2.data(), DType::f32, 33, 24), {}}, s2);
+  EXPECT_EQ(y1, y2);
+  Problem wider = testing::make_problem({FfnKind::gated, 33, 24, 208, DType::f32, Pattern::uniform, 0.1, 64, seed(53)});
+  EXPECT_THROW(rebound.set_weights(wider.weights()), Error);
+  Problem plain = testing::make_problem({FfnKind::plain, 33, 24, 200, DType::f32, Pattern::uniform, 0.1, 64, seed(54)});
+  EXPECT_THROW(rebound.set_weights(plain.weights()), Error);
+}
+
 }  // namespace
 }  // namespace twell::test

@@ -80,6 +80,10 @@ class TrainingPlan {
   DType saved_dtype() const;
   // Scratch bytes one forward or backward of M rows needs in a caller workspace (0: none needed).
   size_t workspace_bytes(int64_t rows) const;
+  // Points the plan at other weight memory of the same kind, shapes, dtype and device (Error
+  // otherwise), e.g. a neuron-major down weight a framework makes anew each step. Host-only: safe
+  // between the calls of a CUDA-graph capture.
+  void set_weights(const FfnWeights& weights);
 
   // Caller-owned state. Weights may be updated in place between steps; the plan keeps views only.
   void forward(const TrainingForwardArgs& args, const TwellView& saved, Stream stream = nullptr);

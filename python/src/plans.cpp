@@ -111,6 +111,13 @@ class PyTrainingPlan {
     return plan_.saved_shape(rows).bytes(plan_.saved_dtype());
   }
 
+  // Rebinds the plan to other weights of the same shapes (kept alive here unless borrowed).
+  void set_weights(const OptArray& gate, const Array& up, const Array& down, bool borrow) {
+    HeldWeights next(gate, up, down, borrow, "TrainingPlan::set_weights");
+    plan_.set_weights(next.weights);
+    held_ = std::move(next);
+  }
+
   void forward(const Array& x, const Array& y, const Array& saved, const OptArray& stats,
                uintptr_t stream, const OptArray& workspace) {
     const char* op = "TrainingPlan::forward";
@@ -242,6 +249,8 @@ void bind_plans(nb::module_& m) {
            "rows"_a)
       .def("saved_dtype", [](const PyTrainingPlan& p) { return p.plan().saved_dtype(); })
       .def("saved_bytes", &PyTrainingPlan::saved_bytes, "rows"_a)
+      .def("set_weights", &PyTrainingPlan::set_weights, "gate"_a.none(), "up"_a, "down"_a,
+           "borrow"_a = false, "Points the plan at other weights of the same shapes and dtype.")
       .def("workspace_bytes", [](const PyTrainingPlan& p, int64_t rows) { return p.plan().workspace_bytes(rows); },
            "rows"_a, "Scratch bytes of one forward or backward of `rows` rows (0: none needed).")
       .def("forward", &PyTrainingPlan::forward, "x"_a, "y"_a, "saved"_a, "stats"_a = nb::none(),

@@ -33,6 +33,8 @@ class TrainingBackend {
   virtual ~TrainingBackend() = default;
   virtual DType saved_dtype() const = 0;
   virtual size_t workspace_bytes(int64_t rows) const = 0;
+  // Weights already checked to match the plan's in kind, shapes, dtype and device.
+  virtual void set_weights(const FfnWeights& w) = 0;
   // Arguments are validated; `saved` has the plan's saved_shape(M); a defined args.workspace holds
   // at least workspace_bytes(M) bytes.
   virtual void forward(const TrainingForwardArgs& args, const TwellView& saved, Stream stream) = 0;

@@ -103,6 +103,21 @@ TwellShape TrainingPlan::saved_shape(int64_t rows) const { return impl_->shape(r
 size_t TrainingPlan::workspace_bytes(int64_t rows) const {
   return impl_->backend->workspace_bytes(rows);
 }
+
+void TrainingPlan::set_weights(const FfnWeights& w) {
+  const char* op = "TrainingPlan::set_weights";
+  w.validate(op);
+  const FfnWeights& old = impl_->weights;
+  if (w.kind != old.kind) throw Error(op, "weights kind", ffn_kind_name(old.kind), ffn_kind_name(w.kind));
+  if (w.up.dtype != old.up.dtype)
+    throw Error(op, "weights dtype", dtype_name(old.up.dtype), dtype_name(w.up.dtype));
+  if (w.up.device != old.up.device)
+    throw Error(op, "weights device", to_string(old.up.device), to_string(w.up.device));
+  if (w.hidden() != old.hidden() || w.intermediate() != old.intermediate())
+    throw Error(op, "weights shape", old.up.shape_string(), w.up.shape_string());
+  impl_->weights = w;
+  impl_->backend->set_weights(w);
+}
 DType TrainingPlan::saved_dtype() const { return impl_->backend->saved_dtype(); }
 
 void TrainingPlan::forward(const TrainingForwardArgs& args, const TwellView& saved, Stream stream) {

@@ -27,6 +27,7 @@ class CpuTraining final : public TrainingBackend {
 
   DType saved_dtype() const override { return DType::f32; }
   size_t workspace_bytes(int64_t) const override { return 0; }  // host scratch is its own
+  void set_weights(const FfnWeights& w) override { w_ = w; }
 
   std::shared_ptr<void> allocate(size_t bytes) override {
     return std::shared_ptr<void>(std::calloc(1, bytes), std::free);

@@ -88,6 +88,7 @@ class CudaTraining final : public detail::TrainingBackend {
   }
 
   DType saved_dtype() const override { return dims_.dtype; }
+  void set_weights(const FfnWeights& w) override { weights_ = w; }
   size_t workspace_bytes(int64_t rows) const override {
     return std::max(train_forward_layout(dims_, rows).bytes, train_backward_layout(dims_, rows).bytes);
   }

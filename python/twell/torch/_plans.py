@@ -4,7 +4,9 @@ A C++ plan holds views of its weights. The cache keys each plan on every weight'
 strides, dtype and device, so a plan only ever runs on the memory it was made for, and drops it as
 soon as one of those weight tensors is garbage collected (or when more than MAX_PLANS are held).
 Stable weights (module parameters, a frozen neuron-major down copy) thus reuse one plan, which on
-CUDA also keeps its density calibration.
+CUDA also keeps its density calibration. Training plans are the exception for the down weight: the
+training op gets a neuron-major copy made anew each step, so they are keyed on its shape and dtype
+and pointed at each call's copy (set_weights, host-only), which a CUDA-graph capture needs.
 """
 import threading
 import weakref
@@ -60,12 +62,17 @@ def _drop(key):
         _forget(entry)
 
 
-def _get(cls, gate, up, down, options):
-    key = (cls.__name__, _signature(gate), _signature(up), _signature(down), options)
+def _get(cls, gate, up, down, options, rebind_down=False):
+    # rebind_down: the plan is keyed on down's shape and dtype only, and pointed at this call's
+    # down tensor (training: the neuron-major down copy is a new tensor every step).
+    down_key = (tuple(down.shape), down.dtype, down.device) if rebind_down else _signature(down)
+    key = (cls.__name__, _signature(gate), _signature(up), down_key, options)
     with _lock:
         hit = _plans.get(key)
         if hit is not None:
             _plans.move_to_end(key)
+            if rebind_down:
+                hit[0].set_weights(dl(gate), dl(up), dl(down), borrow=True)
             return hit[0]
     if up.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         # Making a plan allocates (pinned memory, events, cuBLASLt handles): inside a capture
@@ -75,7 +82,8 @@ def _get(cls, gate, up, down, options):
             "capture (run the step once eagerly, and keep weight tensors in place between steps), "
             "got weights first seen during the capture")
     plan = cls(dl(gate), dl(up), dl(down), *options, borrow=True)
-    finalizers = [weakref.finalize(t, _drop, key) for t in (gate, up, down) if t is not None]
+    owners = (gate, up) if rebind_down else (gate, up, down)
+    finalizers = [weakref.finalize(t, _drop, key) for t in owners if t is not None]
     for f in finalizers:
         f.atexit = False
     with _lock:
@@ -92,7 +100,7 @@ def inference_plan(gate, up, down, tile, capacity, dispatch, dense_above):
 
 def training_plan(gate, up, down, tile, capacity):
     # The L1 coefficient comes with each backward call (the upstream gradient of the L1 value).
-    return _get(twell.TrainingPlan, gate, up, down, (tile, capacity))
+    return _get(twell.TrainingPlan, gate, up, down, (tile, capacity), rebind_down=True)
 
 
 def clear():
