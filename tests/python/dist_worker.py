@@ -1,5 +1,6 @@
-"""One rank of the distributed tests: a training step under DDP or FSDP2 (gloo, CPU), gradients
-saved to <out>/rank<r>.pt. The reference is the same step in one process on the whole batch."""
+"""One rank of the distributed tests: a training step under DDP or FSDP2 (gloo, CPU) or DDP over
+NCCL (one GPU per rank, bfloat16), gradients saved to <out>/rank<r>.pt. The reference is the same
+step in one process on the whole batch."""
 import sys
 
 import torch
@@ -30,10 +31,11 @@ def step(model, x, target):
     return loss
 
 
-def reference_grads():
-    model = make_model()
-    step(model, *batch())
-    return {n: p.grad for n, p in model.named_parameters()}
+def reference_grads(device="cpu", dtype=torch.float32):
+    model = make_model().to(device, dtype)
+    x, target = batch()
+    step(model, x.to(device, dtype), target.to(device, dtype))
+    return {n: p.grad.float().cpu() for n, p in model.named_parameters()}
 
 
 def full(t):
@@ -41,10 +43,17 @@ def full(t):
 
 
 def run(rank, mode, init_file, out):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    nccl = mode == "ddp_nccl"
+    if nccl:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if nccl else "gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=WORLD)
     try:
-        model = make_model()
-        if mode == "ddp":
+        device, dtype = ("cuda", torch.bfloat16) if nccl else ("cpu", torch.float32)
+        model = make_model().to(device, dtype)
+        if nccl:
+            wrapped = nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+        elif mode == "ddp":
             wrapped = nn.parallel.DistributedDataParallel(model)
         else:
             from torch.distributed.device_mesh import init_device_mesh
@@ -54,8 +63,8 @@ def run(rank, mode, init_file, out):
             wrapped = fully_shard(model, mesh=mesh)
         x, target = batch()
         shard = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
-        step(wrapped, x[shard], target[shard])
-        grads = {n: full(p.grad).detach().clone() for n, p in model.named_parameters()}
+        step(wrapped, x[shard].to(device, dtype), target[shard].to(device, dtype))
+        grads = {n: full(p.grad).detach().float().cpu() for n, p in model.named_parameters()}
         torch.save(grads, f"{out}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
