@@ -696,28 +696,6 @@ TEST(CudaInference, DenseAboveOptionIsHonoured) {
 // ---------------------------------------------------------------------------------------------
 // Argument errors name the argument.
 
-void expect_error(const std::function<void()>& f, const std::string& argument) {
-  try {
-    f();
-    ADD_FAILURE() << "no Error for " << argument;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), argument) << e.what();
-  }
-}
-
-FfnWeights device_weights(DType dt, int64_t n, int64_t k, DeviceBuffer& storage) {
-  storage = DeviceBuffer(size_t(3 * n * k) * dtype_size(dt) + 256);
-  char* p = static_cast<char*>(storage.get());
-  const size_t bytes = size_t(n * k) * dtype_size(dt);
-  const size_t step = (bytes + 255) / 256 * 256;
-  FfnWeights w;
-  w.kind = FfnKind::gated;
-  w.gate = TensorView::matrix(p, dt, n, k, Device::cuda(0));
-  w.up = TensorView::matrix(p + step, dt, n, k, Device::cuda(0));
-  w.down = TensorView::matrix(p + 2 * step, dt, n, k, Device::cuda(0));
-  return w;
-}
-
 TEST(CudaInference, UnsupportedShapesAndTypesRaise) {
   TWELL_REQUIRE_DEVICE();
   DeviceBuffer storage;
