@@ -231,19 +231,9 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
     launch_compact_ffn(compact, s);
   }
 
-  RoutedArgs routed;
-  routed.kind = dims_.kind;
-  routed.dtype = dims_.dtype;
-  routed.x = args.x.data;
-  routed.up = weights_.up.data;
-  routed.down = weights_.down.data;
-  routed.hidden = b.hidden;
-  routed.y = args.y.data;
-  routed.rows = rows;
-  routed.k = dims_.k;
-  routed.n = dims_.n;
-  routed.routed_rows = row_kernel ? heavy : tw.routed_rows;
-  routed.num_routed = row_kernel ? &b.control->num_heavy : tw.num_routed;
+  const RoutedArgs routed =
+      routed_args(dims_, weights_, args.x.data, args.y.data, b.hidden, rows,
+                  row_kernel ? heavy : tw.routed_rows, row_kernel ? &b.control->num_heavy : tw.num_routed);
   launch_routed(routed, device_, s);
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "cuda/device.hpp"
+#include "cuda/workspace.hpp"
 #include "twell/dtype.hpp"
 #include "twell/ffn.hpp"
 #include "twell/format.hpp"
@@ -81,6 +82,25 @@ struct RoutedArgs {
   const int32_t* num_routed = nullptr;
 };
 void launch_routed(const RoutedArgs& a, const DeviceInfo& dev, cudaStream_t s);
+
+// The backup of a run of `rows` rows over the rows listed in list[0 .. *count).
+inline RoutedArgs routed_args(const ProblemDims& d, const FfnWeights& w, const void* x, void* y,
+                              void* hidden, int64_t rows, const int32_t* list, const int32_t* count) {
+  RoutedArgs r;
+  r.kind = d.kind;
+  r.dtype = d.dtype;
+  r.x = x;
+  r.up = w.up.data;
+  r.down = w.down.data;
+  r.hidden = hidden;
+  r.y = y;
+  r.rows = rows;
+  r.k = d.k;
+  r.n = d.n;
+  r.routed_rows = list;
+  r.num_routed = count;
+  return r;
+}
 
 // dense_hidden.cu: counts the non-zeros of G into *active; gated also turns G into
 // h = G * U (each product rounded to dtype, as a framework's dense layer does).

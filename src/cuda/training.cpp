@@ -219,19 +219,8 @@ void CudaTraining::forward(const TrainingForwardArgs& args, const TwellView& sav
   compact.saved = saved;
   launch_forward_rows(compact, s);
 
-  RoutedArgs routed;
-  routed.kind = dims_.kind;
-  routed.dtype = dims_.dtype;
-  routed.x = args.x.data;
-  routed.up = weights_.up.data;
-  routed.down = weights_.down.data;
-  routed.hidden = hidden;
-  routed.y = args.y.data;
-  routed.rows = rows;
-  routed.k = dims_.k;
-  routed.n = dims_.n;
-  routed.routed_rows = saved.routed_rows;
-  routed.num_routed = saved.num_routed;
+  const RoutedArgs routed = routed_args(dims_, weights_, args.x.data, args.y.data, hidden, rows,
+                                        saved.routed_rows, saved.num_routed);
   launch_routed(routed, device_, s);
   launch_routed_renumber(saved, s);
 

@@ -101,37 +101,40 @@ TwellView TwellMatrix::view() {
   return make_twell_view(storage_.data(), shape_, dtype_, Device::cpu());
 }
 
-PackResult pack_twell(const TensorView* planes, int num_planes, const TwellView& out) {
-  const char* op = "pack_twell";
-  const TwellShape& s = out.shape;
-  s.validate(op);
-  if (out.device != Device::cpu()) throw Error(op, "out device", "cpu", to_string(out.device));
-  if (num_planes != s.planes) throw Error(op, "planes", str(s.planes), str(num_planes));
-  for (int p = 0; p < num_planes; ++p)
-    detail::check_matrix(op, p == 0 ? "dense plane 0" : "dense plane 1", planes[p], s.rows, s.cols,
-                         out.dtype, Device::cpu());
-  const size_t es = dtype_size(out.dtype);
-  const int64_t nt = s.num_tiles();
-  const auto* base0 = static_cast<const uint8_t*>(planes[0].data);
+namespace {
 
-  // Pass 1: which rows fit. Nothing is written before the backup capacity is known to suffice.
-  PackResult r;
+// Pass 1 of a pack: the rows with a tile over capacity (ascending) and the non-zeros of plane 0.
+std::vector<int32_t> rows_to_route(const TensorView& plane0, int32_t tile, int32_t capacity,
+                                   int64_t* nonzeros) {
+  const int64_t rows = plane0.shape[0], cols = plane0.shape[1], nt = (cols + tile - 1) / tile;
+  const size_t es = dtype_size(plane0.dtype);
+  const auto* base = static_cast<const uint8_t*>(plane0.data);
   std::vector<int32_t> routed;
-  for (int64_t m = 0; m < s.rows; ++m) {
+  *nonzeros = 0;
+  for (int64_t m = 0; m < rows; ++m) {
     bool fits = true;
     for (int64_t t = 0; t < nt; ++t) {
       int64_t cnt = 0;
-      const int64_t c1 = std::min<int64_t>(s.cols, (t + 1) * s.tile);
-      for (int64_t c = t * s.tile; c < c1; ++c) cnt += !is_zero(base0 + (m * s.cols + c) * es, out.dtype);
-      r.nonzeros += cnt;
-      fits = fits && cnt <= s.capacity;
+      const int64_t c1 = std::min<int64_t>(cols, (t + 1) * tile);
+      for (int64_t c = t * tile; c < c1; ++c) cnt += !is_zero(base + (m * cols + c) * es, plane0.dtype);
+      *nonzeros += cnt;
+      fits = fits && cnt <= capacity;
     }
     if (!fits) routed.push_back(int32_t(m));
   }
-  r.routed_rows = int64_t(routed.size());
-  if (s.backup_capacity > 0 && r.routed_rows > s.backup_capacity)
-    throw Error(op, "backup capacity", ">= " + str(r.routed_rows) + " rows",
-                str(s.backup_capacity) + " rows");
+  return routed;
+}
+
+}  // namespace
+
+namespace {
+
+// Pass 2 of a pack, given pass 1's routed rows (ascending): writes every array of `out`.
+void write_packed(const TensorView* planes, const TwellView& out, const std::vector<int32_t>& routed) {
+  const TwellShape& s = out.shape;
+  const size_t es = dtype_size(out.dtype);
+  const int64_t nt = s.num_tiles();
+  const auto* base0 = static_cast<const uint8_t*>(planes[0].data);
 
   // Pass 2: compact rows; routed rows get zero counts, a slot and (with backup) their dense rows.
   const size_t plane_slots = size_t(s.rows * s.slots_per_row());
@@ -170,6 +173,26 @@ PackResult pack_twell(const TensorView* planes, int num_planes, const TwellView&
     }
   }
   *out.num_routed = int32_t(routed.size());
+}
+
+}  // namespace
+
+PackResult pack_twell(const TensorView* planes, int num_planes, const TwellView& out) {
+  const char* op = "pack_twell";
+  const TwellShape& s = out.shape;
+  s.validate(op);
+  if (out.device != Device::cpu()) throw Error(op, "out device", "cpu", to_string(out.device));
+  if (num_planes != s.planes) throw Error(op, "planes", str(s.planes), str(num_planes));
+  for (int p = 0; p < num_planes; ++p)
+    detail::check_matrix(op, p == 0 ? "dense plane 0" : "dense plane 1", planes[p], s.rows, s.cols,
+                         out.dtype, Device::cpu());
+  PackResult r;
+  const std::vector<int32_t> routed = rows_to_route(planes[0], s.tile, s.capacity, &r.nonzeros);
+  r.routed_rows = int64_t(routed.size());
+  if (s.backup_capacity > 0 && r.routed_rows > s.backup_capacity)
+    throw Error(op, "backup capacity", ">= " + str(r.routed_rows) + " rows",
+                str(s.backup_capacity) + " rows");
+  write_packed(planes, out, routed);
   return r;
 }
 
@@ -183,13 +206,16 @@ TwellMatrix pack_twell(const TensorView* planes, int num_planes, int32_t tile, i
   s.tile = tile;
   s.capacity = capacity;
   s.planes = num_planes;
-  TwellMatrix probe(s, planes[0].dtype);  // compact part; backup sized after counting
-  PackResult r = pack_twell(planes, num_planes, probe.view());
-  if (r.routed_rows == 0) return probe;
-  s.backup_capacity = r.routed_rows;
-  TwellMatrix full(s, planes[0].dtype);
-  pack_twell(planes, num_planes, full.view());
-  return full;
+  s.validate("pack_twell");
+  for (int p = 1; p < num_planes; ++p)
+    detail::check_matrix("pack_twell", "dense plane 1", planes[p], s.rows, s.cols, planes[0].dtype,
+                         Device::cpu());
+  int64_t nonzeros = 0;
+  const std::vector<int32_t> routed = rows_to_route(planes[0], tile, capacity, &nonzeros);
+  s.backup_capacity = int64_t(routed.size());  // exactly the rows that need it
+  TwellMatrix m(s, planes[0].dtype);
+  write_packed(planes, m.view(), routed);
+  return m;
 }
 
 void unpack_twell(const TwellView& in, int plane, const TensorView& dense) {
