@@ -7,60 +7,19 @@
 #include <string>
 #include <vector>
 
+#include "cuda_rig.hpp"
 #include "harness.hpp"
 #include "twell/twell.hpp"
 
 namespace twell::bench {
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error("bench", what, "cudaSuccess", cudaGetErrorString(e));
-}
-void check(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw Error("bench", what, "CUBLAS_STATUS_SUCCESS", std::to_string(int(s)));
-}
-
-struct DeviceBuffer {
-  void* p = nullptr;
-  size_t bytes = 0;
-  void resize(size_t b) {
-    if (b <= bytes) return;
-    if (p) cudaFree(p);
-    p = nullptr;
-    check(cudaMalloc(&p, b), "cudaMalloc");
-    bytes = b;
-  }
-  ~DeviceBuffer() { if (p) cudaFree(p); }
-};
-
 class CudaRunner final : public Runner {
  public:
-  CudaRunner() {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-      (void)cudaGetLastError();
-      throw Error("bench", "backend", "a CUDA device", "none");
-    }
-    cudaDeviceProp prop{};
-    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-    name_ = prop.name;
-    flush_.resize(size_t(2) * size_t(prop.l2CacheSize));
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cudaEventCreate(&start_), "cudaEventCreate");
-    check(cudaEventCreate(&stop_), "cudaEventCreate");
-    check(cublasCreate(&blas_), "cublasCreate");
-    check(cublasSetStream(blas_, stream_), "cublasSetStream");
-    counters_.resize(2 * sizeof(int64_t));
-  }
-  ~CudaRunner() override {
-    plans_.clear();
-    cublasDestroy(blas_);
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-    cudaStreamDestroy(stream_);
-  }
+  CudaRunner() { counters_.resize(2 * sizeof(int64_t)); }
+  ~CudaRunner() override { plans_.clear(); }
 
-  std::string device() const override { return name_; }
+  std::string device() const override { return rig_.name; }
   std::string backend() const override { return "cuda"; }
 
   void load(testing::Problem& p) override {
@@ -91,14 +50,7 @@ class CudaRunner final : public Runner {
   }
 
   double time_once(Job j) override {
-    check(cudaMemsetAsync(flush_.p, 0, flush_.bytes, stream_), "L2 flush");
-    check(cudaEventRecord(start_, stream_), "cudaEventRecord");
-    job(j);
-    check(cudaEventRecord(stop_, stream_), "cudaEventRecord");
-    check(cudaEventSynchronize(stop_), "cudaEventSynchronize");
-    float t = 0;
-    check(cudaEventElapsedTime(&t, start_, stop_), "cudaEventElapsedTime");
-    return t;
+    return rig_.time([&] { job(j); });
   }
 
   RunInfo run_once(Dispatch d, std::vector<uint8_t>& y_host) override {
@@ -146,17 +98,15 @@ class CudaRunner final : public Runner {
     const void* first = spec_.kind == FfnKind::gated ? gate_.p : up_.p;
     const float alpha = 1.0f, beta = 0.0f;
     const int m = int(spec_.m), n = int(spec_.n), k = int(spec_.k);
-    check(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, first, t, k, x_.p, t, k, &beta,
+    check(cublasGemmEx(rig_.blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, first, t, k, x_.p, t, k, &beta,
                        g_.p, t, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx");
   }
 
-  std::string name_;
-  cudaStream_t stream_{};
-  cudaEvent_t start_{}, stop_{};
-  cublasHandle_t blas_{};
+  CudaRig rig_;
+  cudaStream_t stream_ = rig_.stream;
   testing::ProblemSpec spec_;
-  DeviceBuffer x_, y_, g_, gate_, up_, down_, flush_, counters_;
+  DeviceBuffer x_, y_, g_, gate_, up_, down_, counters_;
   FfnWeights w_;
   std::vector<std::pair<Dispatch, InferencePlan>> plans_;
 };

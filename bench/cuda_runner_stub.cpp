@@ -1,10 +1,15 @@
-// Built without the CUDA backend: asking for the CUDA runner is an error, not a link failure.
+// Built without the CUDA backend: asking for a CUDA runner is an error, not a link failure.
 #include "harness.hpp"
+#include "training.hpp"
 #include "twell/error.hpp"
 
 namespace twell::bench {
 
 std::unique_ptr<Runner> make_cuda_runner() {
+  throw Error("bench", "backend", "cpu (this build has no CUDA backend)", "cuda");
+}
+
+std::unique_ptr<TrainingRunner> make_cuda_training_runner() {
   throw Error("bench", "backend", "cpu (this build has no CUDA backend)", "cuda");
 }
 

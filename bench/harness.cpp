@@ -59,8 +59,10 @@ std::vector<ProblemSpec> suite_cases(const std::string& suite, bool cuda, const 
     add(65536, 2048, 5632, half, Pattern::uniform, 0.005);
     add(4096, 2048, 5632, half, Pattern::uniform, 0.005);
     add(16384, 2048, 5632, DType::f16, Pattern::uniform, 0.005);
+  } else if (suite == "training") {  // its own cases and runner: bench/training.hpp
+    throw Error("bench::run", "suite", "an inference suite (training runs through run_training)", suite);
   } else {
-    throw Error("bench", "suite", "default, cpu, inference or custom", suite);
+    throw Error("bench", "suite", "default, cpu, inference, training or custom", suite);
   }
   return out;
 }
@@ -76,14 +78,14 @@ std::string device_slug(const std::string& device) {
   return slug;
 }
 
-namespace {
-
 bool use_cuda(const Options& o) {
   if (o.backend == "cuda") return true;
   if (o.backend == "cpu") return false;
   if (o.backend != "auto") throw Error("bench", "backend", "auto, cpu or cuda", o.backend);
   return cuda_device_count() > 0;
 }
+
+namespace {
 
 std::string fmt(const char* f, double a, double b = 0, double c = 0, double d = 0) {
   char buf[256];
@@ -97,6 +99,7 @@ std::vector<Row> run(const Options& o, std::ostream& progress) {
   const bool cuda = use_cuda(o);
   std::unique_ptr<Runner> runner = cuda ? make_cuda_runner() : make_cpu_runner();
   const auto specs = suite_cases(o.suite, cuda, o.custom);
+  const int warmup = o.warmup < 0 ? 4 : o.warmup, reps = o.reps < 0 ? 10 : o.reps;
   std::vector<Row> rows;
   for (size_t i = 0; i < specs.size(); ++i) {
     Row r;
@@ -119,10 +122,10 @@ std::vector<Row> run(const Options& o, std::ostream& progress) {
       r.error = r.tolerance = -1;
     }
     const Job jobs[] = {Job::dense, Job::gate, Job::twell};
-    for (int w = 0; w < o.warmup; ++w)
+    for (int w = 0; w < warmup; ++w)
       for (Job j : jobs) runner->warm(j);
     std::vector<double> ms[3];
-    for (int rep = 0; rep < o.reps; ++rep)
+    for (int rep = 0; rep < reps; ++rep)
       for (Job j : jobs) ms[int(j)].push_back(runner->time_once(j));
     r.dense = summarize(ms[int(Job::dense)]);
     r.gate = summarize(ms[int(Job::gate)]);
@@ -142,8 +145,6 @@ std::vector<Row> run(const Options& o, std::ostream& progress) {
   return rows;
 }
 
-namespace {
-
 void make_dirs(const std::string& path) {
   for (size_t i = 1; i <= path.size(); ++i)
     if (i == path.size() || path[i] == '/') ::mkdir(path.substr(0, i).c_str(), 0755);
@@ -161,8 +162,6 @@ std::string json_escape(const std::string& s) {
   for (char c : s) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
   return o;
 }
-
-}  // namespace
 
 void write_results(const std::vector<Row>& rows, const std::string& dir, const std::string& suite) {
   make_dirs(dir);

@@ -2,6 +2,7 @@
 // (three BLAS/cuBLAS GEMMs + the elementwise op, through the plan's force_dense path), the gate
 // GEMM alone (the floor of any sparse scheme that keeps the gate dense) and twell (automatic
 // dispatch), checks twell's output against the fp64 oracle, and writes one row per case.
+// The training suite (forward + backward, time and memory) is in training.hpp.
 #pragma once
 #include <cstdint>
 #include <iosfwd>
@@ -53,9 +54,11 @@ std::unique_ptr<Runner> make_cpu_runner();
 std::unique_ptr<Runner> make_cuda_runner();  // throws Error without CUDA or without a device
 
 struct Options {
-  std::string suite = "default";  // default | cpu | inference | sweep | custom
+  std::string suite = "default";  // default | cpu | inference | training | custom
   std::string backend = "auto";   // auto (CUDA when a device is present) | cpu | cuda
-  int warmup = 4, reps = 10;     // automatic dispatch times each path twice in its first runs
+  // -1: the suite's default: warm-up 4 (automatic dispatch times each path twice in its first
+  // runs) and 10 reps; training (bench/training.hpp) 2 and 10.
+  int warmup = -1, reps = -1;
   bool check = true;
   std::string out_dir;            // empty: bench/results/<device slug>/ under the source tree
   testing::ProblemSpec custom;    // the case of suite "custom"
@@ -63,6 +66,8 @@ struct Options {
 
 std::vector<testing::ProblemSpec> suite_cases(const std::string& suite, bool cuda,
                                               const testing::ProblemSpec& custom);
+// Whether o runs on CUDA: backend "cuda", or "auto" with a device present.
+bool use_cuda(const Options& o);
 // Runs the suite, printing a progress line per case to `progress`; returns the rows.
 std::vector<Row> run(const Options& o, std::ostream& progress);
 // Writes <dir>/<suite>.json and <dir>/<suite>.csv.
@@ -71,5 +76,10 @@ void print_table(const std::vector<Row>& rows, std::ostream& out);
 std::string device_slug(const std::string& device);  // "NVIDIA H100 80GB HBM3" -> "h100"
 
 Timing summarize(std::vector<double> ms);
+
+// Shared by the suites' writers.
+void make_dirs(const std::string& path);
+std::string csv_field(const std::string& s);   // quoted, inner quotes doubled
+std::string json_escape(const std::string& s);
 
 }  // namespace twell::bench

@@ -12,6 +12,9 @@
 //                allow at best; the compact rows compute this, up to fp32 accumulation).
 // The second term keeps the bound honest where few entries contribute (M = 1, sparse rows): there a
 // dense error can come out small by cancellation while the saved rounding alone does not.
+// dx and the first weight's gradient also get testing::gate_mask_slack: a gate value within fp32
+// summation noise of zero may take either ReLU mask (seen: TWELL_SEED=11400714624586974958 on the
+// M=5 K=2048 N=5632 edge_rows case, one such value moved dx by 3.5e-2 relative).
 #include "common.hpp"
 
 #ifdef TWELL_WITH_CUDA
@@ -257,14 +260,21 @@ void expect_matches_oracle(DeviceStep& d, const StepOutputs& o, const std::strin
   auto f32 = [](const std::vector<float>& v, int64_t r, int64_t c) {
     return ref::from_view(TensorView::matrix(const_cast<float*>(v.data()), DType::f32, r, c));
   };
+  const testing::MaskSlack slack = testing::gate_mask_slack(w, x, dy, f, coef);
+  using testing::with_slack;
+  const std::string ambiguous = " (" + std::to_string(slack.entries) + " gate values within fp32 noise of 0)";
   const ref::Matrix y = ref::from_view(TensorView::matrix(const_cast<uint8_t*>(o.y.data()), s.dtype, s.m, s.k));
   const ref::Matrix dx = ref::from_view(TensorView::matrix(const_cast<uint8_t*>(o.dx.data()), s.dtype, s.m, s.k));
   EXPECT_LE(ref::rel_error(y, f.y), test::tolerance(w, x, f.y, s.dtype)) << "y, " << where;
-  EXPECT_LE(ref::rel_error(dx, g.dx), tol(dense.dx, saved.dx, g.dx)) << "dx, " << where;
+  EXPECT_LE(ref::rel_error(dx, g.dx), with_slack(tol(dense.dx, saved.dx, g.dx), slack.dx, g.dx))
+      << "dx, " << where << ambiguous;
   if (gated)
-    EXPECT_LE(ref::rel_error(f32(o.dgate, s.n, s.k), g.dgate), tol(dense.dgate, saved.dgate, g.dgate))
-        << "dgate, " << where;
-  EXPECT_LE(ref::rel_error(f32(o.dup, s.n, s.k), g.dup), tol(dense.dup, saved.dup, g.dup)) << "dup, " << where;
+    EXPECT_LE(ref::rel_error(f32(o.dgate, s.n, s.k), g.dgate),
+              with_slack(tol(dense.dgate, saved.dgate, g.dgate), slack.dfirst, g.dgate))
+        << "dgate, " << where << ambiguous;
+  const double dup_slack = gated ? 0.0 : slack.dfirst;
+  EXPECT_LE(ref::rel_error(f32(o.dup, s.n, s.k), g.dup), with_slack(tol(dense.dup, saved.dup, g.dup), dup_slack, g.dup))
+      << "dup, " << where << ambiguous;
   EXPECT_LE(ref::rel_error(f32(o.ddown, s.n, s.k), g.ddown), tol(dense.ddown, saved.ddown, g.ddown))
       << "ddown, " << where;
 

@@ -200,6 +200,10 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
   tw.routed_rows = reinterpret_cast<int32_t*>(b.base + b.layout.routed_rows);
   tw.num_routed = &b.control->num_routed;
 
+  // K <= 2048: the warp-per-row kernel, which also runs the moderately dense routed rows from G
+  // and hands only the heavy ones to the tensor-core backup. Larger K: one CTA per compact row,
+  // every routed row to the backup.
+  const bool row_kernel = row_kernel_supports(dims_.k);
   PackArgs pack;
   pack.hidden = b.hidden;
   pack.out = tw;
@@ -214,10 +218,6 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
   compact.y = args.y.data;
   compact.hidden = dims_.k;
   compact.twell = tw;
-  // K <= 2048: the warp-per-row kernel, which also runs the moderately dense routed rows from G
-  // and hands only the heavy ones to the tensor-core backup. Larger K: one CTA per compact row,
-  // every routed row to the backup.
-  const bool row_kernel = row_kernel_supports(dims_.k);
   auto* heavy = reinterpret_cast<int32_t*>(b.base + b.layout.heavy_rows);
   if (row_kernel) {
     RowArgs row;

@@ -3,9 +3,11 @@
 //     a queue, one at a time: its x row and fp32 accumulators in registers; 32 TwELL entries
 //     decoded at once (one per lane), consumed two at a time (dot with Wu rows, warp butterfly,
 //     axpy of Wd rows). Rows over kLongRow entries are listed for the second kernel.
-//   long-row kernel: a CTA takes a long compact row or a routed row; every warp walks the same
-//     sequence of neuron pairs and takes every kWarps-th; partial sums are added in shared memory
-//     in warp order (deterministic). Routed rows are found by scanning the row of G.
+//   long-row kernel: a CTA takes a long compact row or a routed row. Long compact rows: every warp
+//     walks the same sequence of neuron pairs and takes every kWarps-th. Routed rows: warp 0
+//     gathers the row's active neurons from G into shared memory (kAhead vectors in flight per
+//     lane, a warp scan per 256 columns), then warp w consumes groups w, w + kWarps, ... of 32.
+//     Partial sums are added in shared memory in warp order (deterministic).
 //   thread: 8 consecutive columns of every 256-column chunk of K (16-byte loads).
 #include <string>
 
@@ -139,42 +141,6 @@ __device__ void compact_row(RowState<T, kKind, kChunks>& st, const TwellView& tw
   }
 }
 
-// Routed row: scans its row of G 32 x 8 values at a time; the active neurons of each step are
-// compacted by ballot and consumed. Returns false (nothing written) when the row holds more than
-// kHeavyRow active neurons: it then belongs to the tensor-core backup.
-template <typename T, FfnKind kKind, int kChunks>
-__device__ bool routed_row(RowState<T, kKind, kChunks>& st, const T* g_row, int64_t n, const T* up,
-                           const T* down, int64_t k, int lane) {
-  int active = 0;
-  for (int64_t c = int64_t(lane) * kVecElems; c - lane * kVecElems < n; c += RowConfig::kChunk)
-    active += c < n ? nonzero_count(load_readonly(g_row + c)) : 0;
-#pragma unroll
-  for (int s = kWarpSize / 2; s > 0; s >>= 1) active += __shfl_xor_sync(kFullMask, active, s);
-  if (active > RowConfig::kHeavyRow) return false;
-  for (int64_t c0 = 0; c0 < n; c0 += RowConfig::kChunk) {
-    const int64_t c = c0 + int64_t(lane) * kVecElems;
-    float v[kVecElems] = {};
-    if (c < n) unpack8<T>(load_readonly(g_row + c), v);
-#pragma unroll
-    for (int e = 0; e < kVecElems; ++e) {
-      // The lanes holding an active neuron at offset e, walked two at a time (uniform mask).
-      unsigned mask = __ballot_sync(kFullMask, v[e] > 0.0f);
-      while (mask != 0) {
-        const int s0 = __ffs(mask) - 1;
-        mask &= mask - 1;
-        const bool two = mask != 0;
-        const int s1 = two ? __ffs(mask) - 1 : s0;
-        if (two) mask &= mask - 1;
-        const float g0 = __shfl_sync(kFullMask, v[e], s0);
-        const float g1 = __shfl_sync(kFullMask, v[e], s1);
-        st.step(up, down, k, int(c0 + s0 * kVecElems + e), g0, int(c0 + s1 * kVecElems + e), g1,
-                two, lane);
-      }
-    }
-  }
-  return true;
-}
-
 // Entries of a compact row (sum of its tile counts), identical in every lane.
 __device__ int row_entries(const TwellView& tw, int64_t row, int lane) {
   const int num_tiles = int((tw.shape.cols + tw.shape.tile - 1) / tw.shape.tile);
@@ -198,6 +164,58 @@ struct KernelArgs {
   RunCounters* control;
 };
 
+// One warp gathers the active neurons of a row of G into `list` (column order, as (neuron, g bits)
+// pairs) while counting them, and stops once the row has more than kLimit. Returns the count
+// (identical in every lane); above kLimit the list is incomplete.
+template <int kLimit, typename T>
+__device__ int gather_row(const T* g_row, int64_t n, int2* list, int lane) {
+  constexpr int kAhead = 4;  // 16-byte vectors of G in flight per lane
+  int total = 0;
+  for (int64_t c0 = 0; c0 < n; c0 += kAhead * RowConfig::kChunk) {
+    uint4 v[kAhead];
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+      const int64_t c = c0 + j * RowConfig::kChunk + int64_t(lane) * kVecElems;
+      v[j] = c < n ? load_readonly(g_row + c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+      const int cnt = nonzero_count(v[j]);
+      int incl = cnt;  // inclusive prefix sum over the lanes
+#pragma unroll
+      for (int s = 1; s < kWarpSize; s <<= 1) {
+        const int o = __shfl_up_sync(kFullMask, incl, s);
+        if (lane >= s) incl += o;
+      }
+      const int chunk_total = __shfl_sync(kFullMask, incl, kWarpSize - 1);
+      if (total + chunk_total <= kLimit && cnt > 0) {
+        const uint32_t words[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+        int slot = total + incl - cnt;
+        const int col = int(c0 + j * RowConfig::kChunk) + lane * kVecElems;
+#pragma unroll
+        for (int e = 0; e < kVecElems; ++e) {
+          const uint32_t bits = e % 2 ? words[e / 2] >> 16 : words[e / 2] & 0xffffu;
+          if (bits & kMagnitudeBits)
+            list[slot++] = make_int2(col + e, __float_as_int(Elem<T>::to_float(*reinterpret_cast<const T*>(&bits))));
+        }
+      }
+      total += chunk_total;
+    }
+    if (total > kLimit) return total;
+  }
+  return total;
+}
+
+// Consumes list[first + 32 g] for the groups g = group0, group0 + step, ... of a list of `total`.
+template <typename T, FfnKind kKind, int kChunks>
+__device__ void consume_list(RowState<T, kKind, kChunks>& st, const int2* list, int total, int group0,
+                             int step, const T* up, const T* down, int64_t k, int lane) {
+  for (int e0 = group0 * kWarpSize; e0 < total; e0 += step * kWarpSize) {
+    const int2 entry = e0 + lane < total ? list[e0 + lane] : make_int2(0, 0);
+    st.consume(up, down, k, entry.x, __int_as_float(entry.y), min(kWarpSize, total - e0), lane);
+  }
+}
+
 template <typename T, FfnKind kKind, int kChunks>
 __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) row_ffn_kernel(KernelArgs a) {
   const int lane = threadIdx.x % kWarpSize;
@@ -209,24 +227,30 @@ __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) row_ffn_kernel(
     if (lane == 0) row = atomicAdd(&a.control->next_row, 1);
     row = __shfl_sync(kFullMask, row, 0);
     if (row >= tw.shape.rows) return;
+    RowState<T, kKind, kChunks> st;
     if (tw.row_slot[row] >= 0) continue;  // routed: the long-row kernel's
     if (row_entries(tw, row, lane) > RowConfig::kLongRow) {
       if (lane == 0) a.long_rows[atomicAdd(&a.control->num_long, 1)] = int32_t(row);
       continue;
     }
-    RowState<T, kKind, kChunks> st;
     st.load(static_cast<const T*>(a.x) + row * a.k, lane);
     compact_row(st, tw, up, down, a.k, row, lane);
     st.store(static_cast<T*>(a.y) + row * a.k, lane);
   }
 }
 
+// A CTA per item: long compact rows (TwELL entries, every kWarps-th neuron pair per warp) and rows
+// read from G (routed rows): warp 0 gathers the active neurons into
+// shared memory, each warp consumes every kWarps-th group of 32. Partial sums meet in shared
+// memory in warp order (deterministic).
 template <typename T, FfnKind kKind, int kChunks>
 __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) long_row_kernel(KernelArgs a) {
   constexpr int kCols = kChunks * RowConfig::kChunk;
   __shared__ float partial[RowConfig::kWarps][kCols];
+  __shared__ int2 list[RowConfig::kHeavyRow];
   __shared__ int64_t item_row;
-  __shared__ bool item_routed;
+  __shared__ bool item_from_g;
+  __shared__ int item_total;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const TwellView& tw = a.tw;
   const auto* up = static_cast<const T*>(a.up);
@@ -235,25 +259,37 @@ __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) long_row_kernel
   for (;;) {
     if (threadIdx.x == 0) {
       const int q = atomicAdd(&a.control->next_long, 1);
-      item_routed = q >= num_long;
+      item_from_g = q >= num_long;
       item_row = q < num_long ? a.long_rows[q] : q < num_long + num_routed ? tw.routed_rows[q - num_long] : -1;
     }
     __syncthreads();
     const int64_t row = item_row;
-    const bool routed = item_routed;
-    __syncthreads();  // every thread has read the item before thread 0 takes the next
+    const bool from_g = item_from_g;
     if (row < 0) return;
-    RowState<T, kKind, kChunks> st;
-    st.stride = RowConfig::kWarps;
-    st.offset = warp;
-    st.load(static_cast<const T*>(a.x) + row * a.k, lane);
-    if (!routed) {
-      compact_row(st, tw, up, down, a.k, row, lane);
-    } else if (!routed_row(st, static_cast<const T*>(a.hidden) + row * tw.shape.cols, tw.shape.cols,
-                           up, down, a.k, lane)) {
-      // Every warp counted the same active neurons: the whole CTA skips the row.
-      if (threadIdx.x == 0) a.heavy_rows[atomicAdd(&a.control->num_heavy, 1)] = int32_t(row);
+    if (from_g && warp == 0) {
+      const int total = gather_row<RowConfig::kHeavyRow>(
+          static_cast<const T*>(a.hidden) + row * tw.shape.cols, tw.shape.cols, list, lane);
+      if (lane == 0) {
+        item_total = total;
+        if (total > RowConfig::kHeavyRow)  // the tensor-core backup's
+          a.heavy_rows[atomicAdd(&a.control->num_heavy, 1)] = int32_t(row);
+      }
+    }
+    __syncthreads();  // the item and its list are complete; thread 0 may take the next item after
+                      // the barrier below
+    const int total = item_total;
+    if (from_g && total > RowConfig::kHeavyRow) {
+      __syncthreads();
       continue;
+    }
+    RowState<T, kKind, kChunks> st;
+    st.load(static_cast<const T*>(a.x) + row * a.k, lane);
+    if (from_g) {
+      consume_list(st, list, total, warp, RowConfig::kWarps, up, down, a.k, lane);
+    } else {
+      st.stride = RowConfig::kWarps;
+      st.offset = warp;
+      compact_row(st, tw, up, down, a.k, row, lane);
     }
 #pragma unroll
     for (int c = 0; c < kChunks; ++c)
@@ -268,15 +304,15 @@ __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) long_row_kernel
       for (int w = 0; w < RowConfig::kWarps; ++w) sum += partial[w][col];
       yrow[col] = Elem<T>::from_float(sum);
     }
-    __syncthreads();  // partial is rewritten by the next item
+    __syncthreads();  // partial, list and the item are rewritten by the next item
   }
 }
 
 template <typename T, FfnKind kKind, int kChunks>
 void launch_with(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const CompactArgs& c = a.compact;
-  const KernelArgs k{c.x, c.up, c.down, c.y, c.hidden, c.twell, a.hidden, a.heavy_rows, a.long_rows,
-                     a.control};
+  const KernelArgs k{c.x,           c.up,         c.down,      c.y,       c.hidden, c.twell,
+                     a.hidden,      a.heavy_rows, a.long_rows, a.control};
   const int64_t ctas = std::min<int64_t>(
       int64_t(dev.sm_count) * RowConfig::kCtasPerSm,
       (c.twell.shape.rows + RowConfig::kWarps - 1) / RowConfig::kWarps);

@@ -6,6 +6,7 @@
 
 #include "conformance.hpp"
 #include "harness.hpp"
+#include "training.hpp"
 #include "twell/twell.hpp"
 
 namespace {
@@ -16,11 +17,15 @@ usage: twell <command> [options]
 
 commands:
   bench   time dense (BLAS/cuBLAS) vs twell on a suite of FFN problems; writes JSON + CSV
+          (--suite training: one forward + backward, time and memory, dense vs twell)
   check   quick conformance run of every pattern and dtype against the fp64 oracle
   info    build, backends and devices
 
 bench options:
-  --suite NAME      default | cpu | inference | custom   (default: default)
+  --suite NAME      default | cpu | inference | training | custom   (default: default)
+                    training: gated bf16 M = 16384..131072, K = 2048, N = 5632 on CUDA (a small
+                    float32 case on CPU); dense = cuBLAS GEMMs + elementwise kernels; reports
+                    step time, bytes saved for backward, peak bytes, twell vs dense difference
   --backend NAME    auto | cpu | cuda   (auto: CUDA when a GPU is present)   (default: auto)
   --m M --k K --n N shape of a custom case (implies --suite custom)
   --density D       mean fraction of active neurons of a custom case (default 0.005)
@@ -28,14 +33,15 @@ bench options:
   --dtype T         float32 | bfloat16 | float16   (default: float32 on CPU, bfloat16 on CUDA)
   --kind K          gated | plain   (default gated)
   --reps R          timed repetitions per measurement, median reported (default 10)
-  --warmup W        untimed runs first (default 4)
+  --warmup W        untimed runs first (default 4; training 2)
   --out DIR         results folder (default bench/results/<device>)
-  --no-check        skip the comparison with the fp64 oracle
+  --no-check        skip the comparison with the fp64 oracle (training: with the dense step)
   --no-write        print only
 
 examples:
   twell bench                                   # hidden 2048, intermediate 5632, 99.5% sparse
   twell bench --suite cpu --backend cpu         # the CPU target table
+  twell bench --suite training --out DIR        # DIR/training.json, .csv
   twell bench --m 1 --k 4096 --n 11008 --density 0.01 --pattern uniform
   twell check --backend cpu
   twell info
@@ -93,18 +99,40 @@ int cmd_bench(const std::vector<std::string>& a) {
       if (k != "gated" && k != "plain") usage_error("--kind is gated or plain");
       o.custom.kind = k == "gated" ? twell::FfnKind::gated : twell::FfnKind::plain;
       custom = true;
-    } else if (f == "--reps") o.reps = int(number());
-    else if (f == "--warmup") o.warmup = int(number());
+    } else if (f == "--reps") {
+      o.reps = int(number());
+      if (o.reps < 1) usage_error("--reps must be >= 1");
+    } else if (f == "--warmup") {
+      o.warmup = int(number());
+      if (o.warmup < 0) usage_error("--warmup must be >= 0");
+    }
     else if (f == "--out") o.out_dir = value();
     else if (f == "--no-check") o.check = false;
     else if (f == "--no-write") write = false;
     else usage_error("unknown bench option " + f);
   }
+  if (custom && o.suite == "training")
+    usage_error("the training suite has fixed cases (--m, --k, --n, --density, --pattern, --dtype and "
+                "--kind set a custom inference case)");
   if (custom) o.suite = "custom";
   const bool cuda = o.backend == "cuda" || (o.backend == "auto" && twell::cuda_device_count() > 0);
   if (!dtype_set) o.custom.dtype = cuda ? twell::DType::bf16 : twell::DType::f32;
-  if (o.reps < 1) usage_error("--reps must be >= 1");
   std::cerr << "twell bench: suite " << o.suite << " on " << (cuda ? "CUDA" : "CPU") << "\n";
+  if (o.suite == "training") {
+    std::vector<std::string> errors;  // failed cases: reported, the others still written
+    const auto rows = twell::bench::run_training(o, std::cerr, &errors);
+    twell::bench::print_training_table(rows, std::cout);
+    if (write && !rows.empty()) {
+      const std::string dir =
+          o.out_dir.empty() ? "bench/results/" + twell::bench::device_slug(rows[0].device) : o.out_dir;
+      twell::bench::write_training_results(rows, dir, o.suite);
+      std::cout << "results: " << dir << "/" << o.suite << ".json, .csv\n";
+    }
+    for (const auto& e : errors) std::cerr << "twell: training case failed: " << e << "\n";
+    for (const auto& r : rows)
+      if (!r.ok()) return 1;
+    return errors.empty() ? 0 : 1;
+  }
   const auto rows = twell::bench::run(o, std::cerr);
   twell::bench::print_table(rows, std::cout);
   if (write && !rows.empty()) {

@@ -1,0 +1,265 @@
+#include "training.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <ostream>
+#include <sstream>
+
+namespace twell::bench {
+
+using testing::Pattern;
+using testing::ProblemSpec;
+
+namespace {
+
+constexpr double kL1Coef = 2e-5;  // the paper's order of magnitude; TrainingOptions.l1_coef
+
+// Where twell and the dense baseline must agree (max relative Frobenius difference over y, dx and
+// the weight gradients): both round to the dtype at different points (the dense layer stores
+// G, U, h, dh, dg, du in it; twell keeps dh and h in fp32): 16-bit types differ by rounding only.
+double grad_tolerance(DType t) { return t == DType::f32 ? 1e-4 : 2e-2; }
+
+// ||a - b|| / ||b|| over n elements (b: the dense baseline); NaN stays NaN (a poisoned output).
+double rel_diff(const void* a, const void* b, DType t, size_t n) {
+  double num = 0, den = 0;
+#pragma omp parallel for schedule(static) reduction(+ : num, den)
+  for (int64_t i = 0; i < int64_t(n); ++i) {
+    const double x = load_float(a, t, i), y = load_float(b, t, i);
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+double rel_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, DType t) {
+  if (a.size() != b.size()) throw Error("bench training", "outputs", "equal sizes", "different sizes");
+  return rel_diff(a.data(), b.data(), t, a.size() / dtype_size(t));
+}
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) throw Error("bench training", "gradients", "equal sizes", "different sizes");
+  return rel_diff(a.data(), b.data(), DType::f32, a.size());
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string timing_json(const Timing& t) {
+  return "{\"median\": " + fmt("%.4f", t.median) + ", \"p20\": " + fmt("%.4f", t.p20) +
+         ", \"p80\": " + fmt("%.4f", t.p80) + "}";
+}
+
+}  // namespace
+
+size_t training_common_bytes(const ProblemSpec& s) {
+  const size_t m = size_t(s.m), k = size_t(s.k), n = size_t(s.n), es = dtype_size(s.dtype);
+  return 4 * m * k * es          // x, dy, y, dx
+         + 3 * n * k * es        // Wg, Wu (one [2N, K] buffer), Wd
+         + 3 * n * k * sizeof(float)  // dWg, dWu, dWd
+         + 2 * sizeof(float);    // stats
+}
+
+TrainingMemory dense_training_memory(const ProblemSpec& s, size_t blas_workspace) {
+  const size_t mn = size_t(s.m) * size_t(s.n), es = dtype_size(s.dtype);
+  TrainingMemory mem;
+  mem.saved = 2 * mn * es;  // [relu(G) | U]; h is recomputed in backward
+  mem.peak = training_common_bytes(s) + mem.saved + 2 * mn * es /* [dg | du] */ + mn * es /* h */ +
+             blas_workspace;
+  return mem;
+}
+
+TrainingMemory twell_training_memory(const ProblemSpec& s, size_t saved, size_t workspace) {
+  return {saved, training_common_bytes(s) + saved + workspace};
+}
+
+std::vector<ProblemSpec> training_cases(bool cuda) {
+  std::vector<ProblemSpec> out;
+  auto add = [&](int64_t m, DType dt, Pattern p, double d) {
+    ProblemSpec s;
+    s.kind = FfnKind::gated, s.m = m, s.k = 2048, s.n = 5632, s.dtype = dt, s.pattern = p, s.density = d;
+    s.seed = 4321 + out.size();
+    out.push_back(s);
+  };
+  if (cuda) {
+    const DType t = DType::bf16;
+    for (double d : {0.005, 0.01, 0.02, 0.05, 0.16}) add(16384, t, Pattern::uniform, d);
+    for (double d : {0.005, 0.01, 0.02}) add(16384, t, Pattern::heavy_tailed, d);
+    for (int64_t m : {65536, 131072}) add(m, t, Pattern::uniform, 0.005);
+  } else {  // a small check of the same code path: the CPU plan against a CBLAS dense step
+    for (Pattern p : {Pattern::uniform, Pattern::heavy_tailed}) add(256, DType::f32, p, 0.005);
+  }
+  return out;
+}
+
+std::vector<uint8_t> make_upstream_gradient(const ProblemSpec& s) {
+  // As tests/test_cuda_training.cpp does: the x of a second, unrelated problem.
+  ProblemSpec g;
+  g.kind = s.kind, g.m = s.m, g.k = s.k, g.n = 1, g.dtype = s.dtype, g.pattern = Pattern::uniform;
+  g.density = 0.5, g.hot_tile = 64, g.seed = s.seed + 1;
+  return testing::make_problem(g).x;
+}
+
+namespace {
+
+// One case: load, both steps once and compared, warm-up, interleaved timed reps, memory.
+TrainingRow run_case(TrainingRunner& runner, const ProblemSpec& s, const Options& o, int warmup, int reps) {
+  TrainingRow r;
+  r.suite = o.suite;
+  r.device = runner.device();
+  r.backend = runner.backend();
+  r.spec = s;
+  r.l1_coef = kL1Coef;
+  {  // the host copies go once uploaded
+    const testing::Problem p = testing::make_problem(s);
+    runner.load(p, make_upstream_gradient(s), kL1Coef);
+  }
+  const TrainingOutputs tw = runner.run_once(TrainJob::twell);
+  r.l0 = tw.stats[0];
+  r.l1 = tw.stats[1];
+  r.density = s.n ? r.l0 / double(s.n) : 0;
+  r.routed_rows = tw.routed_rows;
+  if (o.check) {
+    const TrainingOutputs de = runner.run_once(TrainJob::dense);
+    r.diff_y = rel_diff(tw.y, de.y, s.dtype);
+    r.diff_dx = rel_diff(tw.dx, de.dx, s.dtype);
+    r.diff_dgate = rel_diff(tw.dgate, de.dgate);
+    r.diff_dup = rel_diff(tw.dup, de.dup);
+    r.diff_ddown = rel_diff(tw.ddown, de.ddown);
+    r.grad_rel_diff = 0;
+    for (double d : {r.diff_y, r.diff_dx, r.diff_dgate, r.diff_dup, r.diff_ddown})
+      r.grad_rel_diff = std::isnan(d) || std::isnan(r.grad_rel_diff) ? NAN : std::max(r.grad_rel_diff, d);
+    r.grad_tolerance = grad_tolerance(s.dtype);
+  }
+  const TrainJob jobs[] = {TrainJob::dense, TrainJob::twell};
+  for (int w = 0; w < warmup; ++w)
+    for (TrainJob j : jobs) runner.warm(j);
+  std::vector<double> ms[2];
+  for (int rep = 0; rep < reps; ++rep)
+    for (TrainJob j : jobs) ms[int(j)].push_back(runner.time_once(j));
+  r.dense = summarize(ms[int(TrainJob::dense)]);
+  r.twell = summarize(ms[int(TrainJob::twell)]);
+  r.speedup = r.dense.median / r.twell.median;
+  r.dense_mem = runner.memory(TrainJob::dense);
+  r.twell_mem = runner.memory(TrainJob::twell);
+  r.saved_ratio = double(r.dense_mem.saved) / double(r.twell_mem.saved);
+  r.peak_ratio = double(r.dense_mem.peak) / double(r.twell_mem.peak);
+  const double flop = 18.0 * double(s.m) * double(s.k) * double(s.n);
+  r.dense_tflops = flop / (r.dense.median * 1e-3) / 1e12;
+  r.twell_tflops = flop / (r.twell.median * 1e-3) / 1e12;
+  return r;
+}
+
+}  // namespace
+
+std::vector<TrainingRow> run_training(const Options& o, std::ostream& progress,
+                                      std::vector<std::string>* errors) {
+  const bool cuda = use_cuda(o);
+  std::unique_ptr<TrainingRunner> runner = cuda ? make_cuda_training_runner() : make_cpu_training_runner();
+  const auto specs = training_cases(cuda);
+  const int warmup = o.warmup < 0 ? 2 : o.warmup, reps = o.reps < 0 ? 10 : o.reps;
+  std::vector<TrainingRow> rows;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    progress << "[" << i + 1 << "/" << specs.size() << "] training " << specs[i].describe() << " ..."
+             << std::flush;
+    TrainingRow r;
+    try {
+      r = run_case(*runner, specs[i], o, warmup, reps);
+      runner->release();  // each case's buffers go before the next one's
+    } catch (const std::exception& e) {
+      runner->release();
+      if (!errors) throw;
+      errors->push_back(specs[i].describe() + ": " + e.what());
+      progress << " FAILED: " << e.what() << "\n";
+      continue;
+    }
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  " dense %.3f ms, twell %.3f ms, %.2fx, density %.3f%%, routed %lld, saved %.1f/%.1f MB "
+                  "(%.2fx), peak %.2f/%.2f GB (%.2fx), grad diff %.2e%s\n",
+                  r.dense.median, r.twell.median, r.speedup, 100 * r.density, (long long)r.routed_rows,
+                  r.dense_mem.saved / 1e6, r.twell_mem.saved / 1e6, r.saved_ratio, r.dense_mem.peak / 1e9,
+                  r.twell_mem.peak / 1e9, r.peak_ratio, r.grad_rel_diff,
+                  o.check && !r.ok() ? "  TWELL AND DENSE DISAGREE" : "");
+    progress << line;
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+void write_training_results(const std::vector<TrainingRow>& rows, const std::string& dir,
+                            const std::string& suite) {
+  make_dirs(dir);
+  std::ofstream js(dir + "/" + suite + ".json"), csv(dir + "/" + suite + ".csv");
+  if (!js || !csv) throw Error("bench", "out dir", "a writable folder", dir);
+  csv << "suite,device,backend,kind,dtype,M,K,N,pattern,target_density,density,l0,l1,l1_coef,"
+         "dense_ms,dense_p20,dense_p80,twell_ms,twell_p20,twell_p80,speedup,saved_bytes_dense,"
+         "saved_bytes_twell,saved_ratio,peak_bytes_dense,peak_bytes_twell,peak_ratio,routed_rows,"
+         "diff_y,diff_dx,diff_dgate,diff_dup,diff_ddown,grad_rel_diff,grad_tolerance,dense_tflops,"
+         "twell_tflops\n";
+  js << "[\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const TrainingRow& r = rows[i];
+    const ProblemSpec& s = r.spec;
+    const auto bytes = [](size_t b) { return std::to_string(b); };
+    std::ostringstream c;
+    c << r.suite << "," << csv_field(r.device) << "," << r.backend << "," << ffn_kind_name(s.kind) << ","
+      << dtype_name(s.dtype) << "," << s.m << "," << s.k << "," << s.n << "," << testing::pattern_name(s.pattern)
+      << "," << fmt("%.5f", s.density) << "," << fmt("%.5f", r.density) << "," << fmt("%.3f", r.l0) << ","
+      << fmt("%.5g", r.l1) << "," << fmt("%.3g", r.l1_coef) << "," << fmt("%.4f", r.dense.median) << "," << fmt("%.4f", r.dense.p20)
+      << "," << fmt("%.4f", r.dense.p80) << "," << fmt("%.4f", r.twell.median) << ","
+      << fmt("%.4f", r.twell.p20) << "," << fmt("%.4f", r.twell.p80) << "," << fmt("%.3f", r.speedup) << ","
+      << bytes(r.dense_mem.saved) << "," << bytes(r.twell_mem.saved) << "," << fmt("%.3f", r.saved_ratio)
+      << "," << bytes(r.dense_mem.peak) << "," << bytes(r.twell_mem.peak) << "," << fmt("%.3f", r.peak_ratio)
+      << "," << r.routed_rows << "," << fmt("%.3e", r.diff_y) << "," << fmt("%.3e", r.diff_dx) << ","
+      << fmt("%.3e", r.diff_dgate) << "," << fmt("%.3e", r.diff_dup) << "," << fmt("%.3e", r.diff_ddown)
+      << "," << fmt("%.3e", r.grad_rel_diff) << "," << fmt("%.3e", r.grad_tolerance) << ","
+      << fmt("%.2f", r.dense_tflops) << "," << fmt("%.2f", r.twell_tflops) << "\n";
+    csv << c.str();
+    // JSON has no NaN: a NaN difference (an output left unwritten) is written as null.
+    const auto num = [](const char* f, double v) { return std::isfinite(v) ? fmt(f, v) : std::string("null"); };
+    std::ostringstream j;
+    j << "  {\"suite\": \"" << json_escape(r.suite) << "\", \"device\": \"" << json_escape(r.device)
+      << "\", \"backend\": \"" << r.backend << "\", \"kind\": \"" << ffn_kind_name(s.kind) << "\", \"dtype\": \""
+      << dtype_name(s.dtype) << "\", \"M\": " << s.m << ", \"K\": " << s.k << ", \"N\": " << s.n
+      << ", \"pattern\": \"" << testing::pattern_name(s.pattern) << "\", \"target_density\": "
+      << fmt("%.5f", s.density) << ", \"density\": " << num("%.5f", r.density) << ", \"l0\": "
+      << num("%.3f", r.l0) << ", \"l1\": " << num("%.5g", r.l1) << ", \"l1_coef\": " << fmt("%.3g", r.l1_coef)
+      << ", \"dense_ms\": " << timing_json(r.dense) << ", \"twell_ms\": " << timing_json(r.twell)
+      << ", \"speedup\": " << num("%.3f", r.speedup) << ", \"saved_bytes_dense\": " << r.dense_mem.saved
+      << ", \"saved_bytes_twell\": " << r.twell_mem.saved << ", \"saved_ratio\": " << num("%.3f", r.saved_ratio)
+      << ", \"peak_bytes_dense\": " << r.dense_mem.peak << ", \"peak_bytes_twell\": " << r.twell_mem.peak
+      << ", \"peak_ratio\": " << num("%.3f", r.peak_ratio) << ", \"routed_rows\": " << r.routed_rows
+      << ", \"rel_diff\": {\"y\": " << num("%.3e", r.diff_y) << ", \"dx\": " << num("%.3e", r.diff_dx)
+      << ", \"dgate\": " << num("%.3e", r.diff_dgate) << ", \"dup\": " << num("%.3e", r.diff_dup)
+      << ", \"ddown\": " << num("%.3e", r.diff_ddown) << "}, \"grad_rel_diff\": "
+      << num("%.3e", r.grad_rel_diff) << ", \"grad_tolerance\": " << fmt("%.3e", r.grad_tolerance)
+      << ", \"dense_tflops\": " << num("%.2f", r.dense_tflops) << ", \"twell_tflops\": "
+      << num("%.2f", r.twell_tflops) << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+    js << j.str();
+  }
+  js << "]\n";
+}
+
+void print_training_table(const std::vector<TrainingRow>& rows, std::ostream& out) {
+  out << "device   | M x K x N              | dtype    | pattern      | density | dense ms | twell ms "
+         "| speedup | saved MB dense/twell   | peak GB dense/twell | routed | grad diff\n";
+  for (const TrainingRow& r : rows) {
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "%-8s | %6lld x %5lld x %6lld | %-8s | %-12s | %6.3f%% | %8.3f | %8.3f | %6.2fx | "
+                  "%7.1f/%6.1f (%5.2fx) | %5.2f/%5.2f (%4.2fx) | %6lld | %.2e%s\n",
+                  device_slug(r.device).c_str(), (long long)r.spec.m, (long long)r.spec.k,
+                  (long long)r.spec.n, dtype_name(r.spec.dtype), testing::pattern_name(r.spec.pattern),
+                  100 * r.density, r.dense.median, r.twell.median, r.speedup, r.dense_mem.saved / 1e6,
+                  r.twell_mem.saved / 1e6, r.saved_ratio, r.dense_mem.peak / 1e9, r.twell_mem.peak / 1e9,
+                  r.peak_ratio, (long long)r.routed_rows, r.grad_rel_diff, r.ok() ? "" : " (disagree)");
+    out << line;
+  }
+}
+
+}  // namespace twell::bench

@@ -1,0 +1,18 @@
+// Launchers of the dense baseline's elementwise passes (training_dense_kernels.cu; the math is in
+// training_dense.hpp). bf16 or fp16; buffers as in DenseStepBuffers; stream: a cudaStream_t.
+// Throws twell::Error for another dtype or a failed launch.
+#pragma once
+#include <cstdint>
+
+#include "twell/dtype.hpp"
+
+namespace twell::bench {
+
+// gu [M, 2N] = [G | U]: G <- relu(G) in place; h [M, N] = relu(G) * U.
+void launch_dense_forward_elementwise(void* gu, void* h, int64_t m, int64_t n, DType t, void* stream);
+// d [M, 2N], dh in its left half: d <- [dg | du] with t = dh + l1_over_m sign(h),
+// dg = t U [G > 0], du = t relu(G); h [M, N] <- relu(G) * U (recomputed from gu).
+void launch_dense_backward_elementwise(void* d, void* h, const void* gu, int64_t m, int64_t n,
+                                       float l1_over_m, DType t, void* stream);
+
+}  // namespace twell::bench
