@@ -21,6 +21,39 @@ inline bool small_only() {
   return s != nullptr && *s != '\0' && *s != '0';
 }
 
+// A test case (either CUDA test's Case: kind, dtype, pattern, density, shape, tile and capacity;
+// tile and capacity 0 are the backend's defaults) with its other fields defaulted.
+template <typename Case>
+Case problem_case(FfnKind kind, DType dtype, Pattern pattern, double density, int64_t m, int64_t k,
+                  int64_t n, int32_t tile = 0, int32_t capacity = 0) {
+  Case c;
+  c.kind = kind;
+  c.dtype = dtype;
+  c.pattern = pattern;
+  c.density = density;
+  c.m = m;
+  c.k = k;
+  c.n = n;
+  c.tile = tile;
+  c.capacity = capacity;
+  return c;
+}
+
+// The problem of a case, with a seed from the session seed and `salt`.
+template <typename Case>
+ProblemSpec spec_of(const Case& c, uint64_t salt) {
+  ProblemSpec s;
+  s.kind = c.kind;
+  s.dtype = c.dtype;
+  s.pattern = c.pattern;
+  s.density = c.density;
+  s.m = c.m;
+  s.k = c.k;
+  s.n = c.n;
+  s.seed = seed(salt);
+  return s;
+}
+
 inline bool has_device() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

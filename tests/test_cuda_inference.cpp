@@ -159,31 +159,15 @@ std::vector<Case> sparse_cases() {
     for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
       for (const PatternDensity& pd : kAllPatterns)
         for (const Shape& s : shapes) {
-          Case c;
-          c.kind = kind;
-          c.dtype = dt;
-          c.pattern = pd.pattern;
-          c.density = pd.density;
-          c.m = s.m;
-          c.k = s.k;
-          c.n = s.n;
-          out.push_back(c);
+          out.push_back(problem_case<Case>(kind, dt, pd.pattern, pd.density, s.m, s.k, s.n));
         }
   // Non-default tiles and capacities (capacity 1 routes nearly everything; capacity = tile none).
   struct TileCap { int32_t tile, capacity; };
   for (DType dt : {DType::bf16, DType::f16})
     for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
       for (TileCap tc : {TileCap{64, 8}, TileCap{128, 1}, TileCap{256, 256}}) {
-        Case c;
-        c.kind = kind;
-        c.dtype = dt;
-        c.pattern = Pattern::edge_rows;
-        c.m = 257;
-        c.k = 136;
-        c.n = 1000;
-        c.tile = tc.tile;
-        c.capacity = tc.capacity;
-        out.push_back(c);
+        out.push_back(problem_case<Case>(kind, dt, Pattern::edge_rows, 0.05,
+            257, 136, 1000, tc.tile, tc.capacity));
       }
   if (small) return out;
   // LLM-sized (hidden 2048, intermediate 5632): small M only, the oracle is slow there.
@@ -198,15 +182,7 @@ std::vector<Case> sparse_cases() {
       {FfnKind::plain, DType::f16, Pattern::uniform, 0.005, 1},
   };
   for (const Llm& l : llm) {
-    Case c;
-    c.kind = l.kind;
-    c.dtype = l.dtype;
-    c.pattern = l.pattern;
-    c.density = l.density;
-    c.m = l.m;
-    c.k = 2048;
-    c.n = 5632;
-    out.push_back(c);
+    out.push_back(problem_case<Case>(l.kind, l.dtype, l.pattern, l.density, l.m, 2048, 5632));
   }
   // 7B-class (4096 x 11008), a few rows.
   Case big;
@@ -232,41 +208,18 @@ std::vector<Case> dispatch_cases() {
                                   PatternDensity{Pattern::all_zero, 0.0},
                                   PatternDensity{Pattern::all_dense, 1.0}})
           for (const Shape& s : shapes) {
-            Case c;
-            c.kind = kind;
-            c.dtype = dt;
-            c.pattern = pd.pattern;
-            c.density = pd.density;
-            c.m = s.m;
-            c.k = s.k;
-            c.n = s.n;
+            Case c = problem_case<Case>(kind, dt, pd.pattern, pd.density, s.m, s.k, s.n);
             c.dispatch = dispatch;
             out.push_back(c);
           }
   if (small) return out;
   for (Dispatch dispatch : {Dispatch::force_dense, Dispatch::automatic}) {
-    Case c;
-    c.density = 0.005;
-    c.m = 7;
-    c.k = 2048;
-    c.n = 5632;
+    Case c = problem_case<Case>(FfnKind::gated, DType::bf16, Pattern::uniform, 0.005,
+        7, 2048, 5632);
     c.dispatch = dispatch;
     out.push_back(c);
   }
   return out;
-}
-
-ProblemSpec spec_of(const Case& c, uint64_t salt) {
-  ProblemSpec s;
-  s.kind = c.kind;
-  s.dtype = c.dtype;
-  s.pattern = c.pattern;
-  s.density = c.density;
-  s.m = c.m;
-  s.k = c.k;
-  s.n = c.n;
-  s.seed = seed(salt);
-  return s;
 }
 
 InferenceOptions options_of(const Case& c) {
@@ -365,14 +318,7 @@ std::vector<Case> counter_cases() {
   std::vector<Case> out;
   for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
     for (const PatternDensity& pd : kAllPatterns) {
-      Case c;
-      c.kind = kind;
-      c.pattern = pd.pattern;
-      c.density = pd.density;
-      c.m = 257;
-      c.k = 136;
-      c.n = 1000;
-      out.push_back(c);
+      out.push_back(problem_case<Case>(kind, DType::bf16, pd.pattern, pd.density, 257, 136, 1000));
     }
   Case narrow;
   narrow.pattern = Pattern::heavy_tailed;

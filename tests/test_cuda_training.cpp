@@ -329,19 +329,6 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 constexpr double kOptionsL1 = 0.05;  // options.l1_coef of every case
 constexpr float kTensorL1 = 0.07f;   // the l1_coef tensor's value where a case passes one
 
-ProblemSpec spec_of(const Case& c, uint64_t salt) {
-  ProblemSpec s;
-  s.kind = c.kind;
-  s.dtype = c.dtype;
-  s.pattern = c.pattern;
-  s.density = c.density;
-  s.m = c.m;
-  s.k = c.k;
-  s.n = c.n;
-  s.seed = seed(salt);
-  return s;
-}
-
 TrainingOptions options_of(const Case& c) {
   TrainingOptions o;
   o.tile = c.tile;
@@ -370,15 +357,7 @@ std::vector<Case> sweep_cases() {
         if (pd.pattern == Pattern::edge_rows || pd.pattern == Pattern::heavy_tailed)
           shapes.push_back({257, 136, 1000});
         for (const Shape& sh : shapes) {
-          Case c;
-          c.kind = kind;
-          c.dtype = dt;
-          c.pattern = pd.pattern;
-          c.density = pd.density;
-          c.m = sh.m;
-          c.k = sh.k;
-          c.n = sh.n;
-          out.push_back(c);
+          out.push_back(problem_case<Case>(kind, dt, pd.pattern, pd.density, sh.m, sh.k, sh.n));
         }
       }
   // Narrow tiles with small capacities: a mix of compact and routed rows in every step (capacity 1
@@ -387,30 +366,13 @@ std::vector<Case> sweep_cases() {
   for (DType dt : {DType::bf16, DType::f16})
     for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
       for (TileCap tc : {TileCap{64, 2}, TileCap{128, 1}, TileCap{256, 256}}) {
-        Case c;
-        c.kind = kind;
-        c.dtype = dt;
-        c.pattern = Pattern::uniform;
-        c.density = 0.03;
-        c.m = 257;
-        c.k = 136;
-        c.n = 1000;
-        c.tile = tc.tile;
-        c.capacity = tc.capacity;
-        out.push_back(c);
+        out.push_back(problem_case<Case>(kind, dt, Pattern::uniform, 0.03,
+            257, 136, 1000, tc.tile, tc.capacity));
       }
   // The coefficient from a device tensor (it overrides options.l1_coef).
   for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
     for (DType dt : {DType::bf16, DType::f16}) {
-      Case c;
-      c.kind = kind;
-      c.dtype = dt;
-      c.pattern = Pattern::edge_rows;
-      c.m = 7;
-      c.k = 64;
-      c.n = 520;
-      c.tile = 64;
-      c.capacity = 4;
+      Case c = problem_case<Case>(kind, dt, Pattern::edge_rows, 0.05, 7, 64, 520, 64, 4);
       c.l1_from = L1From::tensor;
       out.push_back(c);
     }
@@ -423,15 +385,7 @@ std::vector<Case> sweep_cases() {
       {FfnKind::plain, DType::f16, Pattern::uniform, 0.01, 3},
   };
   for (const Llm& l : llm) {
-    Case c;
-    c.kind = l.kind;
-    c.dtype = l.dtype;
-    c.pattern = l.pattern;
-    c.density = l.density;
-    c.m = l.m;
-    c.k = 2048;
-    c.n = 5632;
-    out.push_back(c);
+    out.push_back(problem_case<Case>(l.kind, l.dtype, l.pattern, l.density, l.m, 2048, 5632));
   }
   return out;
 }

@@ -35,7 +35,7 @@ struct CompactConfig {
   static constexpr int kMaxTiles = 65536 / kMinTile;  // tile counts of one row staged in shared memory
 };
 
-// The tensor-core GEMMs of the routed-row backup (routed_gemm.cu).
+// The tensor-core GEMMs over routed rows (routed_gemm.cu): inference's backup, training's routed rows.
 struct RoutedGemmConfig {
   static constexpr int kBlockM = 64;     // routed rows per CTA tile
   static constexpr int kBlockN = 64;     // output columns per CTA tile

@@ -1,20 +1,26 @@
-// Exact dense backup of routed rows on tensor cores. The routed row count R = *num_routed exists
-// only on the device, so both GEMMs run on persistent grids sized for R = M whose CTAs walk the
-// tiles of [R, n_out] and exit past them: R = 0 costs one launch each, R = M is a full GEMM.
-//   gated:  G[r, :] <- G[r, :] * (x[r] Wu^T)   (in place; tiles whose G is all zero are skipped)
-//   both:   y[r, :]  = G[r, :] Wd
-//   CTA: one kBlockM x kBlockN output tile at a time (rows gathered through routed_rows).
+// Tensor-core GEMMs over routed rows, D [rows, cols] = A [rows, depth] B, where the routed row
+// count R = *count (known only on the device) is either the output rows (inference's dense backup;
+// training's recompute of g / u / dh and its input gradient) or the reduction depth (training's
+// weight gradients). Grids are sized for R = M and persistent; CTAs walk the tiles of the current
+// problem and exit past them: R = 0 costs one launch, R = M is a full GEMM.
+//   inference backup, rows r of routed_rows:
+//     gated:  G[r, :] <- G[r, :] * (x[r] Wu^T)   (in place; tiles whose G is all zero are skipped)
+//     both:   y[r, :]  = G[r, :] Wd
+//   CTA: one kBlockM x kBlockN output tile at a time; rows of A and B gathered through the routed
+//        order, output rows scattered through it (store) or accumulated in place (fp32, one CTA per
+//        tile, a fixed reduction order: deterministic).
 //   warp: a 32 x 32 sub-tile = 2 x 2 WMMA 16x16x16 fragments, fp32 accumulators.
-//   thread: cp.async copies of 16-byte vectors of the A rows and B slices (double-buffered).
+//   thread: cp.async copies of 16-byte vectors of the A and B slices (double-buffered).
 #include <mma.h>
 
 #include <algorithm>
 #include <type_traits>
 
-#include "cuda/config.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/element.cuh"
+#include "cuda/config.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/train_kernels.hpp"
 
 namespace twell::gpu {
 
@@ -37,41 +43,57 @@ constexpr int kVectorBytes = 16;
 static_assert(Cfg::kStages == 2, "the pipeline below is written for double buffering");
 static_assert(kWarpTileM % kFrag == 0 && kWarpTileN % kFrag == 0 && Cfg::kBlockK % kFrag == 0,
               "warp tiles and the K slice must be whole WMMA fragments");
-static_assert(Cfg::kBlockN % kVecElems == 0 && Cfg::kBlockK % kVecElems == 0,
+static_assert(Cfg::kBlockM % kVecElems == 0 && Cfg::kBlockN % kVecElems == 0 &&
+                  Cfg::kBlockK % kVecElems == 0,
               "tiles must be whole 16-byte vectors");
 
+enum class ALayout : uint8_t {
+  row_major,  // A stored [rows][lda]: row i gathered through a_rows
+  col_major,  // A stored [depth][lda]: A(i, k) = a[k * lda + i] (a gradient read transposed)
+};
 enum class BLayout : uint8_t {
-  n_by_k,  // B stored [n_out, k] (Wu: the product uses its transpose)
-  k_by_n,  // B stored [k, n_out] (Wd)
+  n_by_k,  // B stored [cols][ldb]: B(k, j) = b[j * ldb + k] (a weight used transposed)
+  k_by_n,  // B stored [depth][ldb]: row k gathered through b_rows, or from b / b_second by b_split
 };
 enum class Epilogue : uint8_t {
-  gate_product,  // out <- out * acc, in place (h = g * u)
-  store,         // out <- acc
+  gate_product,  // out[out_rows[i]] *= acc in place, rounded to T (h = g * u); tiles of zero g skipped
+  store,       // out[out_rows[i]] = acc, rounded to T
+  store_relu,  // the same with max(acc, 0)
+  accumulate,  // out[i] += acc, fp32
 };
+enum class Routed : uint8_t { rows, depth };  // which extent is *count
 
-struct GemmParams {
-  const void* a = nullptr;   // row of routed slot s: a + routed_rows[s] * lda, k values
+struct Params {
+  const void* a = nullptr;
   int64_t lda = 0;
-  const void* b = nullptr;   // see BLayout
+  const int32_t* a_rows = nullptr;    // row_major: stored row of output row i (nullptr: i)
+  const void* b = nullptr;
   int64_t ldb = 0;
-  void* out = nullptr;       // row of routed slot s: out + routed_rows[s] * ldo, n_out values
+  const int32_t* b_rows = nullptr;    // k_by_n: stored row of reduction index k (nullptr: k)
+  const void* b_second = nullptr;     // k_by_n without b_rows: rows k >= b_split come from here
+  int64_t b_split = 0;
+  void* out = nullptr;
   int64_t ldo = 0;
-  int64_t n_out = 0;
-  int64_t k = 0;
-  const int32_t* routed_rows = nullptr;
-  const int32_t* num_routed = nullptr;
+  const int32_t* out_rows = nullptr;  // stored row of output row i (nullptr: i)
+  int64_t rows = 0;                   // output rows (the worst case when routed == rows)
+  int64_t cols = 0;
+  int64_t depth = 0;                  // reduction length (ignored when routed == depth)
+  Routed routed = Routed::rows;
+  const int32_t* count = nullptr;
 };
 
-template <typename T, BLayout kB>
+template <typename T, ALayout kA, BLayout kB>
 struct Shared {
-  static constexpr int kARow = Cfg::kBlockK + kPad;
+  static constexpr int kARows = kA == ALayout::row_major ? Cfg::kBlockM : Cfg::kBlockK;
+  static constexpr int kARow = (kA == ALayout::row_major ? Cfg::kBlockK : Cfg::kBlockM) + kPad;
   static constexpr int kBRows = kB == BLayout::n_by_k ? Cfg::kBlockN : Cfg::kBlockK;
   static constexpr int kBRow = (kB == BLayout::n_by_k ? Cfg::kBlockK : Cfg::kBlockN) + kPad;
   static constexpr int kAccRow = Cfg::kBlockN + kAccPad;
-  alignas(128) T a[Cfg::kStages][Cfg::kBlockM][kARow];
+  alignas(128) T a[Cfg::kStages][kARows][kARow];
   alignas(128) T b[Cfg::kStages][kBRows][kBRow];
   alignas(128) float acc[Cfg::kBlockM][kAccRow];
-  int32_t rows[Cfg::kBlockM];  // routed row of each tile row, -1 past R
+  int32_t a_row[Cfg::kBlockM];    // stored A row of each tile row, -1 past the rows
+  int32_t out_row[Cfg::kBlockM];  // output row of each tile row, -1 past the rows
 };
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
@@ -85,75 +107,109 @@ __device__ __forceinline__ void cp_async_wait_all_but_one() {
   asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 }
 
-template <typename T, BLayout kB>
-__device__ __forceinline__ void load_stage(Shared<T, kB>& sm, int stage, const GemmParams& p,
-                                           int64_t c0, int64_t k0) {
+// The current problem's extents.
+struct Extent {
+  int64_t rows;
+  int64_t depth;
+};
+
+template <typename T, ALayout kA, BLayout kB>
+__device__ __forceinline__ void load_stage(Shared<T, kA, kB>& sm, int stage, const Params& p,
+                                           const Extent& x, int64_t m0, int64_t c0, int64_t k0) {
   const auto* a = static_cast<const T*>(p.a);
   const auto* b = static_cast<const T*>(p.b);
-  constexpr int kAVecs = Cfg::kBlockK / kVecElems;
-  for (int i = threadIdx.x; i < Cfg::kBlockM * kAVecs; i += kThreads) {
-    const int r = i / kAVecs;
-    const int64_t kk = k0 + (i % kAVecs) * kVecElems;
-    const int32_t row = sm.rows[r];
-    const bool ok = row >= 0 && kk < p.k;
-    cp_async_16(&sm.a[stage][r][(i % kAVecs) * kVecElems], ok ? a + row * p.lda + kk : a, ok);
-  }
-  if constexpr (kB == BLayout::n_by_k) {
-    for (int i = threadIdx.x; i < Cfg::kBlockN * kAVecs; i += kThreads) {
-      const int r = i / kAVecs;
-      const int64_t c = c0 + r;
-      const int64_t kk = k0 + (i % kAVecs) * kVecElems;
-      const bool ok = c < p.n_out && kk < p.k;
-      cp_async_16(&sm.b[stage][r][(i % kAVecs) * kVecElems], ok ? b + c * p.ldb + kk : b, ok);
+  if constexpr (kA == ALayout::row_major) {
+    constexpr int kVecs = Cfg::kBlockK / kVecElems;
+    for (int i = threadIdx.x; i < Cfg::kBlockM * kVecs; i += kThreads) {
+      const int r = i / kVecs;
+      const int64_t kk = k0 + (i % kVecs) * kVecElems;
+      const int32_t row = sm.a_row[r];
+      const bool ok = row >= 0 && kk < x.depth;
+      cp_async_16(&sm.a[stage][r][(i % kVecs) * kVecElems], ok ? a + row * p.lda + kk : a, ok);
     }
   } else {
-    constexpr int kBVecs = Cfg::kBlockN / kVecElems;
-    for (int i = threadIdx.x; i < Cfg::kBlockK * kBVecs; i += kThreads) {
-      const int r = i / kBVecs;
+    constexpr int kVecs = Cfg::kBlockM / kVecElems;
+    for (int i = threadIdx.x; i < Cfg::kBlockK * kVecs; i += kThreads) {
+      const int r = i / kVecs;
       const int64_t kk = k0 + r;
-      const int64_t c = c0 + (i % kBVecs) * kVecElems;
-      const bool ok = kk < p.k && c < p.n_out;
-      cp_async_16(&sm.b[stage][r][(i % kBVecs) * kVecElems], ok ? b + kk * p.ldb + c : b, ok);
+      const int64_t m = m0 + (i % kVecs) * kVecElems;
+      const bool ok = kk < x.depth && m < x.rows;
+      cp_async_16(&sm.a[stage][r][(i % kVecs) * kVecElems], ok ? a + kk * p.lda + m : a, ok);
+    }
+  }
+  if constexpr (kB == BLayout::n_by_k) {
+    constexpr int kVecs = Cfg::kBlockK / kVecElems;
+    for (int i = threadIdx.x; i < Cfg::kBlockN * kVecs; i += kThreads) {
+      const int r = i / kVecs;
+      const int64_t c = c0 + r;
+      const int64_t kk = k0 + (i % kVecs) * kVecElems;
+      const bool ok = c < p.cols && kk < x.depth;
+      cp_async_16(&sm.b[stage][r][(i % kVecs) * kVecElems], ok ? b + c * p.ldb + kk : b, ok);
+    }
+  } else {
+    const auto* b_second = static_cast<const T*>(p.b_second);
+    constexpr int kVecs = Cfg::kBlockN / kVecElems;
+    for (int i = threadIdx.x; i < Cfg::kBlockK * kVecs; i += kThreads) {
+      const int r = i / kVecs;
+      const int64_t kk = k0 + r;
+      const int64_t c = c0 + (i % kVecs) * kVecElems;
+      const bool ok = kk < x.depth && c < p.cols;
+      const T* src = b;
+      if (ok) {
+        if (p.b_rows != nullptr)
+          src = b + int64_t(p.b_rows[kk]) * p.ldb + c;
+        else if (kk < p.b_split)
+          src = b + kk * p.ldb + c;
+        else
+          src = b_second + (kk - p.b_split) * p.ldb + c;
+      }
+      cp_async_16(&sm.b[stage][r][(i % kVecs) * kVecElems], src, ok);
     }
   }
 }
 
-// Whether any G value of the tile is non-zero (h = 0 * u = 0 needs no product).
-template <typename T, BLayout kB>
-__device__ __forceinline__ bool tile_has_nonzero(const Shared<T, kB>& sm, const GemmParams& p,
+// Whether any output value of the tile is non-zero (gate_product: h = 0 * u = 0 needs no product).
+template <typename T, ALayout kA, BLayout kB>
+__device__ __forceinline__ bool tile_has_nonzero(const Shared<T, kA, kB>& sm, const Params& p,
                                                  int64_t c0) {
   const auto* out = static_cast<const T*>(p.out);
   constexpr int kVecs = Cfg::kBlockN / kVecElems;
   bool any = false;
   for (int i = threadIdx.x; i < Cfg::kBlockM * kVecs; i += kThreads) {
-    const int32_t row = sm.rows[i / kVecs];
+    const int32_t row = sm.out_row[i / kVecs];
     const int64_t c = c0 + (i % kVecs) * kVecElems;
-    if (row >= 0 && c < p.n_out)
+    if (row >= 0 && c < p.cols)
       any |= nonzero_count(*reinterpret_cast<const uint4*>(out + row * p.ldo + c)) != 0;
   }
   return any;
 }
 
-template <typename T, BLayout kB, Epilogue kE>
-__global__ void __launch_bounds__(kThreads) routed_gemm_kernel(GemmParams p) {
-  using S = Shared<T, kB>;
+template <typename T, ALayout kA, BLayout kB, Epilogue kE>
+__global__ void __launch_bounds__(kThreads) routed_gemm_kernel(Params p) {
+  using S = Shared<T, kA, kB>;
+  using AFragLayout = std::conditional_t<kA == ALayout::row_major, wmma::row_major, wmma::col_major>;
   using BFragLayout = std::conditional_t<kB == BLayout::n_by_k, wmma::col_major, wmma::row_major>;
   __shared__ S sm;
 
-  const int64_t routed = *p.num_routed;
-  const int64_t tiles_n = (p.n_out + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  const int64_t tiles = (routed + Cfg::kBlockM - 1) / Cfg::kBlockM * tiles_n;
-  const int64_t k_steps = (p.k + Cfg::kBlockK - 1) / Cfg::kBlockK;
+  const int64_t routed = *p.count;
+  const Extent x{p.routed == Routed::rows ? routed : p.rows, p.routed == Routed::depth ? routed : p.depth};
+  if (x.rows == 0 || x.depth == 0) return;
+  const int64_t tiles_n = (p.cols + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  const int64_t tiles = (x.rows + Cfg::kBlockM - 1) / Cfg::kBlockM * tiles_n;
+  const int64_t k_steps = (x.depth + Cfg::kBlockK - 1) / Cfg::kBlockK;
   const int warp = threadIdx.x / kWarpSize;
   const int wm = warp / Cfg::kWarpsN;
   const int wn = warp % Cfg::kWarpsN;
-  auto* out = static_cast<T*>(p.out);
 
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int64_t s0 = tile / tiles_n * Cfg::kBlockM;
+    const int64_t m0 = tile / tiles_n * Cfg::kBlockM;
     const int64_t c0 = tile % tiles_n * Cfg::kBlockN;
-    for (int r = threadIdx.x; r < Cfg::kBlockM; r += kThreads)
-      sm.rows[r] = s0 + r < routed ? p.routed_rows[s0 + r] : -1;
+    for (int r = threadIdx.x; r < Cfg::kBlockM; r += kThreads) {
+      const int64_t i = m0 + r;
+      const bool in = i < x.rows;
+      sm.a_row[r] = in ? (p.a_rows != nullptr ? p.a_rows[i] : int32_t(i)) : -1;
+      sm.out_row[r] = in ? (p.out_rows != nullptr ? p.out_rows[i] : int32_t(i)) : -1;
+    }
     __syncthreads();
     if constexpr (kE == Epilogue::gate_product) {
       if (!__syncthreads_or(tile_has_nonzero(sm, p, c0))) continue;
@@ -165,21 +221,26 @@ __global__ void __launch_bounds__(kThreads) routed_gemm_kernel(GemmParams p) {
 #pragma unroll
       for (int j = 0; j < kFragsN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
-    load_stage(sm, 0, p, c0, 0);
+    load_stage(sm, 0, p, x, m0, c0, 0);
     cp_async_commit();
     for (int64_t ks = 0; ks < k_steps; ++ks) {
       const int stage = int(ks % Cfg::kStages);
-      if (ks + 1 < k_steps) load_stage(sm, stage ^ 1, p, c0, (ks + 1) * Cfg::kBlockK);
+      if (ks + 1 < k_steps) load_stage(sm, stage ^ 1, p, x, m0, c0, (ks + 1) * Cfg::kBlockK);
       cp_async_commit();
       cp_async_wait_all_but_one();
       __syncthreads();
 #pragma unroll
       for (int kk = 0; kk < Cfg::kBlockK; kk += kFrag) {
-        wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, T, wmma::row_major> fa[kFragsM];
+        wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, T, AFragLayout> fa[kFragsM];
         wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, T, BFragLayout> fb[kFragsN];
 #pragma unroll
-        for (int i = 0; i < kFragsM; ++i)
-          wmma::load_matrix_sync(fa[i], &sm.a[stage][wm * kWarpTileM + i * kFrag][kk], S::kARow);
+        for (int i = 0; i < kFragsM; ++i) {
+          const int m = wm * kWarpTileM + i * kFrag;
+          if constexpr (kA == ALayout::row_major)
+            wmma::load_matrix_sync(fa[i], &sm.a[stage][m][kk], S::kARow);
+          else
+            wmma::load_matrix_sync(fa[i], &sm.a[stage][kk][m], S::kARow);
+        }
 #pragma unroll
         for (int j = 0; j < kFragsN; ++j) {
           const int n = wn * kWarpTileN + j * kFrag;
@@ -207,67 +268,142 @@ __global__ void __launch_bounds__(kThreads) routed_gemm_kernel(GemmParams p) {
     constexpr int kVecs = Cfg::kBlockN / kVecElems;
     for (int i = threadIdx.x; i < Cfg::kBlockM * kVecs; i += kThreads) {
       const int r = i / kVecs;
-      const int32_t row = sm.rows[r];
-      const int64_t c = c0 + (i % kVecs) * kVecElems;
-      if (row < 0 || c >= p.n_out) continue;
-      T* dst = out + row * p.ldo + c;
+      const int cc = (i % kVecs) * kVecElems;
+      const int32_t row = sm.out_row[r];
+      const int64_t c = c0 + cc;
+      if (row < 0 || c >= p.cols) continue;
       float v[kVecElems];
 #pragma unroll
-      for (int e = 0; e < kVecElems; ++e) v[e] = sm.acc[r][(i % kVecs) * kVecElems + e];
-      if constexpr (kE == Epilogue::gate_product) {
-        float g[kVecElems];
-        unpack8<T>(*reinterpret_cast<const uint4*>(dst), g);
+      for (int e = 0; e < kVecElems; ++e) v[e] = sm.acc[r][cc + e];
+      if constexpr (kE == Epilogue::accumulate) {
+        auto* dst = reinterpret_cast<float4*>(static_cast<float*>(p.out) + row * p.ldo + c);
+        const float4 lo = dst[0], hi = dst[1];
+        dst[0] = make_float4(lo.x + v[0], lo.y + v[1], lo.z + v[2], lo.w + v[3]);
+        dst[1] = make_float4(hi.x + v[4], hi.y + v[5], hi.z + v[6], hi.w + v[7]);
+      } else {
+        T* dst = static_cast<T*>(p.out) + row * p.ldo + c;
+        if constexpr (kE == Epilogue::store_relu)
 #pragma unroll
-        for (int e = 0; e < kVecElems; ++e) v[e] *= g[e];
+          for (int e = 0; e < kVecElems; ++e) v[e] = fmaxf(v[e], 0.0f);
+        if constexpr (kE == Epilogue::gate_product) {
+          float g[kVecElems];
+          unpack8<T>(*reinterpret_cast<const uint4*>(dst), g);
+#pragma unroll
+          for (int e = 0; e < kVecElems; ++e) v[e] *= g[e];
+        }
+        *reinterpret_cast<uint4*>(dst) = pack8<T>(v);
       }
-      *reinterpret_cast<uint4*>(dst) = pack8<T>(v);
     }
-    __syncthreads();  // sm.rows and sm.acc are rewritten by the next tile
+    __syncthreads();  // sm.a_row, sm.out_row and sm.acc are rewritten by the next tile
   }
 }
 
-template <typename T, BLayout kB, Epilogue kE>
-void launch_gemm(const GemmParams& p, int64_t max_rows, const DeviceInfo& dev, cudaStream_t s) {
-  const int64_t max_tiles = (max_rows + Cfg::kBlockM - 1) / Cfg::kBlockM *
-                            ((p.n_out + Cfg::kBlockN - 1) / Cfg::kBlockN);
-  const int64_t grid = std::min<int64_t>(max_tiles, int64_t(dev.sm_count) * Cfg::kCtasPerSm);
-  routed_gemm_kernel<T, kB, kE><<<unsigned(grid), kThreads, 0, s>>>(p);
-  check_launch("InferencePlan::run", "routed-row GEMM kernel");
+template <ALayout kA, BLayout kB, Epilogue kE>
+void launch(const Params& p, DType dtype, int64_t max_rows, const DeviceInfo& dev, cudaStream_t s,
+            const char* what, const char* op = "TrainingPlan::backward") {
+  const int64_t tiles = (max_rows + Cfg::kBlockM - 1) / Cfg::kBlockM *
+                        ((p.cols + Cfg::kBlockN - 1) / Cfg::kBlockN);
+  if (tiles == 0) return;
+  const int64_t grid = std::min<int64_t>(tiles, int64_t(dev.sm_count) * Cfg::kCtasPerSm);
+  with_element_type(dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    routed_gemm_kernel<T, kA, kB, kE><<<unsigned(grid), kThreads, 0, s>>>(p);
+  });
+  check_launch(op, what);
 }
 
 }  // namespace
 
 void launch_routed(const RoutedArgs& a, const DeviceInfo& dev, cudaStream_t s) {
-  if (a.rows == 0) return;
-  with_element_type(a.dtype, "InferencePlan::run", [&](auto tag) {
-    using T = decltype(tag);
-    if (a.kind == FfnKind::gated) {
-      GemmParams up;
-      up.a = a.x;
-      up.lda = a.k;
-      up.b = a.up;
-      up.ldb = a.k;
-      up.out = a.hidden;
-      up.ldo = a.n;
-      up.n_out = a.n;
-      up.k = a.k;
-      up.routed_rows = a.routed_rows;
-      up.num_routed = a.num_routed;
-      launch_gemm<T, BLayout::n_by_k, Epilogue::gate_product>(up, a.rows, dev, s);
-    }
-    GemmParams down;
-    down.a = a.hidden;
-    down.lda = a.n;
-    down.b = a.down;
-    down.ldb = a.k;
-    down.out = a.y;
-    down.ldo = a.k;
-    down.n_out = a.k;
-    down.k = a.n;
-    down.routed_rows = a.routed_rows;
-    down.num_routed = a.num_routed;
-    launch_gemm<T, BLayout::k_by_n, Epilogue::store>(down, a.rows, dev, s);
-  });
+  const char* op = "InferencePlan::run";
+  Params p;
+  p.a_rows = a.routed_rows;
+  p.out_rows = a.routed_rows;
+  p.rows = a.rows;
+  p.routed = Routed::rows;
+  p.count = a.num_routed;
+  if (a.kind == FfnKind::gated) {  // G[r] <- G[r] * (x[r] Wu^T)
+    p.a = a.x;
+    p.lda = a.k;
+    p.b = a.up;
+    p.ldb = a.k;
+    p.out = a.hidden;
+    p.ldo = a.n;
+    p.cols = a.n;
+    p.depth = a.k;
+    launch<ALayout::row_major, BLayout::n_by_k, Epilogue::gate_product>(p, a.dtype, a.rows, dev, s,
+                                                                         "routed-row up GEMM", op);
+  }
+  // y[r] = G[r] Wd
+  p.a = a.hidden;
+  p.lda = a.n;
+  p.b = a.down;
+  p.ldb = a.k;
+  p.out = a.y;
+  p.ldo = a.k;
+  p.cols = a.k;
+  p.depth = a.n;
+  launch<ALayout::row_major, BLayout::k_by_n, Epilogue::store>(p, a.dtype, a.rows, dev, s,
+                                                                "routed-row down GEMM", op);
+}
+
+void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cudaStream_t s) {
+  Params p;
+  p.a = a.src;
+  p.lda = a.k;
+  p.a_rows = a.order;
+  p.b = a.weight;
+  p.ldb = a.k;
+  p.out = a.out;
+  p.ldo = a.ldo;
+  p.rows = a.max_rows;
+  p.cols = a.n_out;
+  p.depth = a.k;
+  p.routed = Routed::rows;
+  p.count = a.count;
+  if (a.act == Activation::relu)
+    launch<ALayout::row_major, BLayout::n_by_k, Epilogue::store_relu>(p, a.dtype, a.max_rows, dev, s,
+                                                                       "routed recompute GEMM");
+  else
+    launch<ALayout::row_major, BLayout::n_by_k, Epilogue::store>(p, a.dtype, a.max_rows, dev, s,
+                                                                  "routed recompute GEMM");
+}
+
+void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cudaStream_t s) {
+  Params p;
+  p.a = a.grad;
+  p.lda = a.depth;
+  p.b = a.first;
+  p.ldb = a.k;
+  p.b_second = a.second;
+  p.b_split = a.split;
+  p.out = a.dx;
+  p.ldo = a.k;
+  p.out_rows = a.order;
+  p.rows = a.max_rows;
+  p.cols = a.k;
+  p.depth = a.depth;
+  p.routed = Routed::rows;
+  p.count = a.count;
+  launch<ALayout::row_major, BLayout::k_by_n, Epilogue::store>(p, a.dtype, a.max_rows, dev, s,
+                                                                "routed input-gradient GEMM");
+}
+
+void launch_routed_weight_grad(const WeightGradGemmArgs& a, const DeviceInfo& dev, cudaStream_t s) {
+  Params p;
+  p.a = a.grad;
+  p.lda = a.lda;
+  p.b = a.src;
+  p.ldb = a.k;
+  p.b_rows = a.order;
+  p.out = a.dw;
+  p.ldo = a.k;
+  p.rows = a.n;
+  p.cols = a.k;
+  p.routed = Routed::depth;
+  p.count = a.count;
+  launch<ALayout::col_major, BLayout::k_by_n, Epilogue::accumulate>(p, a.dtype, a.n, dev, s,
+                                                                     "routed weight-gradient GEMM");
 }
 
 }  // namespace twell::gpu

@@ -70,34 +70,17 @@ __global__ void __launch_bounds__(TrainRowConfig::kMaxThreads)
   rows::store_row<T, kVecs>(dx + row * k, vectors, acc);
 }
 
-template <typename T, FfnKind kKind, int kVecs>
-void launch_with(const BackwardRowsArgs& a, int threads, cudaStream_t s) {
-  backward_rows_kernel<T, kKind, kVecs><<<unsigned(a.saved.shape.rows), unsigned(threads), 0, s>>>(
-      static_cast<const T*>(a.dy), static_cast<const T*>(a.first), static_cast<const T*>(a.up),
-      static_cast<const T*>(a.down), static_cast<T*>(a.dx), a.dh, a.l1, a.k, a.saved);
-}
-
-template <typename T, FfnKind kKind>
-void launch_kind(const BackwardRowsArgs& a, const rows::RowShape& shape, cudaStream_t s) {
-  switch (shape.vecs) {
-    case 1: launch_with<T, kKind, 1>(a, shape.threads, s); return;
-    case 2: launch_with<T, kKind, 2>(a, shape.threads, s); return;
-    default: launch_with<T, kKind, TrainRowConfig::kVectorsPerThread>(a, shape.threads, s); return;
-  }
-}
-
 }  // namespace
 
 void launch_backward_rows(const BackwardRowsArgs& a, cudaStream_t s) {
   const char* op = "TrainingPlan::backward";
   if (a.saved.shape.rows == 0) return;
-  const rows::RowShape shape = rows::row_shape(a.k);
-  with_element_type(a.saved.dtype, op, [&](auto tag) {
+  rows::dispatch_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto vecs, int threads) {
     using T = decltype(tag);
-    if (a.kind == FfnKind::gated)
-      launch_kind<T, FfnKind::gated>(a, shape, s);
-    else
-      launch_kind<T, FfnKind::plain>(a, shape, s);
+    backward_rows_kernel<T, decltype(kind)::value, decltype(vecs)::value>
+        <<<unsigned(a.saved.shape.rows), unsigned(threads), 0, s>>>(
+            static_cast<const T*>(a.dy), static_cast<const T*>(a.first), static_cast<const T*>(a.up),
+            static_cast<const T*>(a.down), static_cast<T*>(a.dx), a.dh, a.l1, a.k, a.saved);
   });
   check_launch(op, "training backward rows kernel");
 }

@@ -40,17 +40,6 @@ struct WeightGradConfig {
   static constexpr int kBatch = 8;              // entries whose x / dy rows are loaded at once
 };
 
-// The tensor-core GEMMs over routed rows (train_routed_gemm.cu).
-struct TrainGemmConfig {
-  static constexpr int kBlockM = 64;     // output rows per CTA tile
-  static constexpr int kBlockN = 64;     // output columns per CTA tile
-  static constexpr int kBlockK = 32;     // reduction slice per pipeline stage
-  static constexpr int kWarpsM = 2;      // warp grid over the CTA tile; each warp owns a
-  static constexpr int kWarpsN = 2;      //   (kBlockM / kWarpsM) x (kBlockN / kWarpsN) sub-tile
-  static constexpr int kStages = 2;      // cp.async double buffering of the A and B slices
-  static constexpr int kCtasPerSm = 2;   // persistent grid: CTAs per SM, walking tiles grid-stride
-};
-
 // The elementwise backward of the routed rows (train_routed_hidden.cu).
 struct TrainElementwiseConfig {
   static constexpr int kThreads = 256;   // threads per CTA

@@ -98,7 +98,8 @@ struct WeightGradArgs {
 };
 void launch_weight_grads(const WeightGradArgs& a, cudaStream_t s);
 
-// train_routed_gemm.cu: tensor-core GEMMs over the R routed rows (fp32 accumulation).
+// routed_gemm.cu (shared with the inference backup): tensor-core GEMMs over the R routed rows (fp32
+// accumulation).
 // Recompute: out[s] = act(src[order[s]] W^T), s < R; src [rows, K], W [n_out, K], out [R, ldo].
 struct RecomputeArgs {
   DType dtype = DType::bf16;

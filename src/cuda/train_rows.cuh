@@ -4,6 +4,7 @@
 // vectors v = t + j * blockDim (j < kVecs) of K.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/element.cuh"
 #include "cuda/train_config.hpp"
@@ -36,6 +37,29 @@ inline RowShape row_shape(int64_t k) {
   const int64_t owners = (vectors + r.vecs - 1) / r.vecs;
   r.threads = int((owners + kWarpSize - 1) / kWarpSize * kWarpSize);
   return r;
+}
+
+// Host: calls launch(T{}, kind constant, vecs constant, threads) with the element type of `dtype`,
+// the FFN kind and the vectors per thread of row_shape(k) as compile-time constants, so a kernel
+// template <T, kKind, kVecs> is instantiated once per combination and launched with its CTA size.
+template <typename Launch>
+void dispatch_rows(DType dtype, FfnKind kind, int64_t k, const char* op, Launch&& launch) {
+  const RowShape shape = row_shape(k);
+  with_element_type(dtype, op, [&](auto tag) {
+    auto by_vecs = [&](auto kind_c) {
+      switch (shape.vecs) {
+        case 1: return launch(tag, kind_c, std::integral_constant<int, 1>{}, shape.threads);
+        case 2: return launch(tag, kind_c, std::integral_constant<int, 2>{}, shape.threads);
+        default:
+          return launch(tag, kind_c, std::integral_constant<int, TrainRowConfig::kVectorsPerThread>{},
+                        shape.threads);
+      }
+    };
+    if (kind == FfnKind::gated)
+      by_vecs(std::integral_constant<FfnKind, FfnKind::gated>{});
+    else
+      by_vecs(std::integral_constant<FfnKind, FfnKind::plain>{});
+  });
 }
 
 // Loads the thread's vectors of a K-wide row as floats (zeros past K).
