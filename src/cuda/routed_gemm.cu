@@ -71,6 +71,7 @@ struct Params {
   int64_t ldb = 0;
   const int32_t* b_rows = nullptr;    // k_by_n: stored row of reduction index k (nullptr: k)
   const void* b_second = nullptr;     // k_by_n without b_rows: rows k >= b_split come from here
+                                      // (nullptr: every row from b)
   int64_t b_split = 0;
   void* out = nullptr;
   int64_t ldo = 0;
@@ -158,7 +159,7 @@ __device__ __forceinline__ void load_stage(Shared<T, kA, kB>& sm, int stage, con
       if (ok) {
         if (p.b_rows != nullptr)
           src = b + int64_t(p.b_rows[kk]) * p.ldb + c;
-        else if (kk < p.b_split)
+        else if (b_second == nullptr || kk < p.b_split)
           src = b + kk * p.ldb + c;
         else
           src = b_second + (kk - p.b_split) * p.ldb + c;
