@@ -76,9 +76,7 @@ class CudaTrainingRunner final : public TrainingRunner {
     TrainingOptions o;
     o.l1_coef = l1_coef;
     plan_ = std::make_unique<TrainingPlan>(w, o);
-    const TwellShape shape = plan_->saved_shape(s_.m);
-    saved_.alloc(shape.bytes(plan_->saved_dtype()));
-    view_ = make_twell_view(saved_.p, shape, plan_->saved_dtype(), dev);
+    follow_saved_form();
     workspace_.alloc(plan_->workspace_bytes(s_.m));  // one buffer: forward and backward in turn
 
     // Dense: [G | U] (saved), [dh -> dg | du] and h.
@@ -105,6 +103,7 @@ class CudaTrainingRunner final : public TrainingRunner {
   }
 
   void warm(TrainJob j) override {
+    if (j == TrainJob::twell) follow_saved_form();
     step(j);
     check(cudaStreamSynchronize(stream_), "warm-up");
   }
@@ -140,6 +139,8 @@ class CudaTrainingRunner final : public TrainingRunner {
     return o;
   }
 
+  bool twell_dense() const override { return view_.shape.backup_capacity > 0; }
+
   TrainingMemory memory(TrainJob j) const override {
     return j == TrainJob::dense ? dense_training_memory(s_, rig_.blas_workspace.bytes)
                                 : twell_training_memory(s_, saved_.bytes, workspace_.bytes);
@@ -153,6 +154,16 @@ class CudaTrainingRunner final : public TrainingRunner {
                        g.m, g.n, g.k, &alpha, g.a, cuda_type(g.a_type), g.lda, g.b, cuda_type(g.b_type), g.ldb,
                        &beta, g.c, cuda_type(g.c_type), g.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx");
+  }
+
+  // As a framework does before each step: allocate the saved form the plan asks for (automatic
+  // dispatch: dense while the measured density is above its threshold). Changes only in warm-up.
+  void follow_saved_form() {
+    const TwellShape shape = plan_->saved_shape(s_.m);
+    if (saved_.p != nullptr && shape.backup_capacity == view_.shape.backup_capacity) return;
+    saved_.reset();
+    saved_.alloc(shape.bytes(plan_->saved_dtype()));
+    view_ = make_twell_view(saved_.p, shape, plan_->saved_dtype(), Device::cuda(0));
   }
 
   void step(TrainJob j) {

@@ -62,6 +62,7 @@ struct Options {
   bool check = true;
   std::string out_dir;            // empty: bench/results/<device slug>/ under the source tree
   testing::ProblemSpec custom;    // the case of suite "custom"
+  bool training_custom = false;   // suite "training" runs `custom` (gated) instead of its cases
 };
 
 std::vector<testing::ProblemSpec> suite_cases(const std::string& suite, bool cuda,

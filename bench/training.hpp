@@ -36,6 +36,7 @@ struct TrainingRow {
   TrainingMemory dense_mem, twell_mem;
   double saved_ratio = 0, peak_ratio = 0;  // dense / twell
   int64_t routed_rows = 0;       // twell's saved num_routed
+  std::string path = "sparse";   // twell's saved form after warm-up: sparse (compact) or dense
   // twell vs dense on the same inputs: ||twell - dense|| / ||dense|| (Frobenius) per output, and
   // their max; -1 when not checked. grad_tolerance: the bound the row is checked against.
   double diff_y = -1, diff_dx = -1, diff_dgate = -1, diff_dup = -1, diff_ddown = -1;
@@ -69,6 +70,7 @@ class TrainingRunner {
   virtual double time_once(TrainJob j) = 0;  // one timed step, milliseconds
   virtual TrainingOutputs run_once(TrainJob j) = 0;  // outputs poisoned, one step, downloaded
   virtual TrainingMemory memory(TrainJob j) const = 0;
+  virtual bool twell_dense() const { return false; }  // twell's saved form: dense (CUDA dispatch)
 };
 std::unique_ptr<TrainingRunner> make_cpu_training_runner();
 std::unique_ptr<TrainingRunner> make_cuda_training_runner();  // throws Error without CUDA

@@ -292,6 +292,10 @@ void expect_matches_oracle(DeviceStep& d, const StepOutputs& o, const std::strin
 
   EXPECT_GE(o.routed, 0);
   EXPECT_LE(o.routed, s.m);
+  if (d.plan->options().dispatch == Dispatch::force_dense) {  // the dense form routes every row
+    EXPECT_EQ(o.routed, s.m) << where;
+    return;
+  }
   if (s.pattern == Pattern::all_zero) EXPECT_EQ(o.routed, 0) << where;
   const int32_t tile = d.plan->options().tile, capacity = d.plan->options().capacity;
   if (s.pattern == Pattern::all_dense && capacity < std::min<int64_t>(tile, s.n)) EXPECT_EQ(o.routed, s.m) << where;
@@ -308,12 +312,14 @@ struct Case {
   int64_t m = 1, k = 64, n = 520;
   int32_t tile = 0, capacity = 0;
   L1From l1_from = L1From::options;
+  Dispatch dispatch = Dispatch::force_sparse;
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << ffn_kind_name(c.kind) << " " << dtype_name(c.dtype) << " " << testing::pattern_name(c.pattern)
       << " " << c.density << " M=" << c.m << " K=" << c.k << " N=" << c.n << " tile=" << c.tile
-      << " capacity=" << c.capacity << " l1=" << (c.l1_from == L1From::tensor ? "tensor" : "options");
+      << " capacity=" << c.capacity << " l1=" << (c.l1_from == L1From::tensor ? "tensor" : "options")
+      << (c.dispatch == Dispatch::force_dense ? " dense" : "");
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -323,6 +329,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
                   std::to_string(c.k) + "_N" + std::to_string(c.n);
   if (c.tile != 0) s += "_tile" + std::to_string(c.tile) + "_cap" + std::to_string(c.capacity);
   if (c.l1_from == L1From::tensor) s += "_l1tensor";
+  if (c.dispatch == Dispatch::force_dense) s += "_dense";
   return s;
 }
 
@@ -334,6 +341,7 @@ TrainingOptions options_of(const Case& c) {
   o.tile = c.tile;
   o.capacity = c.capacity;
   o.l1_coef = kOptionsL1;
+  o.dispatch = c.dispatch;
   return o;
 }
 
@@ -368,6 +376,24 @@ std::vector<Case> sweep_cases() {
       for (TileCap tc : {TileCap{64, 2}, TileCap{128, 1}, TileCap{256, 256}}) {
         out.push_back(problem_case<Case>(kind, dt, Pattern::uniform, 0.03,
             257, 136, 1000, tc.tile, tc.capacity));
+      }
+  // The warp-per-row kernels (K a multiple of 256): short rows, and rows over
+  // TrainRowConfig::kLongRow entries split over a CTA (capacity = tile keeps them compact).
+  for (DType dt : {DType::bf16, DType::f16})
+    for (FfnKind kind : {FfnKind::gated, FfnKind::plain}) {
+      out.push_back(problem_case<Case>(kind, dt, Pattern::heavy_tailed, 0.03, 257, 512, 1000));
+      out.push_back(problem_case<Case>(kind, dt, Pattern::uniform, 0.4, 65, 256, 1000, 256, 256));
+    }
+  // The dense saved form (force_dense): cuBLAS GEMMs and elementwise passes.
+  for (DType dt : {DType::bf16, DType::f16})
+    for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
+      for (const PatternDensity& pd : {PatternDensity{Pattern::uniform, 0.2}, PatternDensity{Pattern::all_zero, 0.0},
+                                       PatternDensity{Pattern::edge_rows, 0.05}}) {
+        Case c = problem_case<Case>(kind, dt, pd.pattern, pd.density, 257, 136, 1000);
+        c.dispatch = Dispatch::force_dense;
+        out.push_back(c);
+        c.m = 1;
+        out.push_back(c);
       }
   // The coefficient from a device tensor (it overrides options.l1_coef).
   for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
@@ -649,6 +675,29 @@ TEST(CudaTrainingApi, BadStepArgumentsRaise) {
   host_l1.l1_coef = TensorView::vector(&coef, DType::f32, 1, Device::cuda(0));
   expect_error([&] { d.plan->backward(host_l1, d.x_view(), d.view); }, "l1_coef");
   cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "forward");
+}
+
+// Automatic dispatch: compact before any measurement, the dense form once a finished forward
+// measured a density above dense_above, compact again once one measured below it; a form that
+// does not match M raises.
+TEST(CudaTrainingApi, AutomaticDispatchFollowsMeasuredDensity) {
+  TWELL_REQUIRE_DEVICE();
+  TrainingOptions o;
+  o.l1_coef = kOptionsL1;
+  o.dense_above = 0.1;
+  Case c = problem_case<Case>(FfnKind::gated, DType::bf16, Pattern::uniform, 0.3, 64, 64, 520);
+  DeviceStep d(spec_of(c, 1801), o, L1From::options, 0.0f);
+  EXPECT_EQ(d.plan->saved_shape(64).backup_capacity, 0);
+  run_step(d);  // finishes on the host
+  EXPECT_EQ(d.plan->saved_shape(64).backup_capacity, 64);
+  c.density = 0.01;
+  DeviceStep sparse(spec_of(c, 1802), o, L1From::options, 0.0f);
+  sparse.plan->forward(sparse.forward_args(), sparse.view);  // compact form (allocated before)
+  cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "forward");
+  EXPECT_EQ(sparse.plan->saved_shape(64).backup_capacity, 0);
+  TwellView wrong = sparse.view;
+  wrong.shape.backup_capacity = 32;
+  expect_error([&] { sparse.plan->forward(sparse.forward_args(), wrong); }, "saved shape");
 }
 
 #endif  // TWELL_WITH_CUDA

@@ -4,11 +4,17 @@
 // of |h| averaged over tokens; the loss term is l1_coef * l1_value and its gradient w.r.t. h is
 // l1_coef * sign(h) / M. L0 = (1/M) * #{(m, n): gate active}, the mean active neurons per token.
 //
-// What forward saves (docs/format.md, "Hybrid training layout"): a TwELL matrix with no backup
-// rows (gated: planes {relu(x Wg^T), x Wu^T}; plain: plane {h}) whose routed rows (a tile over
-// capacity) are only listed; backward recomputes those rows densely from x. Its size depends on M
-// alone, so it can live in framework-allocated tensors and a step can be captured in a CUDA graph,
-// and no capacity anywhere can drop data.
+// What forward saves (docs/format.md, "Hybrid training layout") takes one of two forms, and the
+// form of the saved view passed to forward decides the path:
+//   compact (backup_capacity 0): a TwELL matrix (gated: planes {relu(x Wg^T), x Wu^T}; plain:
+//     plane {h}) whose routed rows (a tile over capacity) are only listed; backward recomputes
+//     those rows densely from x. The sparse path.
+//   dense (backup_capacity = M, CUDA only): every row routed to its own backup row, which holds
+//     the dense planes; forward and backward run dense cuBLAS GEMMs. For early training, when
+//     activations are not sparse yet and the sparse path would be slower.
+// Either size depends on M alone, so it can live in framework-allocated tensors and a step can be
+// captured in a CUDA graph, and no capacity anywhere can drop data. saved_shape(M) says which
+// form the plan wants for the next step (TrainingOptions::dispatch).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -25,6 +31,12 @@ struct TrainingOptions {
   int32_t capacity = 0;   // 0 = tile / 8
   double l1_coef = 0.0;
   Determinism determinism = Determinism::deterministic;
+  // Which saved form saved_shape(M) asks for. automatic: dense while the density the last
+  // finished forward measured (polled, never waited for) is above dense_above, compact before any
+  // measurement and otherwise; force_sparse / force_dense: always compact / dense. The CPU backend
+  // always uses the compact form.
+  Dispatch dispatch = Dispatch::automatic;
+  double dense_above = -1.0;  // <0: backend default (CUDA 0.0075)
 };
 
 // workspace (forward and backward, optional): uint8 [>= TrainingPlan::workspace_bytes(M)] on x's
@@ -74,8 +86,10 @@ class TrainingPlan {
   TrainingPlan(TrainingPlan&&) noexcept;
   TrainingPlan& operator=(TrainingPlan&&) noexcept;
 
-  // The saved state for M rows: its shape (backup_capacity 0) and dtype; allocate
-  // saved_shape(M).bytes(saved_dtype()) bytes on x's device and carve it with make_twell_view.
+  // The saved state for M rows: its shape (backup_capacity 0: compact; M: dense) and dtype;
+  // allocate saved_shape(M).bytes(saved_dtype()) bytes on x's device and carve it with
+  // make_twell_view. Ask again before each step: under automatic dispatch the form follows the
+  // measured density. forward and backward accept either form (CPU: compact only).
   TwellShape saved_shape(int64_t rows) const;
   DType saved_dtype() const;
   // Scratch bytes one forward or backward of M rows needs in a caller workspace (0: none needed).

@@ -174,6 +174,9 @@ TrainingOptions training_options(int32_t tile, int32_t capacity, double l1_coef,
   o.capacity = capacity;
   o.l1_coef = l1_coef;
   o.determinism = determinism;
+  // The PyTorch layer sizes the saved tensor from shapes alone (twell/layout.py, what
+  // torch.compile's fake tensors need), so it uses the compact form only.
+  o.dispatch = Dispatch::force_sparse;
   return o;
 }
 

@@ -33,9 +33,14 @@ class TrainingBackend {
   virtual ~TrainingBackend() = default;
   virtual DType saved_dtype() const = 0;
   virtual size_t workspace_bytes(int64_t rows) const = 0;
+  // Whether saved_shape(rows) should be the dense form (the backend's dispatch decision; never
+  // waits for the device), and whether the backend runs that form at all.
+  virtual bool wants_dense_layout(int64_t rows) = 0;
+  virtual bool supports_dense_layout() const = 0;
   // Weights already checked to match the plan's in kind, shapes, dtype and device.
   virtual void set_weights(const FfnWeights& w) = 0;
-  // Arguments are validated; `saved` has the plan's saved_shape(M); a defined args.workspace holds
+  // Arguments are validated; `saved` has the plan's saved_shape(M) in either form (dense:
+  // backup_capacity == M > 0); a defined args.workspace holds
   // at least workspace_bytes(M) bytes.
   virtual void forward(const TrainingForwardArgs& args, const TwellView& saved, Stream stream) = 0;
   virtual void backward(const TrainingBackwardArgs& args, const TensorView& x,

@@ -30,6 +30,11 @@ TrainingOptions resolve_training_options(const TrainingOptions& o, Device dev) {
   r.capacity = io.capacity;
   if (!(r.l1_coef >= 0.0) || !std::isfinite(r.l1_coef))
     throw Error("TrainingPlan", "options.l1_coef", "a finite value >= 0", std::to_string(r.l1_coef));
+  constexpr double kCudaTrainingDenseAbove = 0.0075;
+  if (std::isnan(r.dense_above) || r.dense_above > 1.0)
+    throw Error("TrainingPlan", "options.dense_above", "a density <= 1 (< 0: the default)",
+                std::to_string(r.dense_above));
+  if (r.dense_above < 0) r.dense_above = kCudaTrainingDenseAbove;
   return r;
 }
 
@@ -42,15 +47,22 @@ class TrainingPlan::Impl {
   std::shared_ptr<detail::TrainingBackend> backend;
 
   void check_saved(const char* op, const TwellView& saved, int64_t rows) const {
-    const TwellShape want = shape(rows);
+    TwellShape want = shape(rows, false);
     const TwellShape& got = saved.shape;
+    if (rows > 0 && got.backup_capacity == rows) {
+      if (!backend->supports_dense_layout())
+        throw Error(op, "saved shape", "backup 0 (this backend saves the compact form only)",
+                    "backup " + std::to_string(got.backup_capacity));
+      want.backup_capacity = rows;
+    }
     auto str = [](const TwellShape& s) {
       return "rows " + std::to_string(s.rows) + ", cols " + std::to_string(s.cols) + ", tile " +
              std::to_string(s.tile) + ", capacity " + std::to_string(s.capacity) + ", planes " +
              std::to_string(s.planes) + ", backup " + std::to_string(s.backup_capacity);
     };
     if (got.rows != want.rows || got.cols != want.cols || got.tile != want.tile ||
-        got.capacity != want.capacity || got.planes != want.planes || got.backup_capacity != 0)
+        got.capacity != want.capacity || got.planes != want.planes ||
+        got.backup_capacity != want.backup_capacity)
       throw Error(op, "saved shape", str(want), str(got));
     if (saved.dtype != backend->saved_dtype())
       throw Error(op, "saved dtype", dtype_name(backend->saved_dtype()), dtype_name(saved.dtype));
@@ -73,13 +85,15 @@ class TrainingPlan::Impl {
                   std::to_string(ws.shape[0]) + " bytes");
   }
 
-  TwellShape shape(int64_t rows) const {
+  // dense: the dense form (backup row m = row m).
+  TwellShape shape(int64_t rows, bool dense) const {
     TwellShape s;
     s.rows = rows;
     s.cols = weights.intermediate();
     s.tile = options.tile;
     s.capacity = options.capacity;
     s.planes = weights.kind == FfnKind::gated ? 2 : 1;
+    s.backup_capacity = dense && rows > 0 ? rows : 0;
     return s;
   }
 };
@@ -99,7 +113,9 @@ TrainingPlan::~TrainingPlan() = default;
 TrainingPlan::TrainingPlan(TrainingPlan&&) noexcept = default;
 TrainingPlan& TrainingPlan::operator=(TrainingPlan&&) noexcept = default;
 const TrainingOptions& TrainingPlan::options() const { return impl_->options; }
-TwellShape TrainingPlan::saved_shape(int64_t rows) const { return impl_->shape(rows); }
+TwellShape TrainingPlan::saved_shape(int64_t rows) const {
+  return impl_->shape(rows, impl_->backend->wants_dense_layout(rows));
+}
 size_t TrainingPlan::workspace_bytes(int64_t rows) const {
   return impl_->backend->workspace_bytes(rows);
 }

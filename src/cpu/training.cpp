@@ -26,6 +26,8 @@ class CpuTraining final : public TrainingBackend {
       : w_(w), opt_(o), k_(w.hidden()), n_(w.intermediate()), gated_(w.kind == FfnKind::gated) {}
 
   DType saved_dtype() const override { return DType::f32; }
+  bool wants_dense_layout(int64_t) override { return false; }
+  bool supports_dense_layout() const override { return false; }
   size_t workspace_bytes(int64_t) const override { return 0; }  // host scratch is its own
   void set_weights(const FfnWeights& w) override { w_ = w; }
 

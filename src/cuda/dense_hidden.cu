@@ -1,5 +1,5 @@
 // The dense path's hidden activation: counts the non-zeros of G = relu(x W1^T) and, gated,
-// forms h = G * U in place (the product of two 16-bit values is exact in fp32, then rounded once,
+// forms h = G * U, in place or into a separate buffer (training's dense path keeps G) (the product of two 16-bit values is exact in fp32, then rounded once,
 // as a framework's dense layer does).
 //   CTA: kThreads threads over a grid-stride range of 16-byte vectors (kCtasPerSm CTAs per SM).
 //   warp: sums its lanes' counts; one atomic per warp.
@@ -23,13 +23,12 @@ static_assert(kThreads % kWarpSize == 0, "whole warps: the count reduction uses 
 
 template <typename T, FfnKind kKind>
 __global__ void __launch_bounds__(kThreads)
-    dense_hidden_kernel(T* __restrict__ hidden, const T* __restrict__ up, int64_t vectors,
+    dense_hidden_kernel(const T* hidden, const T* __restrict__ up, T* out, int64_t vectors,
                         unsigned long long* active) {
   unsigned long long seen = 0;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors; v += stride) {
-    auto* gv = reinterpret_cast<uint4*>(hidden + v * kVecElems);
-    const uint4 g = *gv;
+    const uint4 g = *reinterpret_cast<const uint4*>(hidden + v * kVecElems);
     seen += unsigned(nonzero_count(g));
     if constexpr (kKind == FfnKind::gated) {
       float gf[kVecElems], uf[kVecElems];
@@ -37,7 +36,7 @@ __global__ void __launch_bounds__(kThreads)
       unpack8<T>(load_readonly(up + v * kVecElems), uf);
 #pragma unroll
       for (int e = 0; e < kVecElems; ++e) gf[e] *= uf[e];
-      *gv = pack8<T>(gf);
+      *reinterpret_cast<uint4*>(out + v * kVecElems) = pack8<T>(gf);
     }
   }
 #pragma unroll
@@ -56,10 +55,11 @@ void launch_dense_hidden(const DenseHiddenArgs& a, const DeviceInfo& dev, cudaSt
     using T = decltype(tag);
     auto* g = static_cast<T*>(a.hidden);
     const auto* u = static_cast<const T*>(a.up);
+    auto* out = a.out != nullptr ? static_cast<T*>(a.out) : g;
     if (a.kind == FfnKind::gated)
-      dense_hidden_kernel<T, FfnKind::gated><<<unsigned(grid), kThreads, 0, s>>>(g, u, vectors, a.active);
+      dense_hidden_kernel<T, FfnKind::gated><<<unsigned(grid), kThreads, 0, s>>>(g, u, out, vectors, a.active);
     else
-      dense_hidden_kernel<T, FfnKind::plain><<<unsigned(grid), kThreads, 0, s>>>(g, u, vectors, a.active);
+      dense_hidden_kernel<T, FfnKind::plain><<<unsigned(grid), kThreads, 0, s>>>(g, u, out, vectors, a.active);
   });
   check_launch("InferencePlan::run", "dense hidden kernel");
 }

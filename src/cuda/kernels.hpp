@@ -109,6 +109,7 @@ struct DenseHiddenArgs {
   DType dtype = DType::bf16;
   void* hidden = nullptr;         // G [rows, N]
   const void* up = nullptr;       // U = x Wu^T [rows, N] (gated only)
+  void* out = nullptr;            // gated: h [rows, N]; nullptr: h replaces G in place
   int64_t elements = 0;           // rows * N (a multiple of 8)
   unsigned long long* active = nullptr;
 };

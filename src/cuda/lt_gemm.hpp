@@ -13,7 +13,7 @@
 
 namespace twell::gpu {
 
-enum class GemmId : uint8_t { gate, up, down };  // which product: one cached algorithm each
+enum class GemmId : uint8_t { gate, up, down, grad_hidden, grad_input };  // one cached algorithm each
 enum class Activation : uint8_t { none, relu };   // cuBLASLt epilogue
 enum class WeightLayout : uint8_t {
   n_by_k,  // B [n, k]: D = A B^T (gate and up weights)

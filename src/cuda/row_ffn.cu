@@ -15,15 +15,14 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/element.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/warp_rows.cuh"
 
 namespace twell::gpu {
 
 namespace {
 
-constexpr int kWarpSize = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int kMaxChunks = int(RowConfig::kMaxHidden / RowConfig::kChunk);
-static_assert(RowConfig::kChunk == kWarpSize * kVecElems, "a chunk is one 16-byte vector per lane");
+using warp_rows::kFullMask;
+using warp_rows::kWarpSize;
 
 // The row's x slice and accumulators, and the pairwise up/down step over active neurons.
 template <typename T, FfnKind kKind, int kChunks>
@@ -101,54 +100,15 @@ struct RowState {
   }
 };
 
-// Compact row: tiles 32 at a time; lane t holds tile t's count, a warp scan gives each entry its
-// tile, and lane j decodes entry j of the group (in column order).
+// Compact row: its entries decoded 32 at a time (warp_rows.cuh), consumed two at a time.
 template <typename T, FfnKind kKind, int kChunks>
 __device__ void compact_row(RowState<T, kKind, kChunks>& st, const TwellView& tw, const T* up,
                             const T* down, int64_t k, int64_t row, int lane) {
-  const int num_tiles = int((tw.shape.cols + tw.shape.tile - 1) / tw.shape.tile);
   const auto* values = static_cast<const T*>(tw.values);
-  for (int t0 = 0; t0 < num_tiles; t0 += kWarpSize) {
-    const int t = t0 + lane;
-    const int count = t < num_tiles ? tw.counts[row * num_tiles + t] : 0;
-    int incl = count;  // inclusive prefix sum of the counts over the lanes
-#pragma unroll
-    for (int s = 1; s < kWarpSize; s <<= 1) {
-      const int v = __shfl_up_sync(kFullMask, incl, s);
-      if (lane >= s) incl += v;
-    }
-    const int total = __shfl_sync(kFullMask, incl, kWarpSize - 1);
-    for (int e0 = 0; e0 < total; e0 += kWarpSize) {
-      const int e = e0 + lane;
-      // The tile of entry e: the number of lanes whose inclusive sum is <= e.
-      int tile = 0, before = 0;
-      for (int j = 0; j < kWarpSize; ++j) {
-        const int inc_j = __shfl_sync(kFullMask, incl, j);
-        if (inc_j <= e) {
-          tile = j + 1;
-          before = inc_j;
-        }
-      }
-      int neuron = 0;
-      float g = 0.0f;
-      if (e < total) {
-        const int64_t slot = (row * num_tiles + t0 + tile) * tw.shape.capacity + (e - before);
-        neuron = (t0 + tile) * tw.shape.tile + tw.cols[slot];
-        g = Elem<T>::to_float(values[slot]);
-      }
-      st.consume(up, down, k, neuron, g, min(kWarpSize, total - e0), lane);
-    }
-  }
-}
-
-// Entries of a compact row (sum of its tile counts), identical in every lane.
-__device__ int row_entries(const TwellView& tw, int64_t row, int lane) {
-  const int num_tiles = int((tw.shape.cols + tw.shape.tile - 1) / tw.shape.tile);
-  int total = 0;
-  for (int t = lane; t < num_tiles; t += kWarpSize) total += tw.counts[row * num_tiles + t];
-#pragma unroll
-  for (int s = kWarpSize / 2; s > 0; s >>= 1) total += __shfl_xor_sync(kFullMask, total, s);
-  return total;
+  warp_rows::for_each_entry_group(tw, row, lane, [&](int neuron, int64_t slot, int count) {
+    const float g = slot >= 0 ? Elem<T>::to_float(values[slot]) : 0.0f;
+    st.consume(up, down, k, neuron, g, count, lane);
+  });
 }
 
 struct KernelArgs {
@@ -223,13 +183,11 @@ __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) row_ffn_kernel(
   const auto* up = static_cast<const T*>(a.up);
   const auto* down = static_cast<const T*>(a.down);
   for (;;) {
-    int64_t row = 0;
-    if (lane == 0) row = atomicAdd(&a.control->next_row, 1);
-    row = __shfl_sync(kFullMask, row, 0);
+    const int64_t row = warp_rows::next_row(&a.control->next_row, lane);
     if (row >= tw.shape.rows) return;
     RowState<T, kKind, kChunks> st;
     if (tw.row_slot[row] >= 0) continue;  // routed: the long-row kernel's
-    if (row_entries(tw, row, lane) > RowConfig::kLongRow) {
+    if (warp_rows::row_entries(tw, row, lane) > RowConfig::kLongRow) {
       if (lane == 0) a.long_rows[atomicAdd(&a.control->num_long, 1)] = int32_t(row);
       continue;
     }
@@ -291,19 +249,9 @@ __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) long_row_kernel
       st.offset = warp;
       compact_row(st, tw, up, down, a.k, row, lane);
     }
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-      for (int e = 0; e < kVecElems; ++e)
-        partial[warp][c * RowConfig::kChunk + lane * kVecElems + e] = st.acc[c][e];
+    warp_rows::spill(partial[warp], lane, st.acc);
     __syncthreads();
-    auto* yrow = static_cast<T*>(a.y) + row * a.k;
-    for (int col = threadIdx.x; col < kCols; col += blockDim.x) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int w = 0; w < RowConfig::kWarps; ++w) sum += partial[w][col];
-      yrow[col] = Elem<T>::from_float(sum);
-    }
+    warp_rows::sum_partials<T, RowConfig::kWarps, kCols>(partial, static_cast<T*>(a.y) + row * a.k);
     __syncthreads();  // partial, list and the item are rewritten by the next item
   }
 }
@@ -320,19 +268,9 @@ void launch_with(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   long_row_kernel<T, kKind, kChunks><<<unsigned(ctas), RowConfig::kWarps * kWarpSize, 0, s>>>(k);
 }
 
-template <typename T, FfnKind kKind, int kChunks = 1>
-void launch_chunks(const RowArgs& a, int chunks, const DeviceInfo& dev, cudaStream_t s) {
-  if constexpr (kChunks < kMaxChunks) {
-    if (chunks > kChunks) return launch_chunks<T, kKind, kChunks + 1>(a, chunks, dev, s);
-  }
-  launch_with<T, kKind, kChunks>(a, dev, s);
-}
-
 }  // namespace
 
-bool row_kernel_supports(int64_t hidden) {
-  return hidden % RowConfig::kChunk == 0 && hidden <= RowConfig::kMaxHidden;
-}
+bool row_kernel_supports(int64_t hidden) { return warp_rows::supports(hidden); }
 
 void launch_row_ffn(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const CompactArgs& c = a.compact;
@@ -344,10 +282,13 @@ void launch_row_ffn(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const int chunks = int(c.hidden / RowConfig::kChunk);
   with_element_type(c.twell.dtype, "InferencePlan::run", [&](auto tag) {
     using T = decltype(tag);
-    if (c.kind == FfnKind::gated)
-      launch_chunks<T, FfnKind::gated>(a, chunks, dev, s);
-    else
-      launch_chunks<T, FfnKind::plain>(a, chunks, dev, s);
+    warp_rows::with_chunks(chunks, [&](auto chunks_c) {
+      constexpr int kChunks = decltype(chunks_c)::value;
+      if (c.kind == FfnKind::gated)
+        launch_with<T, FfnKind::gated, kChunks>(a, dev, s);
+      else
+        launch_with<T, FfnKind::plain, kChunks>(a, dev, s);
+    });
   });
   check_launch("InferencePlan::run", "row up+down kernel");
 }

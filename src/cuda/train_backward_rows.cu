@@ -2,13 +2,18 @@
 // each active entry (kept per slot for the weight gradients) and dx.
 //   dh = <dy[m], Wd[n]> + l1 * sign(h) / M;  gated: dg = dh * u, du = dh * g;  plain: dg = dh
 //   dx[m] = sum dg W1[n] + du Wu[n] (fp32, rounded once)
-//   CTA: one row (grid = M); a routed row exits at once (the dense routed-row path writes it).
-//   warp: 32 lanes of the row's K range; each batch of down-dots is reduced across warps in shared memory.
-//   thread: kVecs 16-byte vectors of K (vector v = thread + j * blockDim), holding dy[m] and the fp32
-//           accumulators of dx[m] in registers; entries are consumed kBatch at a time.
+// Two kernels when K is a multiple of 256 up to 2048 (warp_rows.cuh), else the CTA kernel alone,
+// split as in train_forward_rows.cu:
+//   warp kernel: a warp per row from a queue, dy[m] and the fp32 accumulators of dx[m] in
+//     registers; entries consumed two at a time (two down-dots, then W1 and Wu rows axpy'd); rows
+//     over TrainRowConfig::kLongRow entries listed for the CTA kernel.
+//   CTA kernel: one row per CTA (grid = M, or grid-stride over the long-row list); each batch of
+//     kBatch down-dots is reduced across warps in shared memory.
+// A routed row is skipped by both (the dense routed-row path writes it).
 #include "cuda/cuda_check.hpp"
 #include "cuda/train_kernels.hpp"
 #include "cuda/train_rows.cuh"
+#include "cuda/warp_rows.cuh"
 
 namespace twell::gpu {
 
@@ -17,13 +22,10 @@ namespace {
 using rows::kBatch;
 
 template <typename T, FfnKind kKind, int kVecs>
-__global__ void __launch_bounds__(TrainRowConfig::kMaxThreads)
-    backward_rows_kernel(const T* __restrict__ dy, const T* __restrict__ first,
-                         const T* __restrict__ up, const T* __restrict__ down, T* __restrict__ dx,
-                         float* __restrict__ dh_out, L1Coef l1, int64_t k, TwellView tw) {
-  __shared__ rows::RowShared sm;
-  const int64_t row = blockIdx.x;
-  if (tw.row_slot[row] >= 0) return;
+__device__ void backward_row(const T* __restrict__ dy, const T* __restrict__ first, const T* __restrict__ up,
+                             const T* __restrict__ down, T* __restrict__ dx, float* __restrict__ dh_out,
+                             const L1Coef& l1, int64_t k, const TwellView& tw, int64_t row,
+                             rows::RowShared& sm) {
   const int num_tiles = tiles_of(tw.shape);
   rows::stage_counts(sm, tw, row, num_tiles);
 
@@ -70,17 +72,145 @@ __global__ void __launch_bounds__(TrainRowConfig::kMaxThreads)
   rows::store_row<T, kVecs>(dx + row * k, vectors, acc);
 }
 
+template <typename T, FfnKind kKind, int kVecs>
+__global__ void __launch_bounds__(TrainRowConfig::kMaxThreads)
+    backward_rows_kernel(const T* __restrict__ dy, const T* __restrict__ first,
+                         const T* __restrict__ up, const T* __restrict__ down, T* __restrict__ dx,
+                         float* __restrict__ dh_out, L1Coef l1, int64_t k, TwellView tw) {
+  __shared__ rows::RowShared sm;
+  const int64_t row = blockIdx.x;
+  if (tw.row_slot[row] < 0) backward_row<T, kKind, kVecs>(dy, first, up, down, dx, dh_out, l1, k, tw, row, sm);
+}
+
+struct WarpArgs {
+  const void* dy;
+  const void* first;
+  const void* up;
+  const void* down;
+  void* dx;
+  float* dh;
+  L1Coef l1;
+  TwellView tw;
+  int32_t* control;
+  int32_t* long_rows;
+};
+
+// One warp's part of a compact row: the entry groups first_group, first_group + group_step, ...
+// (dh stored at their slots), accumulated into acc.
+template <typename T, FfnKind kKind, int kChunks>
+__device__ void backward_warp_row(const WarpArgs& a, int64_t row, int lane, int first_group, int group_step,
+                                  float (&acc)[kChunks][kVecElems]) {
+  constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
+  const auto* first = static_cast<const T*>(a.first);
+  const auto* up = static_cast<const T*>(a.up);
+  const auto* down = static_cast<const T*>(a.down);
+  const auto* values = static_cast<const T*>(a.tw.values);
+  const T* plane1 = values + plane_elements(a.tw.shape);
+  const float scale = l1_scale(a.l1, a.tw.shape.rows);
+  uint4 dyr[kChunks];
+  warp_rows::load_row<T, kChunks>(static_cast<const T*>(a.dy) + row * k, lane, dyr);
+  warp_rows::zero(acc);
+  int group = 0;
+  warp_rows::for_each_entry_group(a.tw, row, lane, [&](int neuron, int64_t slot, int count) {
+    if (group++ % group_step != first_group) return;
+    float g = 0.0f, u = 1.0f;
+    if (slot >= 0) {
+      g = Elem<T>::to_float(values[slot]);
+      if constexpr (kKind == FfnKind::gated) u = Elem<T>::to_float(plane1[slot]);
+    }
+    for (int i = 0; i < count; i += 2) {
+      const bool two = i + 1 < count;
+      const int j = two ? i + 1 : i;
+      const int n0 = __shfl_sync(warp_rows::kFullMask, neuron, i);
+      const int n1 = __shfl_sync(warp_rows::kFullMask, neuron, j);
+      const int64_t s0 = __shfl_sync(warp_rows::kFullMask, slot, i);
+      const int64_t s1 = __shfl_sync(warp_rows::kFullMask, slot, j);
+      const float g0 = __shfl_sync(warp_rows::kFullMask, g, i);
+      const float g1 = __shfl_sync(warp_rows::kFullMask, g, j);
+      const float u0 = __shfl_sync(warp_rows::kFullMask, u, i);
+      const float u1 = __shfl_sync(warp_rows::kFullMask, u, j);
+      float d0, d1;
+      warp_rows::dot2<T, kChunks>(dyr, down + int64_t(n0) * k, down + int64_t(n1) * k, lane, d0, d1);
+      const float dh0 = d0 + scale * sign_of(g0 * u0);
+      const float dh1 = two ? d1 + scale * sign_of(g1 * u1) : 0.0f;
+      if (lane == 0) {
+        a.dh[s0] = dh0;
+        if (two) a.dh[s1] = dh1;
+      }
+      warp_rows::axpy2<T, kChunks>(acc, dh0 * u0, first + int64_t(n0) * k, dh1 * u1, first + int64_t(n1) * k,
+                                   lane);
+      if constexpr (kKind == FfnKind::gated)
+        warp_rows::axpy2<T, kChunks>(acc, dh0 * g0, up + int64_t(n0) * k, dh1 * g1, up + int64_t(n1) * k, lane);
+    }
+  });
+}
+
+// Short compact rows, a warp each from a queue; long ones are listed for backward_long_kernel.
+template <typename T, FfnKind kKind, int kChunks>
+__global__ void __launch_bounds__(TrainRowConfig::kWarpRowWarps * warp_rows::kWarpSize)
+    backward_warp_kernel(WarpArgs a) {
+  constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
+  const int lane = threadIdx.x % warp_rows::kWarpSize;
+  for (;;) {
+    const int64_t row = warp_rows::next_row(&a.control[0], lane);
+    if (row >= a.tw.shape.rows) return;
+    if (a.tw.row_slot[row] >= 0) continue;
+    if (warp_rows::row_entries(a.tw, row, lane) > TrainRowConfig::kLongRow) {
+      if (lane == 0) a.long_rows[atomicAdd(&a.control[1], 1)] = int32_t(row);
+      continue;
+    }
+    float acc[kChunks][kVecElems];
+    backward_warp_row<T, kKind, kChunks>(a, row, lane, 0, 1, acc);
+    warp_rows::store_row<T, kChunks>(static_cast<T*>(a.dx) + row * k, lane, acc);
+  }
+}
+
+// Long compact rows, a CTA each (grid-stride over the list): warp w takes entry groups w,
+// w + warps, ...; the partial sums of dx meet in shared memory in warp order.
+template <typename T, FfnKind kKind, int kChunks>
+__global__ void __launch_bounds__(TrainRowConfig::kLongRowWarps * warp_rows::kWarpSize)
+    backward_long_kernel(WarpArgs a) {
+  constexpr int kWarps = TrainRowConfig::kLongRowWarps;
+  constexpr int kCols = kChunks * RowConfig::kChunk;
+  __shared__ float partial[kWarps][kCols];
+  const int lane = threadIdx.x % warp_rows::kWarpSize, warp = threadIdx.x / warp_rows::kWarpSize;
+  const int count = a.control[1];
+  for (int i = blockIdx.x; i < count; i += gridDim.x) {
+    const int64_t row = a.long_rows[i];
+    float acc[kChunks][kVecElems];
+    backward_warp_row<T, kKind, kChunks>(a, row, lane, warp, kWarps, acc);
+    warp_rows::spill(partial[warp], lane, acc);
+    __syncthreads();
+    warp_rows::sum_partials<T, kWarps, kCols>(partial, static_cast<T*>(a.dx) + row * kCols);
+    __syncthreads();  // partial is rewritten by the next row
+  }
+}
+
 }  // namespace
 
-void launch_backward_rows(const BackwardRowsArgs& a, cudaStream_t s) {
+void launch_backward_rows(const BackwardRowsArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const char* op = "TrainingPlan::backward";
-  if (a.saved.shape.rows == 0) return;
+  const int64_t rows = a.saved.shape.rows;
+  if (rows == 0) return;
+  const rows::PassGrid grid = rows::pass_grid(rows, a.k, a.control != nullptr, dev);
+  if (grid.warp) {
+    check_cuda(cudaMemsetAsync(a.control, 0, 2 * sizeof(int32_t), s), op, "row queue");
+    const WarpArgs w{a.dy, a.first, a.up, a.down, a.dx, a.dh, a.l1, a.saved, a.control, a.long_rows};
+    rows::dispatch_warp_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto chunks) {
+      using T = decltype(tag);
+      constexpr FfnKind kKind = decltype(kind)::value;
+      constexpr int kChunks = decltype(chunks)::value;
+      backward_warp_kernel<T, kKind, kChunks><<<grid.warp_ctas, grid.warp_threads, 0, s>>>(w);
+      backward_long_kernel<T, kKind, kChunks><<<grid.long_ctas, grid.long_threads, 0, s>>>(w);
+    });
+    check_launch(op, "training backward warp-row kernels");
+    return;
+  }
   rows::dispatch_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto vecs, int threads) {
     using T = decltype(tag);
-    backward_rows_kernel<T, decltype(kind)::value, decltype(vecs)::value>
-        <<<unsigned(a.saved.shape.rows), unsigned(threads), 0, s>>>(
-            static_cast<const T*>(a.dy), static_cast<const T*>(a.first), static_cast<const T*>(a.up),
-            static_cast<const T*>(a.down), static_cast<T*>(a.dx), a.dh, a.l1, a.k, a.saved);
+    backward_rows_kernel<T, decltype(kind)::value, decltype(vecs)::value><<<unsigned(rows), unsigned(threads), 0, s>>>(
+        static_cast<const T*>(a.dy), static_cast<const T*>(a.first), static_cast<const T*>(a.up),
+        static_cast<const T*>(a.down), static_cast<T*>(a.dx), a.dh, a.l1, a.k, a.saved);
   });
   check_launch(op, "training backward rows kernel");
 }

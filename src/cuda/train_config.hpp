@@ -10,8 +10,14 @@ namespace twell::gpu {
 // The widest TwELL tile the backend packs: bounds the per-tile shared arrays.
 constexpr int32_t kMaxTileWidth = kTileWidths[sizeof(kTileWidths) / sizeof(kTileWidths[0]) - 1];
 
-// The compact-row passes (train_forward_rows.cu, train_backward_rows.cu): one CTA per row.
+// The compact-row passes (train_forward_rows.cu, train_backward_rows.cu): K a multiple of 256 up
+// to 2048: a warp per row, long rows split over a CTA's warps; other K: one CTA per row.
 struct TrainRowConfig {
+  static constexpr int kWarpRowWarps = 4;       // warp kernel: warps (rows in flight) per CTA
+  static constexpr int kWarpRowCtasPerSm = 4;   // warp kernel: persistent CTAs per SM, rows from a queue
+  static constexpr int kLongRow = 256;          // entries above which a row goes to the long-row kernel
+  static constexpr int kLongRowWarps = 4;       // long-row kernel: warps splitting one row's entry groups
+  static constexpr int kLongRowCtasPerSm = 4;   // long-row kernel: CTAs per SM, grid-stride over the list
   static constexpr int kBatch = 8;              // entries per step; their dots share one barrier
   static constexpr int kVectorsPerThread = 4;   // 16-byte row vectors a thread owns once K >= 1024
   static constexpr int kMaxThreads = 512;       // CTA ceiling: K = 16384 is 512 threads x 4 vectors
@@ -36,8 +42,8 @@ struct RoutedOrderConfig {
 
 // Weight gradients of the compact entries (train_weight_grads.cu).
 struct WeightGradConfig {
-  static constexpr int kMaxThreads = 128;       // per CTA: one 16-byte vector of K each
-  static constexpr int kBatch = 8;              // entries whose x / dy rows are loaded at once
+  static constexpr int kWarps = 8;              // per CTA (one neuron, 256 columns): entry runs walked at once
+  static constexpr int kBatch = 8;              // entries whose x / dy vectors a lane loads at once
 };
 
 // The elementwise backward of the routed rows (train_routed_hidden.cu).

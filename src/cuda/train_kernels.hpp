@@ -38,8 +38,12 @@ struct ForwardRowsArgs {
   float* row_l1 = nullptr;     // [rows], optional
   int64_t k = 0;
   TwellView saved;
+  // Scratch of the warp-per-row kernel: int32 [2] (queue head, long-row count; zeroed by the
+  // launcher) and int32 [rows]. Without them every row runs one CTA per row.
+  int32_t* control = nullptr;
+  int32_t* long_rows = nullptr;
 };
-void launch_forward_rows(const ForwardRowsArgs& a, cudaStream_t s);
+void launch_forward_rows(const ForwardRowsArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
 // train_backward_rows.cu: for every compact row m and entry at slot i (neuron n, g, u):
 //   dh[i] = <dy[m], Wd[n]> + l1 * sign(h) / rows;  dg = dh * u (gated) or dh (plain); du = dh * g
@@ -55,8 +59,10 @@ struct BackwardRowsArgs {
   L1Coef l1;
   int64_t k = 0;
   TwellView saved;
+  int32_t* control = nullptr;    // as ForwardRowsArgs
+  int32_t* long_rows = nullptr;
 };
-void launch_backward_rows(const BackwardRowsArgs& a, cudaStream_t s);
+void launch_backward_rows(const BackwardRowsArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
 // train_routed_order.cu: order[0 .. R) = the routed rows (row_slot >= 0) in ascending order and
 // *count = R: a deterministic order for the dense reductions over routed rows.
@@ -164,6 +170,28 @@ struct RoutedHiddenArgs {
   const int32_t* count = nullptr;
 };
 void launch_routed_hidden(const RoutedHiddenArgs& a, const DeviceInfo& dev, cudaStream_t s);
+
+// train_dense.cu: the dense path's saved layout (every row routed to its own backup row:
+// row_slot[m] = routed_rows[m] = m, *num_routed = M, counts 0; the backup planes are written by
+// the caller's GEMMs).
+void launch_dense_layout(const TwellView& saved, const DeviceInfo& dev, cudaStream_t s);
+
+// train_dense.cu: the dense path's elementwise backward over [rows, N]:
+//   t = dh + l1 * sign(g u) / rows; gated: q = [t u [g > 0] | t g] (row width 2N), h = g u;
+//   plain: q = t [g > 0] (width N). Every output rounded to the dtype.
+struct DenseBackwardArgs {
+  FfnKind kind = FfnKind::gated;
+  DType dtype = DType::bf16;
+  const void* g = nullptr;   // relu(G) [rows, N]
+  const void* u = nullptr;   // U [rows, N] (gated)
+  const void* dh = nullptr;  // dy Wd^T [rows, N]
+  void* q = nullptr;         // [rows, 2N] gated, [rows, N] plain
+  void* h = nullptr;         // [rows, N] (gated)
+  int64_t n = 0;
+  int64_t rows = 0;
+  L1Coef l1;
+};
+void launch_dense_backward_hidden(const DenseBackwardArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
 // train_stats.cu: row_l1[r] = sum |h[r, :]| for the routed rows r (h: the dense hidden rows the
 // routed-row backup left in `hidden` [rows, N]); then stats = {active / rows, sum row_l1 / rows}.

@@ -3,12 +3,15 @@
 // reduction of a batch of dot products. A row is owned by one CTA; thread t owns the 16-byte
 // vectors v = t + j * blockDim (j < kVecs) of K.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
 #include "cuda/element.cuh"
 #include "cuda/train_config.hpp"
+#include "cuda/device.hpp"
 #include "cuda/train_device.cuh"
+#include "cuda/warp_rows.cuh"
 #include "twell/format.hpp"
 
 namespace twell::gpu::rows {
@@ -60,6 +63,38 @@ void dispatch_rows(DType dtype, FfnKind kind, int64_t k, const char* op, Launch&
     else
       by_vecs(std::integral_constant<FfnKind, FfnKind::plain>{});
   });
+}
+
+// Host: calls launch(T{}, kind constant, chunks constant) for the warp-per-row kernels
+// (warp_rows::supports(k)), the K / 256 chunks of a row a compile-time constant.
+template <typename Launch>
+void dispatch_warp_rows(DType dtype, FfnKind kind, int64_t k, const char* op, Launch&& launch) {
+  with_element_type(dtype, op, [&](auto tag) {
+    warp_rows::with_chunks(int(k / RowConfig::kChunk), [&](auto chunks) {
+      if (kind == FfnKind::gated)
+        launch(tag, std::integral_constant<FfnKind, FfnKind::gated>{}, chunks);
+      else
+        launch(tag, std::integral_constant<FfnKind, FfnKind::plain>{}, chunks);
+    });
+  });
+}
+
+// Host: the grids of a compact-row pass with the warp kernels (K supported and a queue given):
+// the warp kernel's persistent grid, and the long-row kernel's grid-stride CTAs over its list.
+struct PassGrid {
+  bool warp = false;
+  unsigned warp_ctas = 0;
+  unsigned warp_threads = TrainRowConfig::kWarpRowWarps * kWarpSize;
+  unsigned long_ctas = 0;
+  unsigned long_threads = TrainRowConfig::kLongRowWarps * kWarpSize;
+};
+inline PassGrid pass_grid(int64_t rows, int64_t k, bool queue, const DeviceInfo& dev) {
+  PassGrid g;
+  g.warp = queue && warp_rows::supports(k);
+  g.warp_ctas = unsigned(std::min<int64_t>(int64_t(dev.sm_count) * TrainRowConfig::kWarpRowCtasPerSm,
+                                           (rows + TrainRowConfig::kWarpRowWarps - 1) / TrainRowConfig::kWarpRowWarps));
+  g.long_ctas = unsigned(std::min<int64_t>(rows, int64_t(dev.sm_count) * TrainRowConfig::kLongRowCtasPerSm));
+  return g;
 }
 
 // Loads the thread's vectors of a K-wide row as floats (zeros past K).

@@ -33,6 +33,8 @@ TrainForwardLayout train_forward_layout(const ProblemDims& d, int64_t rows) {
   l.lt = c.take(LtConfig::kWorkspaceBytes);
   l.hidden = c.take(m * size_t(d.n) * dtype_size(d.dtype));
   l.row_l1 = c.take(m * sizeof(float));
+  l.control = c.take(2 * sizeof(int32_t));
+  l.long_rows = c.take(m * sizeof(int32_t));
   l.bytes = c.bytes();
   return l;
 }
@@ -54,6 +56,23 @@ TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows) {
   l.entries = c.take(slots * sizeof(int64_t));
   l.p = c.take(m * n * es);
   l.q = c.take(m * n * es * (d.kind == FfnKind::gated ? 2 : 1));
+  l.control = c.take(2 * sizeof(int32_t));
+  l.long_rows = c.take(m * sizeof(int32_t));
+  l.bytes = c.bytes();
+  return l;
+}
+
+TrainDenseBackwardLayout train_dense_backward_layout(const ProblemDims& d, int64_t rows) {
+  TrainDenseBackwardLayout l;
+  if (rows == 0) return l;
+  const bool gated = d.kind == FfnKind::gated;
+  const size_t mn = size_t(rows) * size_t(d.n), es = dtype_size(d.dtype);
+  Carver c;
+  l.lt = c.take(LtConfig::kWorkspaceBytes);
+  l.dh = c.take(mn * es);
+  l.q = c.take(mn * es * (gated ? 2 : 1));
+  l.h = c.take(gated ? mn * es : 0);
+  l.stacked = c.take(gated ? 2 * size_t(d.n) * size_t(d.k) * es : 0);
   l.bytes = c.bytes();
   return l;
 }

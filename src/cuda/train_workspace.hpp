@@ -14,6 +14,8 @@ struct TrainForwardLayout {
   size_t lt = 0;        // cuBLASLt scratch
   size_t hidden = 0;    // G [M, N]; the routed-row backup turns routed rows into h
   size_t row_l1 = 0;    // f32 [M]: sum |h| per row
+  size_t control = 0;   // int32 [2]: the row pass's queue head and long-row count
+  size_t long_rows = 0; // int32 [M]: the row pass's long rows
   size_t bytes = 0;     // 0 when M = 0
 };
 TrainForwardLayout train_forward_layout(const ProblemDims& d, int64_t rows);
@@ -28,8 +30,21 @@ struct TrainBackwardLayout {
   size_t entries = 0;       // int64 [M * slots_per_row]: slots by neuron
   size_t p = 0;             // dtype [M, N]: routed rows' g, then h
   size_t q = 0;             // dtype [M, 2N] gated ([u | dh], then [dg | du]); [M, N] plain (dh, then dg)
+  size_t control = 0;       // int32 [2]: the row pass's queue head and long-row count
+  size_t long_rows = 0;     // int32 [M]: the row pass's long rows
   size_t bytes = 0;         // 0 when M = 0
 };
 TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows);
+
+// The dense path's backward (the dense saved form).
+struct TrainDenseBackwardLayout {
+  size_t lt = 0;        // cuBLASLt / cuBLAS scratch
+  size_t dh = 0;        // dtype [M, N]: dy Wd^T
+  size_t q = 0;         // dtype [M, 2N] gated ([dg | du]); [M, N] plain (dg)
+  size_t h = 0;         // dtype [M, N]: g u (gated)
+  size_t stacked = 0;   // dtype [2N, K]: [Wg; Wu] (gated)
+  size_t bytes = 0;     // 0 when M = 0
+};
+TrainDenseBackwardLayout train_dense_backward_layout(const ProblemDims& d, int64_t rows);
 
 }  // namespace twell::gpu

@@ -8,6 +8,11 @@
 //   backward: routed rows listed in ascending order -> compact rows: dh per entry, dx -> column
 //             index -> per-neuron weight gradients (written) -> routed rows recomputed densely from
 //             x and dy on tensor cores: g, u, dh -> dg, du, h -> dx rows, weight gradients (added)
+// The dense saved form (backup_capacity == M; automatic dispatch asks for it above dense_above):
+//   forward:  G = relu(x W1^T) and U = x Wu^T (cuBLASLt) straight into the backup planes ->
+//             h = G U and the activation count -> y = h Wd -> layout (every row routed) -> stats
+//   backward: dh = dy Wd^T -> [dg | du], h (elementwise) -> dx = [dg | du] [Wg; Wu] (cuBLASLt,
+//             depth 2N) -> dWg, dWu, dWd (cuBLAS, fp32 out)
 // Nothing depends on the order of an atomic or a float reduction across CTAs: both Determinism
 // modes give bit-identical results run to run (fast has nothing faster to trade for it yet).
 // W1 is the gate weight (gated) or the up weight (plain). docs/kernels.md has the reasoning.
@@ -19,6 +24,7 @@
 #include <string>
 
 #include "core/backend.hpp"
+#include "cuda/blas_gemm.hpp"
 #include "cuda/config.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/device.hpp"
@@ -68,6 +74,46 @@ P* at(char* base, size_t offset) {
   return reinterpret_cast<P*>(base + offset);
 }
 
+// The density of the last finished forward, for automatic dispatch: each eager forward copies its
+// activation count into pinned memory behind an event; poll() reads it once the event has passed,
+// never waiting for the device.
+class DensityProbe {
+ public:
+  DensityProbe() {
+    check_cuda(cudaMallocHost(&host_, sizeof *host_), kPlanOp, "pinned density counter");
+    check_cuda(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming), kPlanOp, "density event");
+  }
+  ~DensityProbe() {
+    if (copied_ != nullptr) cudaEventDestroy(copied_);
+    if (host_ != nullptr) cudaFreeHost(host_);
+  }
+  DensityProbe(const DensityProbe&) = delete;
+  DensityProbe& operator=(const DensityProbe&) = delete;
+
+  void record(const unsigned long long* active, double elements, cudaStream_t s) {
+    check_cuda(cudaMemcpyAsync(host_, active, sizeof *host_, cudaMemcpyDeviceToHost, s), kForwardOp,
+               "density counter");
+    check_cuda(cudaEventRecord(copied_, s), kForwardOp, "density event");
+    pending_ = true;
+    pending_elements_ = elements;
+  }
+  // The last finished measurement (-1: none yet).
+  double poll() {
+    if (pending_ && cudaEventQuery(copied_) == cudaSuccess) {
+      density_ = pending_elements_ > 0 ? double(*host_) / pending_elements_ : 0.0;
+      pending_ = false;
+    }
+    return density_;
+  }
+
+ private:
+  unsigned long long* host_ = nullptr;
+  cudaEvent_t copied_ = nullptr;
+  bool pending_ = false;
+  double pending_elements_ = 0;
+  double density_ = -1;
+};
+
 class CudaTraining final : public detail::TrainingBackend {
  public:
   CudaTraining(const FfnWeights& w, const TrainingOptions& o)
@@ -80,6 +126,7 @@ class CudaTraining final : public detail::TrainingBackend {
     check_device_pointer(w.up.data, device_.index, kPlanOp, "up weight");
     check_device_pointer(w.down.data, device_.index, kPlanOp, "down weight");
     lt_ = std::make_unique<LtGemm>(dims_.dtype);
+    if (o.dispatch != Dispatch::force_sparse) blas_ = std::make_unique<BlasWeightGrad>(dims_.dtype);
     check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), kPlanOp, "run event");
   }
 
@@ -90,10 +137,20 @@ class CudaTraining final : public detail::TrainingBackend {
   DType saved_dtype() const override { return dims_.dtype; }
   void set_weights(const FfnWeights& w) override { weights_ = w; }
   size_t workspace_bytes(int64_t rows) const override {
-    return std::max(train_forward_layout(dims_, rows).bytes, train_backward_layout(dims_, rows).bytes);
+    return std::max({train_forward_layout(dims_, rows).bytes, train_backward_layout(dims_, rows).bytes,
+                     options_.dispatch == Dispatch::force_sparse ? size_t(0)
+                                                                 : train_dense_backward_layout(dims_, rows).bytes});
+  }
+  bool supports_dense_layout() const override { return options_.dispatch != Dispatch::force_sparse; }
+  bool wants_dense_layout(int64_t rows) override {
+    if (rows == 0 || options_.dispatch == Dispatch::force_sparse) return false;
+    if (options_.dispatch == Dispatch::force_dense) return true;
+    return probe_.poll() > options_.dense_above;
   }
 
   void forward(const TrainingForwardArgs& args, const TwellView& saved, Stream stream) override;
+  void forward_sparse(const TrainingForwardArgs& args, const TwellView& saved, int64_t rows, char* base,
+                      cudaStream_t s);
   void backward(const TrainingBackwardArgs& args, const TensorView& x, const TwellView& saved,
                 Stream stream) override;
 
@@ -151,12 +208,22 @@ class CudaTraining final : public detail::TrainingBackend {
   };
   void backward_routed(const void* x, const void* dy, const Grads& g, const RoutedBuffers& b,
                        int64_t rows, const L1Coef& l1, cudaStream_t s);
+  // The dense form (saved.shape.backup_capacity == rows): cuBLAS(Lt) GEMMs and elementwise passes.
+  void forward_dense(const TrainingForwardArgs& args, const TwellView& saved, int64_t rows, char* base,
+                     cudaStream_t s);
+  void backward_dense(const TrainingBackwardArgs& args, const TensorView& x, const TwellView& saved,
+                      const Grads& g, int64_t rows, char* base, const L1Coef& l1, cudaStream_t s);
+  // The statistics {L0, L1} from the active count and the h rows in `hidden` of the routed rows.
+  void launch_statistics(const TwellView& saved, const void* hidden, const unsigned long long* active,
+                         float* row_l1, float* stats, int64_t rows, cudaStream_t s);
 
   FfnWeights weights_;
   TrainingOptions options_;
   ProblemDims dims_;
   DeviceInfo device_;
   std::unique_ptr<LtGemm> lt_;
+  std::unique_ptr<BlasWeightGrad> blas_;  // the dense path's weight gradients
+  DensityProbe probe_;
   OwnedWorkspace own_;
   cudaEvent_t done_ = nullptr;          // recorded at the end of every uncaptured run
   cudaStream_t last_stream_ = nullptr;  // the stream of the last uncaptured run
@@ -186,9 +253,22 @@ void CudaTraining::forward(const TrainingForwardArgs& args, const TwellView& sav
   char* base = begin(rows, args.workspace, s, capturing, kForwardOp);
   const TrainForwardLayout l = train_forward_layout(dims_, rows);
   auto* active = at<unsigned long long>(base, l.active);
-  void* hidden = base + l.hidden;
-  float* row_l1 = stats != nullptr ? at<float>(base, l.row_l1) : nullptr;
   check_cuda(cudaMemsetAsync(active, 0, sizeof *active, s), kForwardOp, "activation count");
+  if (saved.shape.backup_capacity == rows)
+    forward_dense(args, saved, rows, base, s);
+  else
+    forward_sparse(args, saved, rows, base, s);
+  if (!capturing) probe_.record(active, double(rows) * double(dims_.n), s);
+  end(s, capturing, kForwardOp);
+}
+
+void CudaTraining::forward_sparse(const TrainingForwardArgs& args, const TwellView& saved, int64_t rows,
+                                  char* base, cudaStream_t s) {
+  const TrainForwardLayout l = train_forward_layout(dims_, rows);
+  auto* active = at<unsigned long long>(base, l.active);
+  void* hidden = base + l.hidden;
+  auto* stats = static_cast<float*>(args.stats.data);
+  float* row_l1 = stats != nullptr ? at<float>(base, l.row_l1) : nullptr;
 
   GemmCall gate;
   gate.id = GemmId::gate;
@@ -217,27 +297,33 @@ void CudaTraining::forward(const TrainingForwardArgs& args, const TwellView& sav
   compact.row_l1 = row_l1;
   compact.k = dims_.k;
   compact.saved = saved;
-  launch_forward_rows(compact, s);
+  compact.control = at<int32_t>(base, l.control);
+  compact.long_rows = at<int32_t>(base, l.long_rows);
+  launch_forward_rows(compact, device_, s);
 
   const RoutedArgs routed = routed_args(dims_, weights_, args.x.data, args.y.data, hidden, rows,
                                         saved.routed_rows, saved.num_routed);
   launch_routed(routed, device_, s);
   launch_routed_renumber(saved, s);
 
-  if (stats != nullptr) {
-    StatsArgs st;
-    st.dtype = dims_.dtype;
-    st.hidden = hidden;
-    st.n = dims_.n;
-    st.rows = rows;
-    st.routed_rows = saved.routed_rows;
-    st.num_routed = saved.num_routed;
-    st.active = active;
-    st.row_l1 = row_l1;
-    st.stats = stats;
-    launch_stats(st, device_, s);
-  }
-  end(s, capturing, kForwardOp);
+  launch_statistics(saved, hidden, active, row_l1, stats, rows, s);
+}
+
+void CudaTraining::launch_statistics(const TwellView& saved, const void* hidden,
+                                     const unsigned long long* active, float* row_l1, float* stats,
+                                     int64_t rows, cudaStream_t s) {
+  if (stats == nullptr) return;
+  StatsArgs st;
+  st.dtype = dims_.dtype;
+  st.hidden = hidden;
+  st.n = dims_.n;
+  st.rows = rows;
+  st.routed_rows = saved.routed_rows;
+  st.num_routed = saved.num_routed;
+  st.active = active;
+  st.row_l1 = row_l1;
+  st.stats = stats;
+  launch_stats(st, device_, s);
 }
 
 void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& x,
@@ -284,6 +370,11 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   rb.q = base + l.q;
   auto* dh = at<float>(base, l.dh);
   const L1Coef l1{l1_device, float(options_.l1_coef)};
+  if (saved.shape.backup_capacity == rows) {
+    backward_dense(args, x, saved, g, rows, base, l1, s);
+    end(s, capturing, kBackwardOp);
+    return;
+  }
 
   launch_routed_order(saved.row_slot, rows, order, count, s);
 
@@ -298,7 +389,9 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   compact.l1 = l1;
   compact.k = dims_.k;
   compact.saved = saved;
-  launch_backward_rows(compact, s);
+  compact.control = at<int32_t>(base, l.control);
+  compact.long_rows = at<int32_t>(base, l.long_rows);
+  launch_backward_rows(compact, device_, s);
 
   ColumnIndexArgs index;
   index.saved = saved;
@@ -409,6 +502,125 @@ void CudaTraining::backward_routed(const void* x, const void* dy, const Grads& g
   w.src = dy;
   w.dw = g.ddown;
   launch_routed_weight_grad(w, device_, s);
+}
+
+
+void CudaTraining::forward_dense(const TrainingForwardArgs& args, const TwellView& saved, int64_t rows,
+                                 char* base, cudaStream_t s) {
+  const TrainForwardLayout l = train_forward_layout(dims_, rows);
+  auto* active = at<unsigned long long>(base, l.active);
+  auto* stats = static_cast<float*>(args.stats.data);
+  const bool gated = dims_.kind == FfnKind::gated;
+  const size_t plane = size_t(rows) * size_t(dims_.n) * dtype_size(dims_.dtype);
+  char* g_plane = static_cast<char*>(saved.backup);  // relu(x W1^T): gated g, plain h
+  char* u_plane = g_plane + plane;                    // gated: x Wu^T
+  void* h = gated ? base + l.hidden : g_plane;
+
+  GemmCall c;
+  c.m = rows;
+  c.n = dims_.n;
+  c.k = dims_.k;
+  c.a = args.x.data;
+  c.id = GemmId::gate;
+  c.act = Activation::relu;
+  c.b = first_weight();
+  c.d = g_plane;
+  lt_->run(c, s, base + l.lt);
+  if (gated) {
+    c.id = GemmId::up;
+    c.act = Activation::none;
+    c.b = weights_.up.data;
+    c.d = u_plane;
+    lt_->run(c, s, base + l.lt);
+  }
+  DenseHiddenArgs dh;
+  dh.kind = dims_.kind;
+  dh.dtype = dims_.dtype;
+  dh.hidden = g_plane;
+  dh.up = u_plane;
+  dh.out = h;
+  dh.elements = rows * dims_.n;
+  dh.active = active;
+  launch_dense_hidden(dh, device_, s);
+
+  GemmCall down;
+  down.id = GemmId::down;
+  down.layout = WeightLayout::k_by_n;
+  down.m = rows;
+  down.n = dims_.k;
+  down.k = dims_.n;
+  down.a = h;
+  down.b = weights_.down.data;
+  down.d = args.y.data;
+  lt_->run(down, s, base + l.lt);
+
+  launch_dense_layout(saved, device_, s);
+  launch_statistics(saved, h, active, stats != nullptr ? at<float>(base, l.row_l1) : nullptr, stats, rows, s);
+}
+
+void CudaTraining::backward_dense(const TrainingBackwardArgs& args, const TensorView& x, const TwellView& saved,
+                                  const Grads& g, int64_t rows, char* base, const L1Coef& l1, cudaStream_t s) {
+  const TrainDenseBackwardLayout l = train_dense_backward_layout(dims_, rows);
+  const bool gated = dims_.kind == FfnKind::gated;
+  const int64_t n = dims_.n, k = dims_.k;
+  const size_t es = dtype_size(dims_.dtype);
+  const size_t plane = size_t(rows) * size_t(n) * es;
+  const char* g_plane = static_cast<const char*>(saved.backup);
+  const char* u_plane = g_plane + plane;
+  char* q = base + l.q;
+  const void* h = gated ? static_cast<const void*>(base + l.h) : g_plane;
+
+  // dh = dy Wd^T
+  GemmCall c;
+  c.id = GemmId::grad_hidden;
+  c.m = rows;
+  c.n = n;
+  c.k = k;
+  c.a = args.dy.data;
+  c.b = weights_.down.data;
+  c.d = base + l.dh;
+  lt_->run(c, s, base + l.lt);
+
+  DenseBackwardArgs e;
+  e.kind = dims_.kind;
+  e.dtype = dims_.dtype;
+  e.g = g_plane;
+  e.u = gated ? u_plane : nullptr;
+  e.dh = base + l.dh;
+  e.q = q;
+  e.h = gated ? base + l.h : nullptr;
+  e.n = n;
+  e.rows = rows;
+  e.l1 = l1;
+  launch_dense_backward_hidden(e, device_, s);
+
+  // dx = [dg | du] [Wg; Wu] (one GEMM of depth 2N over a copy of the two weights), plain dg Wu
+  const void* stacked = first_weight();
+  if (gated) {
+    const size_t bytes = size_t(n * k) * es;
+    check_cuda(cudaMemcpyAsync(base + l.stacked, weights_.gate.data, bytes, cudaMemcpyDeviceToDevice, s),
+               kBackwardOp, "stacked weights");
+    check_cuda(cudaMemcpyAsync(base + l.stacked + bytes, weights_.up.data, bytes, cudaMemcpyDeviceToDevice, s),
+               kBackwardOp, "stacked weights");
+    stacked = base + l.stacked;
+  }
+  GemmCall dx;
+  dx.id = GemmId::grad_input;
+  dx.layout = WeightLayout::k_by_n;
+  dx.m = rows;
+  dx.n = k;
+  dx.k = gated ? 2 * n : n;
+  dx.a = q;
+  dx.b = stacked;
+  dx.d = g.dx;
+  lt_->run(dx, s, base + l.lt);
+
+  // dW1 = dg^T x;  gated: dWu = du^T x;  dWd = h^T dy
+  const int64_t ldq = gated ? 2 * n : n;
+  void* ws = base + l.lt;
+  blas_->run(q, ldq, x.data, rows, n, k, g.dfirst, s, ws, LtConfig::kWorkspaceBytes);
+  if (gated) blas_->run(q + size_t(n) * es, ldq, x.data, rows, n, k, g.dup, s, ws, LtConfig::kWorkspaceBytes);
+  blas_->run(h, n, args.dy.data, rows, n, k, g.ddown, s, ws, LtConfig::kWorkspaceBytes);
 }
 
 }  // namespace

@@ -27,7 +27,8 @@ bench options:
                     float32 case on CPU); dense = cuBLAS GEMMs + elementwise kernels; reports
                     step time, bytes saved for backward, peak bytes, twell vs dense difference
   --backend NAME    auto | cpu | cuda   (auto: CUDA when a GPU is present)   (default: auto)
-  --m M --k K --n N shape of a custom case (implies --suite custom)
+  --m M --k K --n N shape of a custom case (implies --suite custom; with --suite training:
+                    one training case of these parameters, gated, instead of the suite's)
   --density D       mean fraction of active neurons of a custom case (default 0.005)
   --pattern P       uniform | heavy_tailed | edge_rows | all_zero | all_dense (default heavy_tailed)
   --dtype T         float32 | bfloat16 | float16   (default: float32 on CPU, bfloat16 on CUDA)
@@ -111,10 +112,12 @@ int cmd_bench(const std::vector<std::string>& a) {
     else if (f == "--no-write") write = false;
     else usage_error("unknown bench option " + f);
   }
-  if (custom && o.suite == "training")
-    usage_error("the training suite has fixed cases (--m, --k, --n, --density, --pattern, --dtype and "
-                "--kind set a custom inference case)");
-  if (custom) o.suite = "custom";
+  if (custom && o.suite == "training") {
+    if (o.custom.kind != twell::FfnKind::gated) usage_error("the training suite runs gated FFNs only");
+    o.training_custom = true;  // one training case of these parameters instead of the suite
+  } else if (custom) {
+    o.suite = "custom";
+  }
   const bool cuda = o.backend == "cuda" || (o.backend == "auto" && twell::cuda_device_count() > 0);
   if (!dtype_set) o.custom.dtype = cuda ? twell::DType::bf16 : twell::DType::f32;
   std::cerr << "twell bench: suite " << o.suite << " on " << (cuda ? "CUDA" : "CPU") << "\n";

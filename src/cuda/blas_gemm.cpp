@@ -1,0 +1,42 @@
+#include "cuda/blas_gemm.hpp"
+
+#include <limits>
+#include <string>
+
+#include "cuda/cuda_check.hpp"
+
+namespace twell::gpu {
+
+namespace {
+
+constexpr const char* kOp = "TrainingPlan::backward";
+
+int blas_int(int64_t v, const char* what) {
+  if (v > std::numeric_limits<int>::max())
+    throw Error(kOp, what, "at most 2147483647 for cuBLAS", std::to_string(v));
+  return int(v);
+}
+
+}  // namespace
+
+BlasWeightGrad::BlasWeightGrad(DType dtype) : type_(dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F) {
+  check_cublas(cublasCreate(&handle_), "TrainingPlan", "cuBLAS handle");
+}
+
+BlasWeightGrad::~BlasWeightGrad() {
+  if (handle_ != nullptr) cublasDestroy(handle_);
+}
+
+void BlasWeightGrad::run(const void* a, int64_t lda, const void* b, int64_t rows, int64_t n, int64_t k,
+                         float* dw, cudaStream_t s, void* workspace, size_t workspace_bytes) {
+  check_cublas(cublasSetStream(handle_, s), kOp, "cuBLAS stream");
+  check_cublas(cublasSetWorkspace(handle_, workspace, workspace_bytes), kOp, "cuBLAS workspace");
+  const float alpha = 1.0f, beta = 0.0f;
+  check_cublas(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_T, blas_int(k, "K"), blas_int(n, "N"),
+                            blas_int(rows, "rows"), &alpha, b, type_, blas_int(k, "K"), a, type_,
+                            blas_int(lda, "leading dimension"), &beta, dw, CUDA_R_32F, blas_int(k, "K"),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               kOp, "cuBLAS weight-gradient GEMM");
+}
+
+}  // namespace twell::gpu

@@ -1,0 +1,98 @@
+// Training's dense path (early-training densities): the saved layout with every row routed and
+// its dense planes in the backup rows, and the elementwise backward of the hidden layer.
+//   layout:   row_slot[m] = routed_rows[m] = m, *num_routed = M (grid-stride over rows).
+//   backward: per element of [M, N], with g = relu(G), u = U from the backup planes and dh from
+//             the dh GEMM: t = dh + l1 * sign(h) / M;  gated: dg = t u [g > 0], du = t g into
+//             q = [dg | du] (row width 2N), h = g u;  plain: dg = t [g > 0] into q (width N).
+//             Each value rounded once to the dtype, as a framework's dense layer stores them.
+//   CTA: kThreads threads over a grid-stride range of 16-byte vectors (kCtasPerSm CTAs per SM).
+#include <algorithm>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/element.cuh"
+#include "cuda/train_config.hpp"
+#include "cuda/train_device.cuh"
+#include "cuda/train_kernels.hpp"
+
+namespace twell::gpu {
+
+namespace {
+
+constexpr int kThreads = TrainElementwiseConfig::kThreads;
+
+__global__ void __launch_bounds__(kThreads) dense_layout_kernel(TwellView tw) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < tw.shape.rows; r += stride) {
+    tw.row_slot[r] = int32_t(r);
+    tw.routed_rows[r] = int32_t(r);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) *tw.num_routed = int32_t(tw.shape.rows);
+}
+
+template <typename T, FfnKind kKind>
+__global__ void __launch_bounds__(kThreads)
+    dense_backward_kernel(const T* __restrict__ g, const T* __restrict__ u, const T* __restrict__ dh,
+                          T* __restrict__ q, T* __restrict__ h, int64_t n, int64_t vectors, L1Coef l1,
+                          int64_t rows) {
+  constexpr bool kGated = kKind == FfnKind::gated;
+  const float scale = l1_scale(l1, rows);
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors; v += stride) {
+    const int64_t i = v * kVecElems, row = i / n, col = i - row * n;
+    float gf[kVecElems], uf[kVecElems], df[kVecElems];
+    unpack8<T>(load_readonly(g + i), gf);
+    unpack8<T>(load_readonly(dh + i), df);
+    if constexpr (kGated) unpack8<T>(load_readonly(u + i), uf);
+    float dg[kVecElems], du[kVecElems], hf[kVecElems];
+#pragma unroll
+    for (int e = 0; e < kVecElems; ++e) {
+      const float ue = kGated ? uf[e] : 1.0f;
+      hf[e] = gf[e] * ue;
+      const float t = df[e] + scale * sign_of(hf[e]);
+      dg[e] = gf[e] > 0.0f ? t * ue : 0.0f;
+      du[e] = t * gf[e];
+    }
+    T* qrow = q + row * (kGated ? 2 * n : n);
+    *reinterpret_cast<uint4*>(qrow + col) = pack8<T>(dg);
+    if constexpr (kGated) {
+      *reinterpret_cast<uint4*>(qrow + n + col) = pack8<T>(du);
+      *reinterpret_cast<uint4*>(h + i) = pack8<T>(hf);
+    }
+  }
+}
+
+int64_t grid_for(int64_t items, const DeviceInfo& dev) {
+  return std::max<int64_t>(1, std::min<int64_t>((items + kThreads - 1) / kThreads,
+                                                int64_t(dev.sm_count) * TrainElementwiseConfig::kCtasPerSm));
+}
+
+}  // namespace
+
+void launch_dense_layout(const TwellView& saved, const DeviceInfo& dev, cudaStream_t s) {
+  const char* op = "TrainingPlan::forward";
+  const size_t counts = size_t(saved.shape.rows) * size_t(saved.shape.num_tiles()) * sizeof(uint16_t);
+  check_cuda(cudaMemsetAsync(saved.counts, 0, counts, s), op, "saved counts");
+  dense_layout_kernel<<<unsigned(grid_for(saved.shape.rows, dev)), kThreads, 0, s>>>(saved);
+  check_launch(op, "dense layout kernel");
+}
+
+void launch_dense_backward_hidden(const DenseBackwardArgs& a, const DeviceInfo& dev, cudaStream_t s) {
+  const char* op = "TrainingPlan::backward";
+  const int64_t vectors = a.rows * a.n / kVecElems;
+  if (vectors == 0) return;
+  with_element_type(a.dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    const auto args = [&](auto kernel) {
+      kernel<<<unsigned(grid_for(vectors, dev)), kThreads, 0, s>>>(
+          static_cast<const T*>(a.g), static_cast<const T*>(a.u), static_cast<const T*>(a.dh),
+          static_cast<T*>(a.q), static_cast<T*>(a.h), a.n, vectors, a.l1, a.rows);
+    };
+    if (a.kind == FfnKind::gated)
+      args(dense_backward_kernel<T, FfnKind::gated>);
+    else
+      args(dense_backward_kernel<T, FfnKind::plain>);
+  });
+  check_launch(op, "dense backward hidden kernel");
+}
+
+}  // namespace twell::gpu
