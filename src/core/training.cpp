@@ -69,7 +69,7 @@ class TrainingPlan::Impl {
     if (saved.device != weights.up.device)
       throw Error(op, "saved device", to_string(weights.up.device), to_string(saved.device));
     if (!saved.values || !saved.cols || !saved.counts || !saved.row_slot || !saved.routed_rows ||
-        !saved.num_routed)
+        !saved.num_routed || (want.backup_capacity > 0 && !saved.backup))
       throw Error(op, "saved", "every array of the layout", "a null pointer");
   }
 

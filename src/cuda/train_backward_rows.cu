@@ -192,7 +192,7 @@ void launch_backward_rows(const BackwardRowsArgs& a, const DeviceInfo& dev, cuda
   const char* op = "TrainingPlan::backward";
   const int64_t rows = a.saved.shape.rows;
   if (rows == 0) return;
-  const rows::PassGrid grid = rows::pass_grid(rows, a.k, a.control != nullptr, dev);
+  const rows::PassGrid grid = rows::pass_grid(rows, a.k, dev);
   if (grid.warp) {
     check_cuda(cudaMemsetAsync(a.control, 0, 2 * sizeof(int32_t), s), op, "row queue");
     const WarpArgs w{a.dy, a.first, a.up, a.down, a.dx, a.dh, a.l1, a.saved, a.control, a.long_rows};

@@ -203,7 +203,7 @@ void launch_forward_rows(const ForwardRowsArgs& a, const DeviceInfo& dev, cudaSt
   const char* op = "TrainingPlan::forward";
   const int64_t rows = a.saved.shape.rows;
   if (rows == 0) return;
-  const rows::PassGrid grid = rows::pass_grid(rows, a.k, a.control != nullptr, dev);
+  const rows::PassGrid grid = rows::pass_grid(rows, a.k, dev);
   if (grid.warp) {
     check_cuda(cudaMemsetAsync(a.control, 0, 2 * sizeof(int32_t), s), op, "row queue");
     const WarpArgs w{a.x, a.up, a.down, a.y, a.row_l1, a.saved, a.control, a.long_rows};

@@ -79,8 +79,8 @@ void dispatch_warp_rows(DType dtype, FfnKind kind, int64_t k, const char* op, La
   });
 }
 
-// Host: the grids of a compact-row pass with the warp kernels (K supported and a queue given):
-// the warp kernel's persistent grid, and the long-row kernel's grid-stride CTAs over its list.
+// Host: the grids of a compact-row pass with the warp kernels (K supported): the warp kernel's
+// persistent grid, and the long-row kernel's grid-stride CTAs over its list.
 struct PassGrid {
   bool warp = false;
   unsigned warp_ctas = 0;
@@ -88,9 +88,9 @@ struct PassGrid {
   unsigned long_ctas = 0;
   unsigned long_threads = TrainRowConfig::kLongRowWarps * kWarpSize;
 };
-inline PassGrid pass_grid(int64_t rows, int64_t k, bool queue, const DeviceInfo& dev) {
+inline PassGrid pass_grid(int64_t rows, int64_t k, const DeviceInfo& dev) {
   PassGrid g;
-  g.warp = queue && warp_rows::supports(k);
+  g.warp = warp_rows::supports(k);
   g.warp_ctas = unsigned(std::min<int64_t>(int64_t(dev.sm_count) * TrainRowConfig::kWarpRowCtasPerSm,
                                            (rows + TrainRowConfig::kWarpRowWarps - 1) / TrainRowConfig::kWarpRowWarps));
   g.long_ctas = unsigned(std::min<int64_t>(rows, int64_t(dev.sm_count) * TrainRowConfig::kLongRowCtasPerSm));

@@ -62,6 +62,7 @@ void check_saved_memory(const TwellView& v, int device, const char* op) {
   check_device_memory(v.counts, device, op, "saved counts");
   check_device_memory(v.row_slot, device, op, "saved row_slot");
   check_device_memory(v.routed_rows, device, op, "saved routed_rows");
+  if (v.shape.backup_capacity > 0) check_device_memory(v.backup, device, op, "saved backup");
 }
 
 void check_rows(int64_t rows, const char* op) {
@@ -360,6 +361,12 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   }
 
   char* base = begin(rows, args.workspace, s, capturing, kBackwardOp);
+  const L1Coef l1{l1_device, float(options_.l1_coef)};
+  if (saved.shape.backup_capacity == rows) {
+    backward_dense(args, x, saved, g, rows, base, l1, s);
+    end(s, capturing, kBackwardOp);
+    return;
+  }
   const TrainBackwardLayout l = train_backward_layout(dims_, rows);
   RoutedBuffers rb;
   auto* order = at<int32_t>(base, l.order);
@@ -369,12 +376,6 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   rb.p = base + l.p;
   rb.q = base + l.q;
   auto* dh = at<float>(base, l.dh);
-  const L1Coef l1{l1_device, float(options_.l1_coef)};
-  if (saved.shape.backup_capacity == rows) {
-    backward_dense(args, x, saved, g, rows, base, l1, s);
-    end(s, capturing, kBackwardOp);
-    return;
-  }
 
   launch_routed_order(saved.row_slot, rows, order, count, s);
 
