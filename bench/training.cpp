@@ -188,7 +188,7 @@ std::vector<TrainingRow> run_training(const Options& o, std::ostream& progress,
     char line[512];
     std::snprintf(line, sizeof line,
                   " dense %.3f ms, twell %.3f ms, %.2fx, density %.3f%%, routed %lld, saved %.1f/%.1f MB "
-                  "(%.2fx), peak %.2f/%.2f GB (%.2fx), grad diff %.2e%s\n",
+                  "(%.2fx), peak %.2f/%.2f GB (%.2fx), grad diff %.2e, %s%s\n",
                   r.dense.median, r.twell.median, r.speedup, 100 * r.density, (long long)r.routed_rows,
                   r.dense_mem.saved / 1e6, r.twell_mem.saved / 1e6, r.saved_ratio, r.dense_mem.peak / 1e9,
                   r.twell_mem.peak / 1e9, r.peak_ratio, r.grad_rel_diff, r.path.c_str(),

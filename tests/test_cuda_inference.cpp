@@ -108,6 +108,7 @@ struct Case {
   int64_t m = 1, k = 64, n = 520;
   Dispatch dispatch = Dispatch::force_sparse;
   int32_t tile = 0, capacity = 0;
+  GateKernel gate = GateKernel::automatic;  // fused on sm_90a devices
 };
 
 std::string dispatch_name(Dispatch d) {
@@ -127,13 +128,15 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
                   "_K" + std::to_string(c.k) + "_N" + std::to_string(c.n) + "_" +
                   dispatch_name(c.dispatch);
   if (c.tile != 0) s += "_tile" + std::to_string(c.tile) + "_cap" + std::to_string(c.capacity);
+  if (c.gate == GateKernel::portable) s += "_portable";
   return s;
 }
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << ffn_kind_name(c.kind) << " " << dtype_name(c.dtype) << " " << testing::pattern_name(c.pattern)
       << " " << c.density << " M=" << c.m << " K=" << c.k << " N=" << c.n << " "
-      << dispatch_name(c.dispatch) << " tile=" << c.tile << " capacity=" << c.capacity;
+      << dispatch_name(c.dispatch) << " tile=" << c.tile << " capacity=" << c.capacity
+      << (c.gate == GateKernel::portable ? " portable gate" : "");
 }
 
 struct PatternDensity {
@@ -227,7 +230,20 @@ InferenceOptions options_of(const Case& c) {
   o.dispatch = c.dispatch;
   o.tile = c.tile;
   o.capacity = c.capacity;
+  o.gate = c.gate;
   return o;
+}
+
+// The portable gate (cuBLASLt + pack kernel) where the fused sm_90a kernel would run by default:
+// every pattern, tile and capacity at one odd shape, and the LLM shapes.
+std::vector<Case> portable_cases() {
+  std::vector<Case> out;
+  for (Case c : sparse_cases())
+    if (c.m == 257 || c.k >= 2048) {
+      c.gate = GateKernel::portable;
+      out.push_back(c);
+    }
+  return out;
 }
 
 class CudaForward : public ::testing::TestWithParam<Case> {};
@@ -268,6 +284,7 @@ TEST_P(CudaForward, MatchesOracle) {
 
 INSTANTIATE_TEST_SUITE_P(Sparse, CudaForward, ::testing::ValuesIn(sparse_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Dispatch, CudaForward, ::testing::ValuesIn(dispatch_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Portable, CudaForward, ::testing::ValuesIn(portable_cases()), case_name);
 
 // ---------------------------------------------------------------------------------------------
 // Counters: routed rows and active entries against the oracle's G (rounded to the dtype).
@@ -381,10 +398,12 @@ std::vector<uint16_t> adversarial_hidden(int64_t m, int64_t n, int32_t tile, int
 struct PackCase {
   int64_t m, n;
   int32_t tile, capacity;
+  bool fused = false;  // the sm_90a gate GEMM + pack, fed x = I and W1 = G^T so that G comes out exact
 };
 
 void PrintTo(const PackCase& c, std::ostream* os) {
-  *os << "M=" << c.m << " N=" << c.n << " tile=" << c.tile << " capacity=" << c.capacity;
+  *os << "M=" << c.m << " N=" << c.n << " tile=" << c.tile << " capacity=" << c.capacity
+      << (c.fused ? " fused" : "");
 }
 
 class CudaPack : public ::testing::TestWithParam<PackCase> {};
@@ -415,20 +434,52 @@ TEST_P(CudaPack, MatchesCpuPack) {
   cuda_ok(cudaDeviceSynchronize(), "memset");
   for (DeviceBuffer* b : {&values, &cols, &counts, &row_slot, &routed_rows}) b->poison();
   auto* ctl = static_cast<gpu::RunCounters*>(control.get());
-  gpu::PackArgs a;
-  a.hidden = hidden.get();
-  a.out.shape = shape;
-  a.out.dtype = DType::bf16;
-  a.out.device = Device::cuda(0);
-  a.out.values = values.get();
-  a.out.cols = static_cast<uint16_t*>(cols.get());
-  a.out.counts = static_cast<uint16_t*>(counts.get());
-  a.out.row_slot = static_cast<int32_t*>(row_slot.get());
-  a.out.routed_rows = static_cast<int32_t*>(routed_rows.get());
-  a.out.num_routed = &ctl->num_routed;
-  a.active = &ctl->active;
-  gpu::launch_pack(a, gpu::query_device(0, "test"), cudaStreamPerThread);
-  cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "pack");
+  TwellView out;
+  out.shape = shape;
+  out.dtype = DType::bf16;
+  out.device = Device::cuda(0);
+  out.values = values.get();
+  out.cols = static_cast<uint16_t*>(cols.get());
+  out.counts = static_cast<uint16_t*>(counts.get());
+  out.row_slot = static_cast<int32_t*>(row_slot.get());
+  out.routed_rows = static_cast<int32_t*>(routed_rows.get());
+  out.num_routed = &ctl->num_routed;
+  const gpu::DeviceInfo dev = gpu::query_device(0, "test");
+  if (pc.fused) {
+    if (!gpu::gate_pack_available(dev)) GTEST_SKIP() << "the fused gate kernel needs sm_90a";
+    // G = x W1^T with x = [I | 0] (K >= M) and W1[c, r] = G[r, c]: every product is exact.
+    const int64_t k = (pc.m + 7) / 8 * 8;
+    std::vector<uint16_t> x(size_t(pc.m * k), 0), w(size_t(pc.n * k), 0);
+    for (int64_t r = 0; r < pc.m; ++r) x[size_t(r * k + r)] = 0x3f80u;  // bf16 1.0
+    for (int64_t r = 0; r < pc.m; ++r)
+      for (int64_t c = 0; c < pc.n; ++c) w[size_t(c * k + r)] = g[size_t(r * pc.n + c)];
+    auto bytes = [](const std::vector<uint16_t>& v) {
+      std::vector<uint8_t> b(v.size() * 2);
+      std::memcpy(b.data(), v.data(), b.size());
+      return b;
+    };
+    DeviceBuffer xb(bytes(x)), wb(bytes(w));
+    hidden.poison();
+    cuda_ok(cudaMemset(row_slot.get(), 0xff, row_slot.bytes()), "row slots");
+    gpu::GatePackArgs a;
+    a.op = "test";
+    a.x = xb.get();
+    a.weight = wb.get();
+    a.k = k;
+    a.out = out;
+    a.hidden = hidden.get();
+    a.active = &ctl->active;
+    gpu::launch_gate_pack(a, dev, cudaStreamPerThread);
+    gpu::launch_route_overflow(out, hidden.get(), dev, cudaStreamPerThread);
+    cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "fused gate + pack");
+  } else {
+    gpu::PackArgs a;
+    a.hidden = hidden.get();
+    a.out = out;
+    a.active = &ctl->active;
+    gpu::launch_pack(a, dev, cudaStreamPerThread);
+    cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "pack");
+  }
 
   gpu::RunCounters c{};
   cuda_ok(cudaMemcpy(&c, control.get(), sizeof c, cudaMemcpyDeviceToHost), "counters");
@@ -455,8 +506,15 @@ TEST_P(CudaPack, MatchesCpuPack) {
   std::sort(gpu_routed.begin(), gpu_routed.end());
   EXPECT_EQ(gpu_routed, cpu_routed);
   const auto* cpu_vals = static_cast<const uint16_t*>(cv.values);
+  const auto ghidden = as(hidden.download(), (uint16_t*)nullptr);
   for (int64_t r = 0; r < pc.m; ++r) {
     ASSERT_EQ(gslot[size_t(r)] >= 0, cv.row_slot[r] >= 0) << "row " << r;
+    if (pc.fused && gslot[size_t(r)] >= 0)  // a routed row's G is complete (zeros of either sign)
+      for (int64_t c = 0; c < pc.n; ++c) {
+        const uint16_t want = g[size_t(r * pc.n + c)], got = ghidden[size_t(r * pc.n + c)];
+        ASSERT_EQ((want & 0x7fffu) == 0 ? 0 : want, (got & 0x7fffu) == 0 ? 0 : got)
+            << "routed row " << r << " column " << c;
+      }
     for (int64_t t = 0; t < tiles; ++t) {
       const size_t ti = size_t(r * tiles + t);
       ASSERT_EQ(gcounts[ti], cv.counts[ti]) << "row " << r << " tile " << t;
@@ -474,17 +532,18 @@ std::vector<PackCase> pack_cases() {
   for (int32_t tile : {64, 128, 256})
     for (int32_t capacity : {1, 8, tile / 8, tile})
       for (int64_t n : {int64_t(520), int64_t(1000), int64_t(5632)})
-        for (int64_t m : {int64_t(1), int64_t(7), int64_t(257)}) {
-          if (small_only() && n > 1000) continue;
-          out.push_back({m, n, tile, capacity});
-        }
+        for (int64_t m : {int64_t(1), int64_t(7), int64_t(257)})
+          for (bool fused : {false, true}) {
+            if (small_only() && n > 1000) continue;
+            out.push_back({m, n, tile, capacity, fused});
+          }
   return out;
 }
 
 std::string pack_name(const ::testing::TestParamInfo<PackCase>& info) {
   const PackCase& c = info.param;
   return "M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_tile" + std::to_string(c.tile) +
-         "_cap" + std::to_string(c.capacity) + "_" + std::to_string(info.index);
+         "_cap" + std::to_string(c.capacity) + (c.fused ? "_fused_" : "_") + std::to_string(info.index);
 }
 
 INSTANTIATE_TEST_SUITE_P(Pack, CudaPack, ::testing::ValuesIn(pack_cases()), pack_name);

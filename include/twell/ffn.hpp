@@ -39,10 +39,18 @@ enum class Dispatch : uint8_t {
   force_dense,   // always dense GEMMs
 };
 
+// How the CUDA sparse path computes the gate GEMM and the TwELL pack (other backends ignore it).
+enum class GateKernel : uint8_t {
+  automatic,  // the fused sm_90a kernel (TwELL packed in the GEMM epilogue) on compute capability
+              // 9.0 devices of a build with sm_90a; the portable pair elsewhere
+  portable,   // cuBLASLt GEMM with a ReLU epilogue, then a pack kernel over G (any sm_80+ device)
+};
+
 struct InferenceOptions {
   int32_t tile = 0;             // TwELL tile width; 0 = backend default (CPU 256, CUDA 256)
   int32_t capacity = 0;         // slots per (row, tile); 0 = tile / 8
   Dispatch dispatch = Dispatch::automatic;
+  GateKernel gate = GateKernel::automatic;
   double dense_above = -1.0;    // density (fraction of N) above which automatic dispatch runs
                                 // dense; <0 = backend default (CPU 0.035, CUDA 0.04). CUDA decides
                                 // from what finished runs measured (density, and the time of each

@@ -25,6 +25,17 @@ struct PackConfig {
   static constexpr int kCtasPerSm = 4;   // persistent grid: CTAs per SM, each walking rows grid-stride
 };
 
+// The fused sm_90a gate GEMM + TwELL pack (gate_pack.cu).
+struct GatePackConfig {
+  static constexpr int kBlockM = 128;  // output rows per tile: two warpgroups of m64n256k16
+  static constexpr int kBlockN = 256;  // output columns per tile: one to four TwELL tiles
+  static constexpr int kBlockK = 64;   // reduction slice per stage: 128-byte swizzled rows, 48 KB
+  static constexpr int kStages = 3;    // TMA ring: 3 x 48 KB of shared memory (+ 64 KB of staged
+                                       // rows for the packers)
+  static constexpr int kClusterM = 2;  // CTAs of a cluster: row blocks sharing W1's slices, each
+                                       // loading half and multicasting it (half the L2 reads)
+};
+
 // The fused up + down kernel over compact rows (compact_ffn.cu).
 struct CompactConfig {
   static constexpr int kBatch = 8;              // active neurons per step; their dots share one barrier

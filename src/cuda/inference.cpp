@@ -1,6 +1,7 @@
 // The CUDA inference backend: checks what the kernels support, sizes the workspace and enqueues
 // one path per run on the caller's stream, with no host synchronisation (graph-capturable):
-//   sparse: G = relu(x W1^T) (cuBLASLt) -> TwELL pack -> compact up+down -> routed-row backup
+//   sparse: G = relu(x W1^T) (cuBLASLt) -> TwELL pack -> compact up+down -> routed-row backup;
+//           on sm_90a the gate GEMM packs TwELL itself (gate_pack.cu), G holds only routed rows
 //   dense:  G (cuBLASLt, ReLU epilogue) [-> U = x Wu^T, h = G * U] -> y = h Wd (cuBLASLt)
 // W1 is the gate weight (gated) or the up weight (plain). docs/kernels.md has the reasoning.
 #include <algorithm>
@@ -62,7 +63,8 @@ class CudaInference final : public detail::InferenceBackend {
         options_(o),
         dims_(supported_dims(w, o.tile, o.capacity, kPlanOp)),
         device_(query_device(w.up.device.index, kPlanOp)),
-        dense_above_(o.dense_above) {
+        dense_above_(o.dense_above),
+        fused_gate_(o.gate == GateKernel::automatic && gate_pack_available(device_)) {
     DeviceGuard guard(device_.index, kPlanOp);
     if (w.kind == FfnKind::gated) check_device_pointer(w.gate.data, device_.index, kPlanOp, "gate weight");
     check_device_pointer(w.up.data, device_.index, kPlanOp, "up weight");
@@ -114,6 +116,13 @@ class CudaInference final : public detail::InferenceBackend {
     check_device_pointer(args.y.data, device_.index, kRunOp, "y");
   }
 
+  const void* first_weight() const {
+    return dims_.kind == FfnKind::gated ? weights_.gate.data : weights_.up.data;
+  }
+  void run_gate(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s) {
+    lt_->run(linear(GemmId::gate, Activation::relu, rows, dims_, args.x.data, first_weight(), b.hidden),
+             s, b.lt);
+  }
   void run_sparse(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s);
   void run_dense(const InferenceArgs& args, int64_t rows, const Buffers& b, bool count,
                  cudaStream_t s);
@@ -123,6 +132,7 @@ class CudaInference final : public detail::InferenceBackend {
   ProblemDims dims_;
   DeviceInfo device_;
   double dense_above_;
+  bool fused_gate_;  // the sparse path's gate GEMM packs TwELL in its epilogue (gate_pack.cu)
   std::unique_ptr<LtGemm> lt_;
   std::unique_ptr<DispatchCalibration> calibration_;
   OwnedWorkspace own_;
@@ -166,9 +176,6 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
   b.hidden = b.base + b.layout.hidden;
   check_cuda(cudaMemsetAsync(b.control, 0, sizeof(RunCounters), s), kRunOp, "run counters");
 
-  const bool gated = dims_.kind == FfnKind::gated;
-  const void* first = gated ? weights_.gate.data : weights_.up.data;
-  lt_->run(linear(GemmId::gate, Activation::relu, rows, dims_, args.x.data, first, b.hidden), s, b.lt);
   if (dense)
     run_dense(args, rows, b, counters != nullptr || options_.dispatch == Dispatch::automatic, s);
   else
@@ -204,11 +211,26 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
   // and hands only the heavy ones to the tensor-core backup. Larger K: one CTA per compact row,
   // every routed row to the backup.
   const bool row_kernel = row_kernel_supports(dims_.k);
-  PackArgs pack;
-  pack.hidden = b.hidden;
-  pack.out = tw;
-  pack.active = &b.control->active;
-  launch_pack(pack, device_, s);
+  if (fused_gate_) {
+    check_cuda(cudaMemsetAsync(tw.row_slot, 0xff, size_t(rows) * sizeof(int32_t), s), kRunOp,
+               "TwELL row slots");
+    GatePackArgs gate;
+    gate.x = args.x.data;
+    gate.weight = first_weight();
+    gate.k = dims_.k;
+    gate.out = tw;
+    gate.hidden = b.hidden;
+    gate.active = &b.control->active;
+    launch_gate_pack(gate, device_, s);
+    launch_route_overflow(tw, b.hidden, device_, s);
+  } else {
+    run_gate(args, rows, b, s);
+    PackArgs pack;
+    pack.hidden = b.hidden;
+    pack.out = tw;
+    pack.active = &b.control->active;
+    launch_pack(pack, device_, s);
+  }
 
   CompactArgs compact;
   compact.kind = dims_.kind;
@@ -239,6 +261,7 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
 
 void CudaInference::run_dense(const InferenceArgs& args, int64_t rows, const Buffers& b,
                               bool count, cudaStream_t s) {
+  run_gate(args, rows, b, s);
   DenseHiddenArgs h;
   h.kind = dims_.kind;
   h.dtype = dims_.dtype;

@@ -35,6 +35,31 @@ struct PackArgs {
 };
 void launch_pack(const PackArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
+// gate_pack.cu (sm_90a): G = relu(x W1^T) packed into `out` from the GEMM's accumulators. Writes
+// counts and entries of every (row, tile); a (row, tile) over the capacity instead writes its
+// dense values into `hidden` (G [rows, cols]) with count kOverflowCount, and sets its row's
+// row_slot to kOverflowRow. row_slot must be -1 on entry; launch_route_overflow finishes the
+// layout. Adds the non-zeros of every row to *active.
+struct GatePackArgs {
+  const char* op = "InferencePlan::run";
+  const void* x = nullptr;       // [rows, k]
+  const void* weight = nullptr;  // W1 [cols, k]
+  int64_t k = 0;
+  TwellView out;
+  void* hidden = nullptr;
+  unsigned long long* active = nullptr;
+};
+constexpr uint16_t kOverflowCount = 0xffffu;
+constexpr int32_t kOverflowRow = -2;
+// True where the fused kernel runs: a compute capability 9.0 device and a build with sm_90a.
+bool gate_pack_available(const DeviceInfo& dev);
+void launch_gate_pack(const GatePackArgs& a, const DeviceInfo& dev, cudaStream_t s);
+
+// pack.cu: after launch_gate_pack, every row marked kOverflowRow becomes routed (a routed_rows
+// entry and slot, zero counts) and its G row in `hidden` is completed from its compact tiles, so
+// the layout is the one launch_pack gives.
+void launch_route_overflow(const TwellView& out, void* hidden, const DeviceInfo& dev, cudaStream_t s);
+
 // compact_ffn.cu: y[m] = sum over the TwELL entries (n, g) of compact row m of h * Wd[n], with
 // h = g * dot(x[m], Wu[n]) (gated) or h = g (plain). Rows with row_slot >= 0 are left untouched.
 struct CompactArgs {

@@ -143,6 +143,41 @@ __global__ void __launch_bounds__(kThreads, PackConfig::kCtasPerSm)
   if (lane == 0 && seen != 0) atomicAdd(active, seen);
 }
 
+// One warp per row marked kOverflowRow by the fused gate kernel: takes a routed slot, writes the
+// row's compact tiles back into its G row (overflowed tiles are there already) and zeroes counts.
+__global__ void __launch_bounds__(kThreads)
+    route_overflow_kernel(TwellView out, uint16_t* __restrict__ hidden) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t warps = int64_t(gridDim.x) * PackConfig::kWarps;
+  const int64_t cols = out.shape.cols, tile = out.shape.tile, capacity = out.shape.capacity;
+  const int64_t num_tiles = (cols + tile - 1) / tile;
+  const auto* values = static_cast<const uint16_t*>(out.values);
+  for (int64_t row = int64_t(blockIdx.x) * PackConfig::kWarps + threadIdx.x / kWarpSize;
+       row < out.shape.rows; row += warps) {
+    if (out.row_slot[row] != kOverflowRow) continue;
+    if (lane == 0) {
+      const int32_t slot = atomicAdd(out.num_routed, 1);
+      out.routed_rows[slot] = int32_t(row);
+      out.row_slot[row] = slot;
+    }
+    for (int64_t t = 0; t < num_tiles; ++t) {
+      const int64_t index = row * num_tiles + t;
+      const int count = out.counts[index];
+      __syncwarp();
+      if (count != kOverflowCount) {
+        uint16_t* g = hidden + row * cols + t * tile;
+        const int64_t width = cols - t * tile < tile ? cols - t * tile : tile;
+        for (int64_t c = lane; c < width; c += kWarpSize) g[c] = 0;
+        __syncwarp();
+        for (int e = lane; e < count; e += kWarpSize)
+          g[out.cols[index * capacity + e]] = values[index * capacity + e];
+      }
+      __syncwarp();
+      if (lane == 0) out.counts[index] = 0;
+    }
+  }
+}
+
 }  // namespace
 
 void launch_pack(const PackArgs& a, const DeviceInfo& dev, cudaStream_t s) {
@@ -159,6 +194,15 @@ void launch_pack(const PackArgs& a, const DeviceInfo& dev, cudaStream_t s) {
                   std::to_string(a.out.shape.tile));
   }
   check_launch("InferencePlan::run", "TwELL pack kernel");
+}
+
+void launch_route_overflow(const TwellView& out, void* hidden, const DeviceInfo& dev, cudaStream_t s) {
+  const int64_t rows = out.shape.rows;
+  if (rows == 0) return;
+  const int64_t grid = std::min<int64_t>((rows + PackConfig::kWarps - 1) / PackConfig::kWarps,
+                                         int64_t(dev.sm_count) * PackConfig::kCtasPerSm);
+  route_overflow_kernel<<<unsigned(grid), kThreads, 0, s>>>(out, static_cast<uint16_t*>(hidden));
+  check_launch("InferencePlan::run", "TwELL overflow routing kernel");
 }
 
 }  // namespace twell::gpu

@@ -1,0 +1,408 @@
+// Fused gate GEMM + ReLU + TwELL pack for Hopper (sm_90a): G = relu(x W1^T) is packed straight
+// from the accumulators; only (row, tile)s that overflow the capacity reach G in memory.
+//   grid: persistent, one CTA per SM walking 128 x 256 output tiles, the 256-column blocks of a
+//         row block consecutively (every CTA in flight shares a few x row blocks and W1 in L2).
+//   CTA: 3 warpgroups. Warpgroup 0: one thread issues TMA loads of x [128 x 64] and W1 [256 x 64]
+//        slices (128-byte swizzle) into a ring of kStages buffers, paced by full / empty
+//        mbarriers; it runs ahead into the next tile while the others pack. Warpgroups 1 and 2:
+//        rows 0-63 and 64-127 of the tile, wgmma m64n256k16 into 128 fp32 registers per thread.
+//   epilogue, per consumer thread (2 rows x 64 columns, the wgmma accumulator layout): ReLU,
+//        rounding to T, then per (row, TwELL tile): the 4 lanes holding a row swap their non-zero
+//        masks, so each knows the row's mask in column order and writes its own non-zeros at
+//        their rank: ascending column order, the layout pack_twell gives the same G. A (row, tile)
+//        with more non-zeros than the capacity writes its dense values to G instead, with count
+//        kOverflowCount and row_slot kOverflowRow; launch_route_overflow (pack.cu) routes those
+//        rows afterwards.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <atomic>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "cuda/config.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/element.cuh"
+#include "cuda/kernels.hpp"
+#include "cuda/sm90.cuh"
+
+namespace twell::gpu {
+
+namespace {
+
+using Cfg = GatePackConfig;
+constexpr int kThreads = 3 * 128;  // producer + 2 consumer warpgroups
+constexpr int kMaxDevices = 64;
+constexpr uint32_t kABytes = Cfg::kBlockM * Cfg::kBlockK * 2;
+constexpr uint32_t kBBytes = Cfg::kBlockN * Cfg::kBlockK * 2;
+constexpr uint32_t kStageBytes = kABytes + kBBytes;
+constexpr uint32_t kStagingBytes = 64 * Cfg::kBlockN * 2;  // per warpgroup: its 64 rows of G, 16-bit
+constexpr size_t kSmemBytes = size_t(Cfg::kStages) * kStageBytes + 2 * kStagingBytes + 1024;  // + alignment
+constexpr uint32_t kKRowBytes = Cfg::kBlockK * 2;  // a row of a K slice: the swizzle width
+static_assert(Cfg::kBlockM == 128 && Cfg::kBlockN == 256 && (Cfg::kBlockK == 32 || Cfg::kBlockK == 64),
+              "the kernel is written for 2 x m64n256k16 warpgroups over 64- or 128-byte K rows");
+static_assert(kSmemBytes <= 227 * 1024, "shared memory of one Hopper CTA");
+
+struct Params {
+  int64_t m = 0, n = 0;
+  int n_blocks = 0, k_blocks = 0, tiles = 0;
+  TwellView out;
+  uint16_t* hidden = nullptr;  // G [m, n]: dense values of overflowing (row, tile)s only
+  unsigned long long* active = nullptr;
+};
+
+#if TWELL_SM90A_DEVICE
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kConsumerWarps = 8;
+constexpr int kPackers = 96;  // warps 1-3 of warpgroup 0 (warp 0's lane 0 issues the loads)
+constexpr int kClusterSize = GatePackConfig::kClusterM;
+constexpr int kRowBytes = Cfg::kBlockN * 2;  // a staged row: 32 chunks of 16 bytes
+
+// The staging buffers' handoff, per consumer warpgroup g (0, 1), on mbarriers (each arriving
+// thread releases its own accesses): staged[g] completes when g's 128 threads have stored a tile's
+// rows, free[g] when the kPackers threads have read them.
+// Byte offset of the 4-byte pair at (row, column 8 chunk + 2 q) of the staging buffer: 16-byte
+// chunks XOR-swizzled by row % 8, so the 8 rows x 4 pairs a warp stores hit 32 banks.
+__device__ __forceinline__ uint32_t staged_offset(int row, int chunk) {
+  return uint32_t(row * kRowBytes + ((chunk ^ (row % 8)) * 16));
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t round_relu_pair(float a, float b) {
+  const auto p = Elem<T>::from_float2(make_float2(fmaxf(a, 0.0f), fmaxf(b, 0.0f)));
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+
+// Consumer side of the epilogue: relu(acc) rounded to T into the staging buffer. Accumulator
+// i * 4 + 2 h + b holds (row 16 warp + lane / 4 + 8 h, column 8 i + 2 (lane % 4) + b).
+template <typename T>
+__device__ __forceinline__ void stage_rows(const float (&acc)[128], uint32_t staging) {
+  const int lane = threadIdx.x % kWarpSize, warp = (threadIdx.x / kWarpSize) % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = warp * 16 + lane / 4 + 8 * h;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const uint32_t v = round_relu_pair<T>(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+      asm volatile("st.shared.u32 [%0], %1;" ::"r"(staging + staged_offset(row, i) + 4 * (lane % 4)),
+                   "r"(v)
+                   : "memory");
+    }
+  }
+}
+
+// Packer side: the 64 staged rows starting at global row row0 (columns n0 ..), one row per lane
+// of packer warps 0 and 1 (no cross-lane work: the packers issue few instructions beside the
+// consumers' wgmmas). A first pass marks the row's non-zero 8-column chunks without branching;
+// the second visits only those, in ascending order, so entries come out in ascending column
+// order: the layout pack_twell gives. A (row, tile) over the capacity writes its dense values to
+// G with count kOverflowCount and marks the row kOverflowRow.
+template <int kTile>
+__device__ __forceinline__ void pack_staged(uint32_t staging, int64_t row0, int64_t n0, const Params& p,
+                                            unsigned long long& seen) {
+  constexpr int kChunks = kTile / 8;  // 8-column chunks per TwELL tile
+  static_assert(Cfg::kBlockN / 8 == 32, "a row's chunks are the bits of one word");
+  const int r = (threadIdx.x / kWarpSize - 1) * kWarpSize + threadIdx.x % kWarpSize;
+  const int64_t row = row0 + r;
+  if (r >= 64 || row >= p.m) return;
+  const TwellView& out = p.out;
+  const int64_t num_tiles = (p.n + kTile - 1) / kTile;
+  const int capacity = out.shape.capacity;
+  auto* values = static_cast<uint16_t*>(out.values);
+  const auto load = [&](int c) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(staging + staged_offset(r, c)));
+    return v;
+  };
+  uint32_t chunks = 0;
+#pragma unroll
+  for (int c = 0; c < 32; ++c) {
+    const uint4 v = load(c);
+    chunks |= uint32_t(((v.x | v.y | v.z | v.w) & 0x7fff7fffu) != 0) << c;
+  }
+#pragma unroll
+  for (int t = 0; t < Cfg::kBlockN / kTile; ++t) {
+    const int64_t tile = n0 / kTile + t;
+    if (tile >= num_tiles) break;
+    const int64_t slot = row * num_tiles + tile, base = slot * capacity;
+    int count = 0;
+    for (uint32_t left = chunks >> (t * kChunks) & (kChunks == 32 ? ~0u : (1u << kChunks) - 1u); left != 0;
+         left &= left - 1) {
+      const int c = t * kChunks + __ffs(left) - 1;
+      const uint4 v = load(c);
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const uint16_t bits = uint16_t(w[e / 2] >> (16 * (e % 2)));
+        if ((bits & kMagnitudeBits) == 0) continue;
+        if (count < capacity) {
+          values[base + count] = bits;
+          out.cols[base + count] = uint16_t(8 * c + e - t * kTile);
+        }
+        ++count;
+      }
+    }
+    seen += unsigned(count);
+    if (count <= capacity) {
+      out.counts[slot] = uint16_t(count);
+      continue;
+    }
+    for (int c = t * kChunks; c < (t + 1) * kChunks; ++c)
+      if (n0 + 8 * c < p.n) *reinterpret_cast<uint4*>(p.hidden + row * p.n + n0 + 8 * c) = load(c);
+    out.counts[slot] = kOverflowCount;
+    out.row_slot[row] = kOverflowRow;
+  }
+}
+#endif  // TWELL_SM90A_DEVICE
+
+template <typename T, int kTile>
+__global__ void __launch_bounds__(kThreads, 1)
+    gate_pack_kernel(const __grid_constant__ CUtensorMap x_map,
+                     const __grid_constant__ CUtensorMap w_map, const Params p) {
+#if TWELL_SM90A_DEVICE
+  using namespace sm90;
+  extern __shared__ uint8_t dynamic_smem[];
+  __shared__ __align__(8) uint64_t full[Cfg::kStages];
+  __shared__ __align__(8) uint64_t empty[Cfg::kStages];
+  __shared__ __align__(8) uint64_t staged[2];
+  __shared__ __align__(8) uint64_t freed[2];
+  const uint32_t a_base = (smem_addr(dynamic_smem) + 1023u) & ~1023u;
+  const uint32_t b_base = a_base + Cfg::kStages * kABytes;
+  const uint32_t staging = b_base + Cfg::kStages * kBBytes;
+  const int warpgroup = threadIdx.x / 128;
+  const uint32_t rank = cluster_rank(), peer = rank ^ 1u;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      barrier_init(smem_addr(&full[s]), 1);
+      barrier_init(smem_addr(&empty[s]), kClusterSize * kConsumerWarps);
+    }
+    for (int g = 0; g < 2; ++g) {
+      barrier_init(smem_addr(&staged[g]), 128);
+      barrier_init(smem_addr(&freed[g]), kPackers);
+    }
+    barrier_init_fence();
+  }
+  cluster_sync();  // both CTAs' barriers exist before either loads into or arrives on them
+
+  // The cluster's two CTAs take row blocks 2 mp and 2 mp + 1 of the same column block nb.
+  const int cluster = blockIdx.x / kClusterSize, clusters = gridDim.x / kClusterSize;
+  const auto block_of = [&](int pair, int& mb, int& nb) {
+    mb = (pair / p.n_blocks) * kClusterSize + int(rank);
+    nb = pair % p.n_blocks;
+  };
+  if (warpgroup == 0) {
+    regs_decrease<56>();
+    if (threadIdx.x == 0) {  // the loads
+      prefetch_map(&x_map);
+      prefetch_map(&w_map);
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int pair = cluster; pair < p.tiles; pair += clusters) {
+        int mb, nb;
+        block_of(pair, mb, nb);
+        for (int kb = 0; kb < p.k_blocks; ++kb) {
+          // Free in both CTAs: this one's half of W1's slice goes to both.
+          barrier_wait(smem_addr(&empty[stage]), phase ^ 1u);
+          const uint32_t bar = smem_addr(&full[stage]);
+          barrier_arrive_expect(bar, kStageBytes);
+          tma_load_2d(a_base + stage * kABytes, &x_map, bar, kb * Cfg::kBlockK, mb * Cfg::kBlockM);
+          tma_load_2d_multicast(b_base + stage * kBBytes + rank * (kBBytes / 2), &w_map, bar,
+                                kb * Cfg::kBlockK, nb * Cfg::kBlockN + int(rank) * (Cfg::kBlockN / 2),
+                                uint16_t((1u << kClusterSize) - 1));
+          if (++stage == Cfg::kStages) stage = 0, phase ^= 1u;
+        }
+      }
+    } else if (threadIdx.x >= kWarpSize) {  // the packers: each tile's two halves in turn
+      unsigned long long seen = 0;
+      uint32_t parity = 0;
+      for (int pair = cluster; pair < p.tiles; pair += clusters, parity ^= 1u) {
+        int mb, nb;
+        block_of(pair, mb, nb);
+        for (int g = 0; g < 2; ++g) {
+          barrier_wait(smem_addr(&staged[g]), parity);
+          pack_staged<kTile>(staging + g * kStagingBytes, int64_t(mb) * Cfg::kBlockM + g * 64,
+                             int64_t(nb) * Cfg::kBlockN, p, seen);
+          barrier_arrive(smem_addr(&freed[g]));
+        }
+      }
+#pragma unroll
+      for (int d = kWarpSize / 2; d > 0; d >>= 1) seen += __shfl_xor_sync(kFullMask, seen, d);
+      if (threadIdx.x % kWarpSize == 0 && seen != 0) atomicAdd(p.active, seen);
+    }
+  } else {
+    regs_increase<224>();
+    const int lane = threadIdx.x % kWarpSize;
+    const int g = warpgroup - 1;
+    const uint32_t half_rows = uint32_t(g) * 64 * kKRowBytes;  // this warpgroup's A rows
+    uint32_t handoffs = 0;
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+    int stage = 0;
+    uint32_t phase = 0;
+    // A slice is released in this CTA and in the peer (whose producer wrote half of it here).
+    const auto release = [&](int s) {
+      if (lane != 0) return;
+      const uint32_t bar = smem_addr(&empty[s]);
+      barrier_arrive_cluster(cluster_map(bar, rank));
+      barrier_arrive_cluster(cluster_map(bar, peer));
+    };
+    for (int pair = cluster; pair < p.tiles; pair += clusters) {
+      int previous = 0;
+      for (int kb = 0; kb < p.k_blocks; ++kb) {
+        barrier_wait(smem_addr(&full[stage]), phase);
+        wgmma_fence();
+        const uint32_t a = a_base + stage * kABytes + half_rows;
+        const uint32_t b = b_base + stage * kBBytes;
+#pragma unroll
+        for (int s = 0; s < Cfg::kBlockK / 16; ++s) {
+          const uint64_t da = kmajor_swizzled_desc<kKRowBytes>(a + 32 * s);
+          const uint64_t db = kmajor_swizzled_desc<kKRowBytes>(b + 32 * s);
+          const uint32_t accumulate = (kb > 0 || s > 0) ? 1u : 0u;
+          if constexpr (std::is_same_v<T, __half>)
+            TWELL_WGMMA_M64N256K16("f16", acc, da, db, accumulate);
+          else
+            TWELL_WGMMA_M64N256K16("bf16", acc, da, db, accumulate);
+        }
+        wgmma_commit();
+        if (kb > 0) {  // the previous slice's wgmmas are done: its buffer may be refilled
+          wgmma_wait<1>();
+          release(previous);
+        }
+        previous = stage;
+        if (++stage == Cfg::kStages) stage = 0, phase ^= 1u;
+      }
+      wgmma_wait<0>();
+      release(previous);
+      // Hand the rows to the packers, who pack them while this warpgroup starts the next tile.
+      if (handoffs > 0) barrier_wait(smem_addr(&freed[g]), (handoffs - 1) & 1u);
+      stage_rows<T>(acc, staging + g * kStagingBytes);
+      barrier_arrive(smem_addr(&staged[g]));
+      ++handoffs;
+    }
+  }
+  cluster_sync();  // no CTA leaves while its peer may still arrive on its barriers
+#endif
+}
+
+using EncodeTiled = PFN_cuTensorMapEncodeTiled_v12000;
+
+EncodeTiled tensor_map_encoder(const char* op) {
+  static const EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t e =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found);
+    return e == cudaSuccess && found == cudaDriverEntryPointSuccess ? reinterpret_cast<EncodeTiled>(f)
+                                                                      : nullptr;
+  }();
+  if (fn == nullptr)
+    throw Error(op, "CUDA driver", "cuTensorMapEncodeTiled (driver for CUDA 12.0 or newer)", "missing");
+  return fn;
+}
+
+// A K-major [rows, k] matrix as TMA boxes of kBlockK x box_rows, swizzled like kmajor_swizzled_desc.
+CUtensorMap kmajor_map(const void* base, int64_t rows, int64_t k, uint32_t box_rows, DType dtype,
+                       const char* op, const char* name) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {cuuint64_t(k), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(k) * 2};
+  const cuuint32_t box[2] = {uint32_t(Cfg::kBlockK), box_rows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = tensor_map_encoder(op)(
+      &map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      2, const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      kKRowBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw Error(op, name, "a matrix TMA can describe (cuTensorMapEncodeTiled)",
+                "CUresult " + std::to_string(int(r)));
+  return map;
+}
+
+template <typename T, int kTile>
+void launch_typed(const CUtensorMap& x_map, const CUtensorMap& w_map, const Params& p, int64_t pairs,
+                  const DeviceInfo& dev, cudaStream_t s, const char* op) {
+  auto* kernel = gate_pack_kernel<T, kTile>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)),
+             op, "fused gate kernel shared memory");
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = Cfg::kClusterM;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = s;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  // Persistent: as many clusters as fit at once (SM pairs within a GPC), at most one per item;
+  // asked once per device and instantiation.
+  static std::atomic<int> fits[kMaxDevices] = {};
+  int clusters = dev.index < kMaxDevices ? fits[dev.index].load(std::memory_order_relaxed) : 0;
+  if (clusters == 0) {
+    config.gridDim = dim3(unsigned(Cfg::kClusterM) * unsigned(dev.sm_count / Cfg::kClusterM));
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess || clusters < 1) {
+      (void)cudaGetLastError();
+      clusters = dev.sm_count / Cfg::kClusterM;
+    }
+    if (dev.index < kMaxDevices) fits[dev.index].store(clusters, std::memory_order_relaxed);
+  }
+  config.gridDim = dim3(unsigned(Cfg::kClusterM * std::min<int64_t>(pairs, clusters)));
+  check_cuda(cudaLaunchKernelEx(&config, kernel, x_map, w_map, p), op,
+             "fused gate GEMM + TwELL pack kernel");
+}
+
+}  // namespace
+
+bool gate_pack_available(const DeviceInfo& dev) {
+#if defined(TWELL_HAS_SM90A)
+  return dev.cc_major == 9 && dev.cc_minor == 0;
+#else
+  (void)dev;
+  return false;
+#endif
+}
+
+void launch_gate_pack(const GatePackArgs& a, const DeviceInfo& dev, cudaStream_t s) {
+  const char* op = a.op;
+  const int64_t m = a.out.shape.rows, n = a.out.shape.cols;
+  if (m == 0) return;
+  if (!gate_pack_available(dev))
+    throw Error(op, "device", "compute capability 9.0 and a build with sm_90a",
+                std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor));
+  Params p;
+  p.m = m;
+  p.n = n;
+  p.n_blocks = int((n + Cfg::kBlockN - 1) / Cfg::kBlockN);
+  p.k_blocks = int((a.k + Cfg::kBlockK - 1) / Cfg::kBlockK);
+  // Work items: pairs of 128-row blocks (one per CTA of a cluster) x 256-column blocks.
+  const int64_t m_pairs = (m + Cfg::kClusterM * Cfg::kBlockM - 1) / (Cfg::kClusterM * Cfg::kBlockM);
+  const int64_t pairs = m_pairs * p.n_blocks;
+  if (pairs > int64_t(std::numeric_limits<int>::max()))
+    throw Error(op, "x", "fewer than 2^31 output tile pairs", std::to_string(pairs));
+  p.tiles = int(pairs);
+  p.out = a.out;
+  p.hidden = static_cast<uint16_t*>(a.hidden);
+  p.active = a.active;
+  const CUtensorMap x_map = kmajor_map(a.x, m, a.k, Cfg::kBlockM, a.out.dtype, op, "x");
+  const CUtensorMap w_map =
+      kmajor_map(a.weight, n, a.k, Cfg::kBlockN / Cfg::kClusterM, a.out.dtype, op, "gate weight");
+  with_element_type(a.out.dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    switch (a.out.shape.tile) {
+      case 64: launch_typed<T, 64>(x_map, w_map, p, pairs, dev, s, op); break;
+      case 128: launch_typed<T, 128>(x_map, w_map, p, pairs, dev, s, op); break;
+      case 256: launch_typed<T, 256>(x_map, w_map, p, pairs, dev, s, op); break;
+      default:
+        throw Error(op, "options.tile", "64, 128 or 256", std::to_string(a.out.shape.tile));
+    }
+  });
+}
+
+}  // namespace twell::gpu
