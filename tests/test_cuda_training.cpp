@@ -313,13 +313,15 @@ struct Case {
   int32_t tile = 0, capacity = 0;
   L1From l1_from = L1From::options;
   Dispatch dispatch = Dispatch::force_sparse;
+  GateKernel gate = GateKernel::automatic;  // fused on sm_90a devices
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << ffn_kind_name(c.kind) << " " << dtype_name(c.dtype) << " " << testing::pattern_name(c.pattern)
       << " " << c.density << " M=" << c.m << " K=" << c.k << " N=" << c.n << " tile=" << c.tile
       << " capacity=" << c.capacity << " l1=" << (c.l1_from == L1From::tensor ? "tensor" : "options")
-      << (c.dispatch == Dispatch::force_dense ? " dense" : "");
+      << (c.dispatch == Dispatch::force_dense ? " dense" : "")
+      << (c.gate == GateKernel::portable ? " portable gate" : "");
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -330,6 +332,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   if (c.tile != 0) s += "_tile" + std::to_string(c.tile) + "_cap" + std::to_string(c.capacity);
   if (c.l1_from == L1From::tensor) s += "_l1tensor";
   if (c.dispatch == Dispatch::force_dense) s += "_dense";
+  if (c.gate == GateKernel::portable) s += "_portable";
   return s;
 }
 
@@ -342,6 +345,7 @@ TrainingOptions options_of(const Case& c) {
   o.capacity = c.capacity;
   o.l1_coef = kOptionsL1;
   o.dispatch = c.dispatch;
+  o.gate = c.gate;
   return o;
 }
 
@@ -383,6 +387,16 @@ std::vector<Case> sweep_cases() {
     for (FfnKind kind : {FfnKind::gated, FfnKind::plain}) {
       out.push_back(problem_case<Case>(kind, dt, Pattern::heavy_tailed, 0.03, 257, 512, 1000));
       out.push_back(problem_case<Case>(kind, dt, Pattern::uniform, 0.4, 65, 256, 1000, 256, 256));
+    }
+  // The portable gate (cuBLASLt + pack kernel) where the fused sm_90a kernel runs by default.
+  for (DType dt : {DType::bf16, DType::f16})
+    for (FfnKind kind : {FfnKind::gated, FfnKind::plain}) {
+      Case c = problem_case<Case>(kind, dt, Pattern::heavy_tailed, 0.03, 257, 512, 1000);
+      c.gate = GateKernel::portable;
+      out.push_back(c);
+      c = problem_case<Case>(kind, dt, Pattern::uniform, 0.03, 257, 136, 1000, 128, 1);
+      c.gate = GateKernel::portable;
+      out.push_back(c);
     }
   // The dense saved form (force_dense): cuBLAS GEMMs and elementwise passes.
   for (DType dt : {DType::bf16, DType::f16})

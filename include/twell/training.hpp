@@ -37,6 +37,7 @@ struct TrainingOptions {
   // always uses the compact form.
   Dispatch dispatch = Dispatch::automatic;
   double dense_above = -1.0;  // <0: backend default (CUDA 0.0075)
+  GateKernel gate = GateKernel::automatic;  // the compact forward's gate GEMM + pack (ffn.hpp)
 };
 
 // workspace (forward and backward, optional): uint8 [>= TrainingPlan::workspace_bytes(M)] on x's

@@ -121,7 +121,8 @@ class CudaTraining final : public detail::TrainingBackend {
       : weights_(w),
         options_(o),
         dims_(supported_dims(w, o.tile, o.capacity, kPlanOp)),
-        device_(query_device(w.up.device.index, kPlanOp)) {
+        device_(query_device(w.up.device.index, kPlanOp)),
+        fused_gate_(o.gate == GateKernel::automatic && gate_pack_available(device_)) {
     DeviceGuard guard(device_.index, kPlanOp);
     if (w.kind == FfnKind::gated) check_device_pointer(w.gate.data, device_.index, kPlanOp, "gate weight");
     check_device_pointer(w.up.data, device_.index, kPlanOp, "up weight");
@@ -222,6 +223,7 @@ class CudaTraining final : public detail::TrainingBackend {
   TrainingOptions options_;
   ProblemDims dims_;
   DeviceInfo device_;
+  bool fused_gate_;  // the compact forward packs TwELL in the gate GEMM epilogue (gate_pack.cu)
   std::unique_ptr<LtGemm> lt_;
   std::unique_ptr<BlasWeightGrad> blas_;  // the dense path's weight gradients
   DensityProbe probe_;
@@ -271,23 +273,38 @@ void CudaTraining::forward_sparse(const TrainingForwardArgs& args, const TwellVi
   auto* stats = static_cast<float*>(args.stats.data);
   float* row_l1 = stats != nullptr ? at<float>(base, l.row_l1) : nullptr;
 
-  GemmCall gate;
-  gate.id = GemmId::gate;
-  gate.act = Activation::relu;
-  gate.layout = WeightLayout::n_by_k;
-  gate.m = rows;
-  gate.n = dims_.n;
-  gate.k = dims_.k;
-  gate.a = args.x.data;
-  gate.b = first_weight();
-  gate.d = hidden;
-  lt_->run(gate, s, base + l.lt);
+  if (fused_gate_) {  // the gate GEMM packs plane 0 itself; G holds only the routed rows
+    check_cuda(cudaMemsetAsync(saved.row_slot, 0xff, size_t(rows) * sizeof(int32_t), s), kForwardOp,
+               "saved row slots");
+    GatePackArgs fused;
+    fused.op = kForwardOp;
+    fused.x = args.x.data;
+    fused.weight = first_weight();
+    fused.k = dims_.k;
+    fused.out = saved;
+    fused.hidden = hidden;
+    fused.active = active;
+    launch_gate_pack(fused, device_, s);
+    launch_route_overflow(saved, hidden, device_, s);
+  } else {
+    GemmCall gate;
+    gate.id = GemmId::gate;
+    gate.act = Activation::relu;
+    gate.layout = WeightLayout::n_by_k;
+    gate.m = rows;
+    gate.n = dims_.n;
+    gate.k = dims_.k;
+    gate.a = args.x.data;
+    gate.b = first_weight();
+    gate.d = hidden;
+    lt_->run(gate, s, base + l.lt);
 
-  PackArgs pack;
-  pack.hidden = hidden;
-  pack.out = saved;
-  pack.active = active;
-  launch_pack(pack, device_, s);
+    PackArgs pack;
+    pack.hidden = hidden;
+    pack.out = saved;
+    pack.active = active;
+    launch_pack(pack, device_, s);
+  }
 
   ForwardRowsArgs compact;
   compact.kind = dims_.kind;
