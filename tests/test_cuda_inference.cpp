@@ -470,7 +470,7 @@ TEST_P(CudaPack, MatchesCpuPack) {
     a.hidden = hidden.get();
     a.active = &ctl->active;
     gpu::launch_gate_pack(a, dev, cudaStreamPerThread);
-    gpu::launch_route_overflow(out, hidden.get(), dev, cudaStreamPerThread);
+    gpu::launch_route_overflow(out, hidden.get(), dev, cudaStreamPerThread, "test");
     cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "fused gate + pack");
   } else {
     gpu::PackArgs a;

@@ -222,7 +222,7 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
     gate.hidden = b.hidden;
     gate.active = &b.control->active;
     launch_gate_pack(gate, device_, s);
-    launch_route_overflow(tw, b.hidden, device_, s);
+    launch_route_overflow(tw, b.hidden, device_, s, kRunOp);
   } else {
     run_gate(args, rows, b, s);
     PackArgs pack;

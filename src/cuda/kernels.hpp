@@ -58,7 +58,8 @@ void launch_gate_pack(const GatePackArgs& a, const DeviceInfo& dev, cudaStream_t
 // pack.cu: after launch_gate_pack, every row marked kOverflowRow becomes routed (a routed_rows
 // entry and slot, zero counts) and its G row in `hidden` is completed from its compact tiles, so
 // the layout is the one launch_pack gives.
-void launch_route_overflow(const TwellView& out, void* hidden, const DeviceInfo& dev, cudaStream_t s);
+void launch_route_overflow(const TwellView& out, void* hidden, const DeviceInfo& dev, cudaStream_t s,
+                           const char* op);
 
 // compact_ffn.cu: y[m] = sum over the TwELL entries (n, g) of compact row m of h * Wd[n], with
 // h = g * dot(x[m], Wu[n]) (gated) or h = g (plain). Rows with row_slot >= 0 are left untouched.

@@ -196,13 +196,14 @@ void launch_pack(const PackArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   check_launch("InferencePlan::run", "TwELL pack kernel");
 }
 
-void launch_route_overflow(const TwellView& out, void* hidden, const DeviceInfo& dev, cudaStream_t s) {
+void launch_route_overflow(const TwellView& out, void* hidden, const DeviceInfo& dev, cudaStream_t s,
+                           const char* op) {
   const int64_t rows = out.shape.rows;
   if (rows == 0) return;
   const int64_t grid = std::min<int64_t>((rows + PackConfig::kWarps - 1) / PackConfig::kWarps,
                                          int64_t(dev.sm_count) * PackConfig::kCtasPerSm);
   route_overflow_kernel<<<unsigned(grid), kThreads, 0, s>>>(out, static_cast<uint16_t*>(hidden));
-  check_launch("InferencePlan::run", "TwELL overflow routing kernel");
+  check_launch(op, "TwELL overflow routing kernel");
 }
 
 }  // namespace twell::gpu

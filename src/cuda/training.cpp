@@ -285,7 +285,7 @@ void CudaTraining::forward_sparse(const TrainingForwardArgs& args, const TwellVi
     fused.hidden = hidden;
     fused.active = active;
     launch_gate_pack(fused, device_, s);
-    launch_route_overflow(saved, hidden, device_, s);
+    launch_route_overflow(saved, hidden, device_, s, kForwardOp);
   } else {
     GemmCall gate;
     gate.id = GemmId::gate;
