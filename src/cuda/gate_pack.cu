@@ -1,18 +1,18 @@
-// Fused gate GEMM + ReLU + TwELL pack for Hopper (sm_90a): G = relu(x W1^T) is packed straight
-// from the accumulators; only (row, tile)s that overflow the capacity reach G in memory.
-//   grid: persistent, one CTA per SM walking 128 x 256 output tiles, the 256-column blocks of a
-//         row block consecutively (every CTA in flight shares a few x row blocks and W1 in L2).
-//   CTA: 3 warpgroups. Warpgroup 0: one thread issues TMA loads of x [128 x 64] and W1 [256 x 64]
-//        slices (128-byte swizzle) into a ring of kStages buffers, paced by full / empty
-//        mbarriers; it runs ahead into the next tile while the others pack. Warpgroups 1 and 2:
-//        rows 0-63 and 64-127 of the tile, wgmma m64n256k16 into 128 fp32 registers per thread.
-//   epilogue, per consumer thread (2 rows x 64 columns, the wgmma accumulator layout): ReLU,
-//        rounding to T, then per (row, TwELL tile): the 4 lanes holding a row swap their non-zero
-//        masks, so each knows the row's mask in column order and writes its own non-zeros at
-//        their rank: ascending column order, the layout pack_twell gives the same G. A (row, tile)
-//        with more non-zeros than the capacity writes its dense values to G instead, with count
-//        kOverflowCount and row_slot kOverflowRow; launch_route_overflow (pack.cu) routes those
-//        rows afterwards.
+// Fused gate GEMM + ReLU + TwELL pack for Hopper (sm_90a): G = relu(x W1^T) is packed from the
+// GEMM's output tiles in shared memory; only (row, tile)s that overflow the capacity reach G.
+//   grid: persistent clusters of 2 CTAs (one per SM); a cluster walks pairs of 128-row blocks x
+//         one 256-column block, the column blocks of a row block consecutively (the CTAs in
+//         flight share a few x row blocks and W1 in L2).
+//   CTA: 3 warpgroups. Warpgroup 0, lane 0 of warp 0: TMA loads of x [128 x 64] and of half of
+//        W1's [256 x 64] slice, that half multicast to both CTAs of the cluster, into a ring of
+//        kStages buffers (128-byte swizzle) paced by full / empty mbarriers (a stage is released
+//        to both CTAs' producers). Warpgroups 1 and 2: rows 0-63 and 64-127 of the tile,
+//        wgmma m64n256k16 into 128 fp32 registers per thread.
+//   epilogue: each consumer warpgroup rounds relu(acc) to T into its own staging buffer, hands
+//        it over (mbarrier) and starts its next tile; warps 1 and 2 of warpgroup 0 pack it
+//        meanwhile, one row per lane (pack_staged). A (row, tile) with more non-zeros than the
+//        capacity writes its dense values to G instead, with count kOverflowCount and row_slot
+//        kOverflowRow; launch_route_overflow (pack.cu) routes those rows afterwards.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -61,9 +61,6 @@ constexpr int kPackers = 96;  // warps 1-3 of warpgroup 0 (warp 0's lane 0 issue
 constexpr int kClusterSize = GatePackConfig::kClusterM;
 constexpr int kRowBytes = Cfg::kBlockN * 2;  // a staged row: 32 chunks of 16 bytes
 
-// The staging buffers' handoff, per consumer warpgroup g (0, 1), on mbarriers (each arriving
-// thread releases its own accesses): staged[g] completes when g's 128 threads have stored a tile's
-// rows, free[g] when the kPackers threads have read them.
 // Byte offset of the 4-byte pair at (row, column 8 chunk + 2 q) of the staging buffer: 16-byte
 // chunks XOR-swizzled by row % 8, so the 8 rows x 4 pairs a warp stores hit 32 banks.
 __device__ __forceinline__ uint32_t staged_offset(int row, int chunk) {
@@ -169,6 +166,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t dynamic_smem[];
   __shared__ __align__(8) uint64_t full[Cfg::kStages];
   __shared__ __align__(8) uint64_t empty[Cfg::kStages];
+  // The staging buffers' handoff, per consumer warpgroup g (0, 1); each arriving thread releases
+  // its own accesses: staged[g] completes when g's 128 threads have stored a tile's rows, freed[g]
+  // when the kPackers threads have read them.
   __shared__ __align__(8) uint64_t staged[2];
   __shared__ __align__(8) uint64_t freed[2];
   const uint32_t a_base = (smem_addr(dynamic_smem) + 1023u) & ~1023u;
