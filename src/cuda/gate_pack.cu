@@ -393,6 +393,8 @@ void launch_gate_pack(const GatePackArgs& a, const DeviceInfo& dev, cudaStream_t
   const CUtensorMap x_map = kmajor_map(a.x, m, a.k, Cfg::kBlockM, a.out.dtype, op, "x");
   const CUtensorMap w_map =
       kmajor_map(a.weight, n, a.k, Cfg::kBlockN / Cfg::kClusterM, a.out.dtype, op, "gate weight");
+  check_cuda(cudaMemsetAsync(a.out.row_slot, 0xff, size_t(m) * sizeof(int32_t), s), op,
+             "TwELL row slots");  // -1: compact unless the kernel marks the row
   with_element_type(a.out.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     switch (a.out.shape.tile) {
@@ -403,6 +405,7 @@ void launch_gate_pack(const GatePackArgs& a, const DeviceInfo& dev, cudaStream_t
         throw Error(op, "options.tile", "64, 128 or 256", std::to_string(a.out.shape.tile));
     }
   });
+  launch_route_overflow(a.out, a.hidden, dev, s, op);
 }
 
 }  // namespace twell::gpu

@@ -212,8 +212,6 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
   // every routed row to the backup.
   const bool row_kernel = row_kernel_supports(dims_.k);
   if (fused_gate_) {
-    check_cuda(cudaMemsetAsync(tw.row_slot, 0xff, size_t(rows) * sizeof(int32_t), s), kRunOp,
-               "TwELL row slots");
     GatePackArgs gate;
     gate.x = args.x.data;
     gate.weight = first_weight();
@@ -222,7 +220,6 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
     gate.hidden = b.hidden;
     gate.active = &b.control->active;
     launch_gate_pack(gate, device_, s);
-    launch_route_overflow(tw, b.hidden, device_, s, kRunOp);
   } else {
     run_gate(args, rows, b, s);
     PackArgs pack;

@@ -35,11 +35,11 @@ struct PackArgs {
 };
 void launch_pack(const PackArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
-// gate_pack.cu (sm_90a): G = relu(x W1^T) packed into `out` from the GEMM's accumulators. Writes
-// counts and entries of every (row, tile); a (row, tile) over the capacity instead writes its
-// dense values into `hidden` (G [rows, cols]) with count kOverflowCount, and sets its row's
-// row_slot to kOverflowRow. row_slot must be -1 on entry; launch_route_overflow finishes the
-// layout. Adds the non-zeros of every row to *active.
+// gate_pack.cu (sm_90a): G = relu(x W1^T) packed into `out` by the GEMM itself: the layout
+// launch_pack gives the same G (*out.num_routed must be 0 on entry), with `hidden` (G [rows, cols])
+// written only for routed rows. Internally a (row, tile) over the capacity writes its dense values
+// to G with count kOverflowCount and marks its row kOverflowRow; launch_route_overflow then routes
+// those rows. Adds the non-zeros of every row to *active.
 struct GatePackArgs {
   const char* op = "InferencePlan::run";
   const void* x = nullptr;       // [rows, k]
@@ -55,7 +55,7 @@ constexpr int32_t kOverflowRow = -2;
 bool gate_pack_available(const DeviceInfo& dev);
 void launch_gate_pack(const GatePackArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
-// pack.cu: after launch_gate_pack, every row marked kOverflowRow becomes routed (a routed_rows
+// pack.cu: after the fused kernel, every row marked kOverflowRow becomes routed (a routed_rows
 // entry and slot, zero counts) and its G row in `hidden` is completed from its compact tiles, so
 // the layout is the one launch_pack gives.
 void launch_route_overflow(const TwellView& out, void* hidden, const DeviceInfo& dev, cudaStream_t s,

@@ -274,8 +274,6 @@ void CudaTraining::forward_sparse(const TrainingForwardArgs& args, const TwellVi
   float* row_l1 = stats != nullptr ? at<float>(base, l.row_l1) : nullptr;
 
   if (fused_gate_) {  // the gate GEMM packs plane 0 itself; G holds only the routed rows
-    check_cuda(cudaMemsetAsync(saved.row_slot, 0xff, size_t(rows) * sizeof(int32_t), s), kForwardOp,
-               "saved row slots");
     GatePackArgs fused;
     fused.op = kForwardOp;
     fused.x = args.x.data;
@@ -285,7 +283,6 @@ void CudaTraining::forward_sparse(const TrainingForwardArgs& args, const TwellVi
     fused.hidden = hidden;
     fused.active = active;
     launch_gate_pack(fused, device_, s);
-    launch_route_overflow(saved, hidden, device_, s, kForwardOp);
   } else {
     GemmCall gate;
     gate.id = GemmId::gate;
