@@ -82,7 +82,7 @@ class CudaRunner final : public Runner {
   InferencePlan& plan_for(Dispatch d) {
     for (auto& [disp, plan] : plans_)
       if (disp == d) return plan;
-    InferenceOptions o;
+    InferenceOptions o = options_;
     o.dispatch = d;
     plans_.emplace_back(d, InferencePlan(w_, o));
     return plans_.back().second;

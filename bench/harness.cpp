@@ -98,6 +98,7 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0, double d = 
 std::vector<Row> run(const Options& o, std::ostream& progress) {
   const bool cuda = use_cuda(o);
   std::unique_ptr<Runner> runner = cuda ? make_cuda_runner() : make_cpu_runner();
+  runner->configure(o.plan);
   const auto specs = suite_cases(o.suite, cuda, o.custom);
   const int warmup = o.warmup < 0 ? 4 : o.warmup, reps = o.reps < 0 ? 10 : o.reps;
   std::vector<Row> rows;

@@ -19,7 +19,8 @@ struct RunCounters {
   int32_t num_routed = 0;       // rows routed to the dense backup (TwellView::num_routed)
   int32_t num_heavy = 0;        // routed rows too dense for the row kernel (row_ffn.cu)
   unsigned long long active = 0;  // non-zero gate activations over all rows
-  int32_t next_row = 0;         // the row kernel's work queue head
+  int32_t next_row = 0;         // the row kernel's work queue head (the dots phase when split)
+  int32_t next_row_axpys = 0;    // the split row kernel's axpys phase: work queue head
   int32_t num_long = 0;         // compact rows deferred to the long-row kernel (row_ffn.cu)
   int32_t next_long = 0;        // the long-row kernel's work queue head
 };

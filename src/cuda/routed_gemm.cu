@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "cuda/cp_async.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/element.cuh"
 #include "cuda/config.hpp"
@@ -38,7 +39,6 @@ constexpr int kFragsM = kWarpTileM / kFrag;
 constexpr int kFragsN = kWarpTileN / kFrag;
 constexpr int kPad = kVecElems;    // one 16-byte vector per shared row: 32-byte aligned fragments
 constexpr int kAccPad = 4;         // floats: keeps accumulator rows 16-byte aligned
-constexpr int kVectorBytes = 16;
 
 static_assert(Cfg::kStages == 2, "the pipeline below is written for double buffering");
 static_assert(kWarpTileM % kFrag == 0 && kWarpTileN % kFrag == 0 && Cfg::kBlockK % kFrag == 0,
@@ -96,17 +96,6 @@ struct Shared {
   int32_t a_row[Cfg::kBlockM];    // stored A row of each tile row, -1 past the rows
   int32_t out_row[Cfg::kBlockM];  // output row of each tile row, -1 past the rows
 };
-
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
-  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
-  const int src_bytes = valid ? kVectorBytes : 0;  // 0: zero-fill, nothing read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all_but_one() {
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-}
 
 // The current problem's extents.
 struct Extent {
@@ -228,7 +217,7 @@ __global__ void __launch_bounds__(kThreads) routed_gemm_kernel(Params p) {
       const int stage = int(ks % Cfg::kStages);
       if (ks + 1 < k_steps) load_stage(sm, stage ^ 1, p, x, m0, c0, (ks + 1) * Cfg::kBlockK);
       cp_async_commit();
-      cp_async_wait_all_but_one();
+      cp_async_wait<1>();
       __syncthreads();
 #pragma unroll
       for (int kk = 0; kk < Cfg::kBlockK; kk += kFrag) {

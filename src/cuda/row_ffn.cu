@@ -1,8 +1,10 @@
-// Fused up + down (K a multiple of 256, at most RowConfig::kMaxHidden), two kernels:
+// Up + down (K a multiple of 256, at most RowConfig::kMaxHidden):
 //   row kernel: CTA = RowConfig::kWarps warps of a persistent grid; a warp takes compact rows from
 //     a queue, one at a time: its x row and fp32 accumulators in registers; 32 TwELL entries
 //     decoded at once (one per lane), consumed two at a time (dot with Wu rows, warp butterfly,
-//     axpy of Wd rows). Rows over kLongRow entries are listed for the second kernel.
+//     axpy of Wd rows). Rows over kLongRow entries are listed for the long-row kernel. Gated
+//     (N >= 2 kLongRow): run as two kernels, a dots phase (h = g * dot in fp32, kept in the row's
+//     dead G row) and an axpys phase (Wd), so each streams one weight matrix (warp_rows::Phase).
 //   long-row kernel: a CTA takes a long compact row or a routed row. Long compact rows: every warp
 //     walks the same sequence of neuron pairs and takes every kWarps-th. Routed rows: warp 0
 //     gathers the row's active neurons from G into shared memory (kAhead vectors in flight per
@@ -24,21 +26,28 @@ namespace {
 using warp_rows::kFullMask;
 using warp_rows::kWarpSize;
 
+using warp_rows::Phase;
+
 // The row's x slice and accumulators, and the pairwise up/down step over active neurons.
-template <typename T, FfnKind kKind, int kChunks>
+template <typename T, FfnKind kKind, int kChunks, Phase kPhase = Phase::fused>
 struct RowState {
-  uint4 x[kChunks];
-  float acc[kChunks][kVecElems];
+  static constexpr bool kDots = kPhase != Phase::axpys;
+  static constexpr bool kAxpys = kPhase != Phase::dots;
+  uint4 x[kDots ? kChunks : 1];
+  float acc[kAxpys ? kChunks : 1][kVecElems];
   int pair = 0;    // neuron pairs seen so far
   int stride = 1;  // this warp runs pairs offset, offset + stride, ...
   int offset = 0;
+  float* h = nullptr;  // split phases: the row's h values, one per entry in TwELL order
+  int entry = 0;       // split phases: entries seen so far
 
   __device__ void load(const T* xrow, int lane) {
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
-      x[c] = load_readonly(xrow + c * RowConfig::kChunk + lane * kVecElems);
+      if constexpr (kDots) x[c] = load_readonly(xrow + c * RowConfig::kChunk + lane * kVecElems);
+      if constexpr (kAxpys)
 #pragma unroll
-      for (int e = 0; e < kVecElems; ++e) acc[c][e] = 0.0f;
+        for (int e = 0; e < kVecElems; ++e) acc[c][e] = 0.0f;
     }
   }
 
@@ -48,7 +57,11 @@ struct RowState {
     if (pair++ % stride != offset) return;
     float h0 = g0, h1 = two ? g1 : 0.0f;
     const int64_t col = int64_t(lane) * kVecElems;
-    if constexpr (kKind == FfnKind::gated) {
+    if constexpr (kPhase == Phase::axpys) {
+      h0 = h[entry];
+      h1 = two ? h[entry + 1] : 0.0f;
+      entry += two ? 2 : 1;
+    } else if constexpr (kKind == FfnKind::gated) {
       float d0 = 0.0f, d1 = 0.0f;
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
@@ -70,13 +83,21 @@ struct RowState {
       h0 *= d0;
       h1 *= d1;
     }
+    if constexpr (kPhase == Phase::dots) {
+      if (lane == 0) {
+        h[entry] = h0;
+        if (two) h[entry + 1] = h1;
+      }
+      entry += two ? 2 : 1;
+    } else {
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      float w0[kVecElems], w1[kVecElems];
-      unpack8<T>(load_readonly(down + int64_t(n0) * k + c * RowConfig::kChunk + col), w0);
-      unpack8<T>(load_readonly(down + int64_t(n1) * k + c * RowConfig::kChunk + col), w1);
+      for (int c = 0; c < kChunks; ++c) {
+        float w0[kVecElems], w1[kVecElems];
+        unpack8<T>(load_readonly(down + int64_t(n0) * k + c * RowConfig::kChunk + col), w0);
+        unpack8<T>(load_readonly(down + int64_t(n1) * k + c * RowConfig::kChunk + col), w1);
 #pragma unroll
-      for (int e = 0; e < kVecElems; ++e) acc[c][e] = fmaf(h1, w1[e], fmaf(h0, w0[e], acc[c][e]));
+        for (int e = 0; e < kVecElems; ++e) acc[c][e] = fmaf(h1, w1[e], fmaf(h0, w0[e], acc[c][e]));
+      }
     }
   }
 
@@ -101,8 +122,8 @@ struct RowState {
 };
 
 // Compact row: its entries decoded 32 at a time (warp_rows.cuh), consumed two at a time.
-template <typename T, FfnKind kKind, int kChunks>
-__device__ void compact_row(RowState<T, kKind, kChunks>& st, const TwellView& tw, const T* up,
+template <typename T, FfnKind kKind, int kChunks, Phase kPhase>
+__device__ void compact_row(RowState<T, kKind, kChunks, kPhase>& st, const TwellView& tw, const T* up,
                             const T* down, int64_t k, int64_t row, int lane) {
   const auto* values = static_cast<const T*>(tw.values);
   warp_rows::for_each_entry_group(tw, row, lane, [&](int neuron, int64_t slot, int count) {
@@ -176,24 +197,29 @@ __device__ void consume_list(RowState<T, kKind, kChunks>& st, const int2* list, 
   }
 }
 
-template <typename T, FfnKind kKind, int kChunks>
+// Split phases keep a row's h values in its own G row (dead for compact rows: the pack has read
+// it, the fused gate never writes it): kLongRow floats need N >= 2 kLongRow.
+template <typename T, FfnKind kKind, int kChunks, Phase kPhase>
 __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) row_ffn_kernel(KernelArgs a) {
   const int lane = threadIdx.x % kWarpSize;
   const TwellView& tw = a.tw;
   const auto* up = static_cast<const T*>(a.up);
   const auto* down = static_cast<const T*>(a.down);
+  int32_t* head = kPhase == Phase::axpys ? &a.control->next_row_axpys : &a.control->next_row;
   for (;;) {
-    const int64_t row = warp_rows::next_row(&a.control->next_row, lane);
+    const int64_t row = warp_rows::next_row(head, lane);
     if (row >= tw.shape.rows) return;
-    RowState<T, kKind, kChunks> st;
+    RowState<T, kKind, kChunks, kPhase> st;
     if (tw.row_slot[row] >= 0) continue;  // routed: the long-row kernel's
     if (warp_rows::row_entries(tw, row, lane) > RowConfig::kLongRow) {
-      if (lane == 0) a.long_rows[atomicAdd(&a.control->num_long, 1)] = int32_t(row);
+      if (kPhase != Phase::axpys && lane == 0) a.long_rows[atomicAdd(&a.control->num_long, 1)] = int32_t(row);
       continue;
     }
+    if constexpr (kPhase != Phase::fused)
+      st.h = reinterpret_cast<float*>(const_cast<T*>(static_cast<const T*>(a.hidden)) + row * tw.shape.cols);
     st.load(static_cast<const T*>(a.x) + row * a.k, lane);
     compact_row(st, tw, up, down, a.k, row, lane);
-    st.store(static_cast<T*>(a.y) + row * a.k, lane);
+    if constexpr (kPhase != Phase::dots) st.store(static_cast<T*>(a.y) + row * a.k, lane);
   }
 }
 
@@ -264,7 +290,12 @@ void launch_with(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const int64_t ctas = std::min<int64_t>(
       int64_t(dev.sm_count) * RowConfig::kCtasPerSm,
       (c.twell.shape.rows + RowConfig::kWarps - 1) / RowConfig::kWarps);
-  row_ffn_kernel<T, kKind, kChunks><<<unsigned(ctas), RowConfig::kWarps * kWarpSize, 0, s>>>(k);
+  if (kKind == FfnKind::gated && c.twell.shape.cols >= 2 * RowConfig::kLongRow) {
+    row_ffn_kernel<T, kKind, kChunks, Phase::dots><<<unsigned(ctas), RowConfig::kWarps * kWarpSize, 0, s>>>(k);
+    row_ffn_kernel<T, kKind, kChunks, Phase::axpys><<<unsigned(ctas), RowConfig::kWarps * kWarpSize, 0, s>>>(k);
+  } else {
+    row_ffn_kernel<T, kKind, kChunks, Phase::fused><<<unsigned(ctas), RowConfig::kWarps * kWarpSize, 0, s>>>(k);
+  }
   long_row_kernel<T, kKind, kChunks><<<unsigned(ctas), RowConfig::kWarps * kWarpSize, 0, s>>>(k);
 }
 

@@ -6,7 +6,8 @@
 // split as in train_forward_rows.cu:
 //   warp kernel: a warp per row from a queue, dy[m] and the fp32 accumulators of dx[m] in
 //     registers; entries consumed two at a time (two down-dots, then W1 and Wu rows axpy'd); rows
-//     over TrainRowConfig::kLongRow entries listed for the CTA kernel.
+//     over TrainRowConfig::kLongRow entries listed for the CTA kernel. Run split in two kernels
+//     (warp_rows::Phase): the dots phase stores dh, the axpys phase reads it back.
 //   CTA kernel: one row per CTA (grid = M, or grid-stride over the long-row list); each batch of
 //     kBatch down-dots is reduced across warps in shared memory.
 // A routed row is skipped by both (the dense routed-row path writes it).
@@ -97,9 +98,10 @@ struct WarpArgs {
 
 // One warp's part of a compact row: the entry groups first_group, first_group + group_step, ...
 // (dh stored at their slots), accumulated into acc.
-template <typename T, FfnKind kKind, int kChunks>
+template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase = warp_rows::Phase::fused>
 __device__ void backward_warp_row(const WarpArgs& a, int64_t row, int lane, int first_group, int group_step,
                                   float (&acc)[kChunks][kVecElems]) {
+  using warp_rows::Phase;
   constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
   const auto* first = static_cast<const T*>(a.first);
   const auto* up = static_cast<const T*>(a.up);
@@ -108,7 +110,8 @@ __device__ void backward_warp_row(const WarpArgs& a, int64_t row, int lane, int 
   const T* plane1 = values + plane_elements(a.tw.shape);
   const float scale = l1_scale(a.l1, a.tw.shape.rows);
   uint4 dyr[kChunks];
-  warp_rows::load_row<T, kChunks>(static_cast<const T*>(a.dy) + row * k, lane, dyr);
+  if constexpr (kPhase != Phase::axpys)
+    warp_rows::load_row<T, kChunks>(static_cast<const T*>(a.dy) + row * k, lane, dyr);
   warp_rows::zero(acc);
   int group = 0;
   warp_rows::for_each_entry_group(a.tw, row, lane, [&](int neuron, int64_t slot, int count) {
@@ -129,14 +132,21 @@ __device__ void backward_warp_row(const WarpArgs& a, int64_t row, int lane, int 
       const float g1 = __shfl_sync(warp_rows::kFullMask, g, j);
       const float u0 = __shfl_sync(warp_rows::kFullMask, u, i);
       const float u1 = __shfl_sync(warp_rows::kFullMask, u, j);
-      float d0, d1;
-      warp_rows::dot2<T, kChunks>(dyr, down + int64_t(n0) * k, down + int64_t(n1) * k, lane, d0, d1);
-      const float dh0 = d0 + scale * sign_of(g0 * u0);
-      const float dh1 = two ? d1 + scale * sign_of(g1 * u1) : 0.0f;
-      if (lane == 0) {
-        a.dh[s0] = dh0;
-        if (two) a.dh[s1] = dh1;
+      float dh0, dh1;
+      if constexpr (kPhase == Phase::axpys) {  // dh from the dots phase
+        dh0 = a.dh[s0];
+        dh1 = two ? a.dh[s1] : 0.0f;
+      } else {
+        float d0, d1;
+        warp_rows::dot2<T, kChunks>(dyr, down + int64_t(n0) * k, down + int64_t(n1) * k, lane, d0, d1);
+        dh0 = d0 + scale * sign_of(g0 * u0);
+        dh1 = two ? d1 + scale * sign_of(g1 * u1) : 0.0f;
+        if (lane == 0) {
+          a.dh[s0] = dh0;
+          if (two) a.dh[s1] = dh1;
+        }
       }
+      if constexpr (kPhase == Phase::dots) continue;
       warp_rows::axpy2<T, kChunks>(acc, dh0 * u0, first + int64_t(n0) * k, dh1 * u1, first + int64_t(n1) * k,
                                    lane);
       if constexpr (kKind == FfnKind::gated)
@@ -145,22 +155,25 @@ __device__ void backward_warp_row(const WarpArgs& a, int64_t row, int lane, int 
   });
 }
 
-// Short compact rows, a warp each from a queue; long ones are listed for backward_long_kernel.
-template <typename T, FfnKind kKind, int kChunks>
+// Short compact rows, a warp each from a queue (control[0]; the axpys phase's control[2]); long
+// ones are listed (control[1]) for backward_long_kernel.
+template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase>
 __global__ void __launch_bounds__(TrainRowConfig::kWarpRowWarps * warp_rows::kWarpSize)
     backward_warp_kernel(WarpArgs a) {
+  using warp_rows::Phase;
   constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
   const int lane = threadIdx.x % warp_rows::kWarpSize;
   for (;;) {
-    const int64_t row = warp_rows::next_row(&a.control[0], lane);
+    const int64_t row = warp_rows::next_row(&a.control[kPhase == Phase::axpys ? 2 : 0], lane);
     if (row >= a.tw.shape.rows) return;
     if (a.tw.row_slot[row] >= 0) continue;
     if (warp_rows::row_entries(a.tw, row, lane) > TrainRowConfig::kLongRow) {
-      if (lane == 0) a.long_rows[atomicAdd(&a.control[1], 1)] = int32_t(row);
+      if (kPhase != Phase::axpys && lane == 0) a.long_rows[atomicAdd(&a.control[1], 1)] = int32_t(row);
       continue;
     }
     float acc[kChunks][kVecElems];
-    backward_warp_row<T, kKind, kChunks>(a, row, lane, 0, 1, acc);
+    backward_warp_row<T, kKind, kChunks, kPhase>(a, row, lane, 0, 1, acc);
+    if constexpr (kPhase == Phase::dots) continue;
     warp_rows::store_row<T, kChunks>(static_cast<T*>(a.dx) + row * k, lane, acc);
   }
 }
@@ -194,13 +207,15 @@ void launch_backward_rows(const BackwardRowsArgs& a, const DeviceInfo& dev, cuda
   if (rows == 0) return;
   const rows::PassGrid grid = rows::pass_grid(rows, a.k, dev);
   if (grid.warp) {
-    check_cuda(cudaMemsetAsync(a.control, 0, 2 * sizeof(int32_t), s), op, "row queue");
+    check_cuda(cudaMemsetAsync(a.control, 0, 3 * sizeof(int32_t), s), op, "row queues");
     const WarpArgs w{a.dy, a.first, a.up, a.down, a.dx, a.dh, a.l1, a.saved, a.control, a.long_rows};
     rows::dispatch_warp_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto chunks) {
       using T = decltype(tag);
       constexpr FfnKind kKind = decltype(kind)::value;
       constexpr int kChunks = decltype(chunks)::value;
-      backward_warp_kernel<T, kKind, kChunks><<<grid.warp_ctas, grid.warp_threads, 0, s>>>(w);
+      using warp_rows::Phase;
+      backward_warp_kernel<T, kKind, kChunks, Phase::dots><<<grid.warp_ctas, grid.warp_threads, 0, s>>>(w);
+      backward_warp_kernel<T, kKind, kChunks, Phase::axpys><<<grid.warp_ctas, grid.warp_threads, 0, s>>>(w);
       backward_long_kernel<T, kKind, kChunks><<<grid.long_ctas, grid.long_threads, 0, s>>>(w);
     });
     check_launch(op, "training backward warp-row kernels");

@@ -2,7 +2,8 @@
 // the active entries (saved as plane 1), y and the per-row L1 sum.
 //   gated: u = <x[m], Wu[n]> rounded to the dtype -> plane 1;  h = g * u;   plain: h = g
 //   y[m] = sum h Wd[n] (fp32, rounded once);  row_l1[m] = sum |h| (in entry order)
-// Two kernels when K is a multiple of 256 up to 2048 (warp_rows.cuh), else the CTA kernel alone:
+// Warp kernels when K is a multiple of 256 up to 2048 (warp_rows.cuh; gated rows split into an up
+// dots phase that stores u and an axpys phase that reads it, warp_rows::Phase), else the CTA kernel alone:
 //   warp kernel: persistent grid; a warp takes the next row from a queue and holds x[m] and the
 //     fp32 accumulators of y[m] in registers; entries are decoded 32 at a time (one per lane) and
 //     consumed two at a time (two up-dots, one butterfly each, two Wd rows axpy'd). Rows with more
@@ -103,16 +104,18 @@ struct WarpArgs {
 
 // One warp's part of a compact row: the entry groups first_group, first_group + group_step, ...
 // (u stored at their slots), accumulated into acc and l1 (|h| in entry order).
-template <typename T, FfnKind kKind, int kChunks>
+template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase = warp_rows::Phase::fused>
 __device__ void forward_warp_row(const WarpArgs& a, int64_t row, int lane, int first_group, int group_step,
                                  float (&acc)[kChunks][kVecElems], float& l1) {
+  using warp_rows::Phase;
   constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
   const auto* up = static_cast<const T*>(a.up);
   const auto* down = static_cast<const T*>(a.down);
   auto* values = static_cast<T*>(a.tw.values);
   T* plane1 = values + plane_elements(a.tw.shape);
   uint4 xr[kChunks];
-  if constexpr (kKind == FfnKind::gated) warp_rows::load_row<T, kChunks>(static_cast<const T*>(a.x) + row * k, lane, xr);
+  if constexpr (kKind == FfnKind::gated && kPhase != Phase::axpys)
+    warp_rows::load_row<T, kChunks>(static_cast<const T*>(a.x) + row * k, lane, xr);
   warp_rows::zero(acc);
   l1 = 0.0f;
   int group = 0;
@@ -128,7 +131,10 @@ __device__ void forward_warp_row(const WarpArgs& a, int64_t row, int lane, int f
       const int64_t s1 = __shfl_sync(warp_rows::kFullMask, slot, j);
       float h0 = __shfl_sync(warp_rows::kFullMask, g, i);
       float h1 = two ? __shfl_sync(warp_rows::kFullMask, g, j) : 0.0f;
-      if constexpr (kKind == FfnKind::gated) {
+      if constexpr (kPhase == Phase::axpys) {  // gated: u from the dots phase
+        h0 *= Elem<T>::to_float(plane1[s0]);
+        h1 *= two ? Elem<T>::to_float(plane1[s1]) : 0.0f;
+      } else if constexpr (kKind == FfnKind::gated) {
         float d0, d1;
         warp_rows::dot2<T, kChunks>(xr, up + int64_t(n0) * k, up + int64_t(n1) * k, lane, d0, d1);
         const T u0 = Elem<T>::from_float(d0), u1 = Elem<T>::from_float(d1);
@@ -139,30 +145,35 @@ __device__ void forward_warp_row(const WarpArgs& a, int64_t row, int lane, int f
         h0 *= Elem<T>::to_float(u0);
         h1 *= Elem<T>::to_float(u1);
       }
-      l1 += fabsf(h0);
-      if (two) l1 += fabsf(h1);
-      warp_rows::axpy2<T, kChunks>(acc, h0, down + int64_t(n0) * k, h1, down + int64_t(n1) * k, lane);
+      if constexpr (kPhase != Phase::dots) {
+        l1 += fabsf(h0);
+        if (two) l1 += fabsf(h1);
+        warp_rows::axpy2<T, kChunks>(acc, h0, down + int64_t(n0) * k, h1, down + int64_t(n1) * k, lane);
+      }
     }
   });
 }
 
-// Short compact rows, a warp each from a queue; long ones are listed for forward_long_kernel.
-template <typename T, FfnKind kKind, int kChunks>
+// Short compact rows, a warp each from a queue (control[0]; the axpys phase's control[2]); long
+// ones are listed (control[1]) for forward_long_kernel.
+template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase>
 __global__ void __launch_bounds__(TrainRowConfig::kWarpRowWarps * warp_rows::kWarpSize)
     forward_warp_kernel(WarpArgs a) {
+  using warp_rows::Phase;
   constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
   const int lane = threadIdx.x % warp_rows::kWarpSize;
   for (;;) {
-    const int64_t row = warp_rows::next_row(&a.control[0], lane);
+    const int64_t row = warp_rows::next_row(&a.control[kPhase == Phase::axpys ? 2 : 0], lane);
     if (row >= a.tw.shape.rows) return;
     if (a.tw.row_slot[row] >= 0) continue;
     if (warp_rows::row_entries(a.tw, row, lane) > TrainRowConfig::kLongRow) {
-      if (lane == 0) a.long_rows[atomicAdd(&a.control[1], 1)] = int32_t(row);
+      if (kPhase != Phase::axpys && lane == 0) a.long_rows[atomicAdd(&a.control[1], 1)] = int32_t(row);
       continue;
     }
     float acc[kChunks][kVecElems];
     float l1;
-    forward_warp_row<T, kKind, kChunks>(a, row, lane, 0, 1, acc, l1);
+    forward_warp_row<T, kKind, kChunks, kPhase>(a, row, lane, 0, 1, acc, l1);
+    if constexpr (kPhase == Phase::dots) continue;
     warp_rows::store_row<T, kChunks>(static_cast<T*>(a.y) + row * k, lane, acc);
     if (a.row_l1 != nullptr && lane == 0) a.row_l1[row] = l1;
   }
@@ -205,13 +216,19 @@ void launch_forward_rows(const ForwardRowsArgs& a, const DeviceInfo& dev, cudaSt
   if (rows == 0) return;
   const rows::PassGrid grid = rows::pass_grid(rows, a.k, dev);
   if (grid.warp) {
-    check_cuda(cudaMemsetAsync(a.control, 0, 2 * sizeof(int32_t), s), op, "row queue");
+    check_cuda(cudaMemsetAsync(a.control, 0, 3 * sizeof(int32_t), s), op, "row queues");
     const WarpArgs w{a.x, a.up, a.down, a.y, a.row_l1, a.saved, a.control, a.long_rows};
     rows::dispatch_warp_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto chunks) {
       using T = decltype(tag);
       constexpr FfnKind kKind = decltype(kind)::value;
       constexpr int kChunks = decltype(chunks)::value;
-      forward_warp_kernel<T, kKind, kChunks><<<grid.warp_ctas, grid.warp_threads, 0, s>>>(w);
+      using warp_rows::Phase;
+      if constexpr (kKind == FfnKind::gated) {
+        forward_warp_kernel<T, kKind, kChunks, Phase::dots><<<grid.warp_ctas, grid.warp_threads, 0, s>>>(w);
+        forward_warp_kernel<T, kKind, kChunks, Phase::axpys><<<grid.warp_ctas, grid.warp_threads, 0, s>>>(w);
+      } else {
+        forward_warp_kernel<T, kKind, kChunks, Phase::fused><<<grid.warp_ctas, grid.warp_threads, 0, s>>>(w);
+      }
       forward_long_kernel<T, kKind, kChunks><<<grid.long_ctas, grid.long_threads, 0, s>>>(w);
     });
     check_launch(op, "training forward warp-row kernels");

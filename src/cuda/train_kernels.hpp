@@ -38,8 +38,9 @@ struct ForwardRowsArgs {
   float* row_l1 = nullptr;     // [rows], optional
   int64_t k = 0;
   TwellView saved;
-  // Scratch of the warp-per-row kernels (K a multiple of 256 up to 2048): int32 [2] (queue head,
-  // long-row count; zeroed by the launcher) and int32 [rows], the long rows.
+  // Scratch of the warp-per-row kernels (K a multiple of 256 up to 2048): int32 [3] (queue head,
+  // long-row count, the split axpys phase's queue head; zeroed by the launcher) and int32 [rows],
+  // the long rows.
   int32_t* control = nullptr;
   int32_t* long_rows = nullptr;
 };

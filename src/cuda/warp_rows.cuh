@@ -18,6 +18,13 @@ constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kMaxChunks = int(RowConfig::kMaxHidden / RowConfig::kChunk);
 static_assert(RowConfig::kChunk == kWarpSize * kVecElems, "a chunk is one 16-byte vector per lane");
 
+// What a warp-per-row pass computes per entry: everything (fused), or one half, as two kernels:
+// the dots (x . Wu[n] forward, dy . Wd[n] backward), stored per entry, then the axpys that read
+// them back (Wd forward, W1 and Wu backward). Each kernel then streams fewer weight rows, which
+// fit in L2 where all of them together do not (Wu and Wd of a 2048 x 5632 layer are 46 MB, more
+// than an H100's or H200's L2); the results are bit-identical to the fused pass.
+enum class Phase : uint8_t { fused, dots, axpys };
+
 // Whether the warp-per-row kernels take rows of this K.
 inline bool supports(int64_t k) { return k % RowConfig::kChunk == 0 && k <= RowConfig::kMaxHidden; }
 

@@ -33,6 +33,7 @@ bench options:
   --pattern P       uniform | heavy_tailed | edge_rows | all_zero | all_dense (default heavy_tailed)
   --dtype T         float32 | bfloat16 | float16   (default: float32 on CPU, bfloat16 on CUDA)
   --kind K          gated | plain   (default gated)
+  --gate G          auto | portable: the CUDA gate GEMM + pack (default auto: fused on sm_90a)
   --reps R          timed repetitions per measurement, median reported (default 10)
   --warmup W        untimed runs first (default 4; training 2)
   --out DIR         results folder (default bench/results/<device>)
@@ -100,6 +101,10 @@ int cmd_bench(const std::vector<std::string>& a) {
       if (k != "gated" && k != "plain") usage_error("--kind is gated or plain");
       o.custom.kind = k == "gated" ? twell::FfnKind::gated : twell::FfnKind::plain;
       custom = true;
+    } else if (f == "--gate") {
+      const std::string g = value();
+      if (g != "auto" && g != "portable") usage_error("--gate is auto or portable");
+      o.plan.gate = g == "auto" ? twell::GateKernel::automatic : twell::GateKernel::portable;
     } else if (f == "--reps") {
       o.reps = int(number());
       if (o.reps < 1) usage_error("--reps must be >= 1");
