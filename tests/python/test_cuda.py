@@ -112,25 +112,31 @@ def step(model, opt, x):
 
 
 def test_patched_llama_forward_backward_match_dense(seed):
-    """A transformers Llama patched with twell runs forward and backward on the GPU, its logits
-    and every gradient within bf16 noise of the same dense model."""
+    """A transformers Llama patched with twell runs forward and backward on the GPU: its logits and
+    gradients are about as close to a float32 run of the same model as the bf16 dense model's are.
+    Over all of them at most twice as far; each one at most three times (plus two bf16 units): a
+    single tiny model's small gradients (layer norms, cancelling sums) scatter around that."""
     pytest.importorskip("transformers", reason="transformers is not installed")
     from test_patch import tiny, tokens
 
     skip_unless_trainable("cuda")
     model = tiny("Llama", hidden_act="relu").to("cuda", DTYPE).train()
     dense = copy.deepcopy(model)
+    exact = copy.deepcopy(model).float()
     assert tt.patch_model(model) == 2
     ids = tokens(seed).to("cuda")
-    outs = [m(ids, labels=ids) for m in (model, dense)]
+    outs = [m(ids, labels=ids) for m in (model, dense, exact)]
     for o in outs:
         o.loss.backward()
 
     def rel(a, b):
         return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
-    # Both compute in bf16; twell rounds h and y once (fp32 inside), a dense layer rounds each
-    # product: a few bf16 units in the last place after two layers.
-    assert rel(outs[0].logits, outs[1].logits) < 3e-2
-    for (name, p), q in zip(model.named_parameters(), dense.parameters()):
-        assert rel(p.grad, q.grad) < 5e-2, name
+    pairs = [("logits", outs[0].logits, outs[1].logits, outs[2].logits)]
+    for (name, p), q, r in zip(model.named_parameters(), dense.parameters(), exact.parameters()):
+        pairs.append((name, p.grad, q.grad, r.grad))
+    ours = [rel(a, ref) for _, a, _, ref in pairs]
+    theirs = [rel(b, ref) for _, _, b, ref in pairs]
+    for (name, *_), err, base in zip(pairs, ours, theirs):
+        assert err <= 3 * base + 2**-7, f"{name}: twell {err:.3g}, dense bf16 {base:.3g} from float32"
+    assert sum(ours) <= 2 * sum(theirs), f"twell {sum(ours):.3g}, dense bf16 {sum(theirs):.3g} in all"
