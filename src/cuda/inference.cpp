@@ -27,35 +27,6 @@ namespace {
 constexpr const char* kPlanOp = "InferencePlan";
 constexpr const char* kRunOp = "InferencePlan::run";
 
-GemmCall linear(GemmId id, Activation act, int64_t rows, const ProblemDims& d, const void* x,
-                const void* weight, void* out) {
-  GemmCall c;
-  c.id = id;
-  c.act = act;
-  c.layout = WeightLayout::n_by_k;
-  c.m = rows;
-  c.n = d.n;
-  c.k = d.k;
-  c.a = x;
-  c.b = weight;
-  c.d = out;
-  return c;
-}
-
-GemmCall down_product(int64_t rows, const ProblemDims& d, const void* h, const void* down, void* y) {
-  GemmCall c;
-  c.id = GemmId::down;
-  c.act = Activation::none;
-  c.layout = WeightLayout::k_by_n;
-  c.m = rows;
-  c.n = d.k;
-  c.k = d.n;
-  c.a = h;
-  c.b = down;
-  c.d = y;
-  return c;
-}
-
 class CudaInference final : public detail::InferenceBackend {
  public:
   CudaInference(const FfnWeights& w, const InferenceOptions& o)
@@ -120,7 +91,8 @@ class CudaInference final : public detail::InferenceBackend {
     return dims_.kind == FfnKind::gated ? weights_.gate.data : weights_.up.data;
   }
   void run_gate(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s) {
-    lt_->run(linear(GemmId::gate, Activation::relu, rows, dims_, args.x.data, first_weight(), b.hidden),
+    lt_->run(linear_call(GemmId::gate, Activation::relu, rows, dims_.n, dims_.k, args.x.data, first_weight(),
+                         b.hidden),
              s, b.lt);
   }
   void run_sparse(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s);
@@ -267,14 +239,16 @@ void CudaInference::run_dense(const InferenceArgs& args, int64_t rows, const Buf
   h.active = &b.control->active;
   if (dims_.kind == FfnKind::gated) {
     void* up = b.base + b.layout.up;
-    lt_->run(linear(GemmId::up, Activation::none, rows, dims_, args.x.data, weights_.up.data, up), s,
-             b.lt);
+    lt_->run(linear_call(GemmId::up, Activation::none, rows, dims_.n, dims_.k, args.x.data, weights_.up.data,
+                         up),
+             s, b.lt);
     h.up = up;
     launch_dense_hidden(h, device_, s);
   } else if (count) {
     launch_dense_hidden(h, device_, s);
   }
-  lt_->run(down_product(rows, dims_, b.hidden, weights_.down.data, args.y.data), s, b.lt);
+  lt_->run(matmul_call(GemmId::down, rows, dims_.k, dims_.n, b.hidden, weights_.down.data, args.y.data), s,
+           b.lt);
 }
 
 }  // namespace

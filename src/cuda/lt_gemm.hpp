@@ -30,6 +30,30 @@ struct GemmCall {
   void* d = nullptr;             // [m, n] output
 };
 
+// D [m, n] = act(A [m, k] B^T) for B [n, k] (nn.Linear's weight: the gate and up products).
+inline GemmCall linear_call(GemmId id, Activation act, int64_t m, int64_t n, int64_t k, const void* a,
+                            const void* b, void* d) {
+  GemmCall c;
+  c.id = id;
+  c.act = act;
+  c.layout = WeightLayout::n_by_k;
+  c.m = m;
+  c.n = n;
+  c.k = k;
+  c.a = a;
+  c.b = b;
+  c.d = d;
+  return c;
+}
+
+// D [m, n] = A [m, k] B for B [k, n] (the neuron-major down weight, stacked weights).
+inline GemmCall matmul_call(GemmId id, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
+                            void* d) {
+  GemmCall c = linear_call(id, Activation::none, m, n, k, a, b, d);
+  c.layout = WeightLayout::k_by_n;
+  return c;
+}
+
 // Descriptors and the heuristic's algorithm for one (product, m, operand alignments).
 struct LtPlan {
   cublasLtMatmulDesc_t op = nullptr;

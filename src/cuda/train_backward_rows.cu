@@ -207,7 +207,7 @@ void launch_backward_rows(const BackwardRowsArgs& a, const DeviceInfo& dev, cuda
   if (rows == 0) return;
   const rows::PassGrid grid = rows::pass_grid(rows, a.k, dev);
   if (grid.warp) {
-    check_cuda(cudaMemsetAsync(a.control, 0, 3 * sizeof(int32_t), s), op, "row queues");
+    check_cuda(cudaMemsetAsync(a.control, 0, kRowQueueWords * sizeof(int32_t), s), op, "row queues");
     const WarpArgs w{a.dy, a.first, a.up, a.down, a.dx, a.dh, a.l1, a.saved, a.control, a.long_rows};
     rows::dispatch_warp_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto chunks) {
       using T = decltype(tag);

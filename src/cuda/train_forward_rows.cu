@@ -216,7 +216,7 @@ void launch_forward_rows(const ForwardRowsArgs& a, const DeviceInfo& dev, cudaSt
   if (rows == 0) return;
   const rows::PassGrid grid = rows::pass_grid(rows, a.k, dev);
   if (grid.warp) {
-    check_cuda(cudaMemsetAsync(a.control, 0, 3 * sizeof(int32_t), s), op, "row queues");
+    check_cuda(cudaMemsetAsync(a.control, 0, kRowQueueWords * sizeof(int32_t), s), op, "row queues");
     const WarpArgs w{a.x, a.up, a.down, a.y, a.row_l1, a.saved, a.control, a.long_rows};
     rows::dispatch_warp_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto chunks) {
       using T = decltype(tag);

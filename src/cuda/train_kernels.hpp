@@ -24,6 +24,10 @@ struct L1Coef {
   float host = 0.0f;
 };
 
+// The int32 control words of a warp-per-row pass (forward or backward): the dots (or fused)
+// kernel's queue head, the long-row count, the axpys kernel's queue head.
+constexpr int kRowQueueWords = 3;
+
 // train_forward_rows.cu: for every compact row m and entry (n, g) of `saved`:
 //   gated: u = <x[m], Wu[n]> rounded to the dtype, stored in plane 1; h = g * u
 //   plain: h = g
@@ -38,9 +42,8 @@ struct ForwardRowsArgs {
   float* row_l1 = nullptr;     // [rows], optional
   int64_t k = 0;
   TwellView saved;
-  // Scratch of the warp-per-row kernels (K a multiple of 256 up to 2048): int32 [3] (queue head,
-  // long-row count, the split axpys phase's queue head; zeroed by the launcher) and int32 [rows],
-  // the long rows.
+  // Scratch of the warp-per-row kernels (K a multiple of 256 up to 2048): int32 [kRowQueueWords]
+  // (zeroed by the launcher) and int32 [rows], the long rows.
   int32_t* control = nullptr;
   int32_t* long_rows = nullptr;
 };

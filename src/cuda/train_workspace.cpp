@@ -33,7 +33,7 @@ TrainForwardLayout train_forward_layout(const ProblemDims& d, int64_t rows) {
   l.lt = c.take(LtConfig::kWorkspaceBytes);
   l.hidden = c.take(m * size_t(d.n) * dtype_size(d.dtype));
   l.row_l1 = c.take(m * sizeof(float));
-  l.control = c.take(3 * sizeof(int32_t));
+  l.control = c.take(kRowQueueWords * sizeof(int32_t));
   l.long_rows = c.take(m * sizeof(int32_t));
   l.bytes = c.bytes();
   return l;
@@ -56,7 +56,7 @@ TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows) {
   l.entries = c.take(slots * sizeof(int64_t));
   l.p = c.take(m * n * es);
   l.q = c.take(m * n * es * (d.kind == FfnKind::gated ? 2 : 1));
-  l.control = c.take(3 * sizeof(int32_t));
+  l.control = c.take(kRowQueueWords * sizeof(int32_t));
   l.long_rows = c.take(m * sizeof(int32_t));
   l.bytes = c.bytes();
   return l;

@@ -14,7 +14,7 @@ struct TrainForwardLayout {
   size_t lt = 0;        // cuBLASLt scratch
   size_t hidden = 0;    // G [M, N]; the routed-row backup turns routed rows into h
   size_t row_l1 = 0;    // f32 [M]: sum |h| per row
-  size_t control = 0;   // int32 [3]: the row pass's queue head, long-row count, down-phase head
+  size_t control = 0;   // int32 [kRowQueueWords]: the row pass's queues (train_kernels.hpp)
   size_t long_rows = 0; // int32 [M]: the row pass's long rows
   size_t bytes = 0;     // 0 when M = 0
 };
@@ -30,7 +30,7 @@ struct TrainBackwardLayout {
   size_t entries = 0;       // int64 [M * slots_per_row]: slots by neuron
   size_t p = 0;             // dtype [M, N]: routed rows' g, then h
   size_t q = 0;             // dtype [M, 2N] gated ([u | dh], then [dg | du]); [M, N] plain (dh, then dg)
-  size_t control = 0;       // int32 [3]: the row pass's queue head, long-row count, axpys head
+  size_t control = 0;       // int32 [kRowQueueWords]: the row pass's queues (train_kernels.hpp)
   size_t long_rows = 0;     // int32 [M]: the row pass's long rows
   size_t bytes = 0;         // 0 when M = 0
 };

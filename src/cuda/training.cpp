@@ -284,17 +284,9 @@ void CudaTraining::forward_sparse(const TrainingForwardArgs& args, const TwellVi
     fused.active = active;
     launch_gate_pack(fused, device_, s);
   } else {
-    GemmCall gate;
-    gate.id = GemmId::gate;
-    gate.act = Activation::relu;
-    gate.layout = WeightLayout::n_by_k;
-    gate.m = rows;
-    gate.n = dims_.n;
-    gate.k = dims_.k;
-    gate.a = args.x.data;
-    gate.b = first_weight();
-    gate.d = hidden;
-    lt_->run(gate, s, base + l.lt);
+    lt_->run(linear_call(GemmId::gate, Activation::relu, rows, dims_.n, dims_.k, args.x.data, first_weight(),
+                         hidden),
+             s, base + l.lt);
 
     PackArgs pack;
     pack.hidden = hidden;
@@ -531,23 +523,13 @@ void CudaTraining::forward_dense(const TrainingForwardArgs& args, const TwellVie
   char* u_plane = g_plane + plane;                    // gated: x Wu^T
   void* h = gated ? base + l.hidden : g_plane;
 
-  GemmCall c;
-  c.m = rows;
-  c.n = dims_.n;
-  c.k = dims_.k;
-  c.a = args.x.data;
-  c.id = GemmId::gate;
-  c.act = Activation::relu;
-  c.b = first_weight();
-  c.d = g_plane;
-  lt_->run(c, s, base + l.lt);
-  if (gated) {
-    c.id = GemmId::up;
-    c.act = Activation::none;
-    c.b = weights_.up.data;
-    c.d = u_plane;
-    lt_->run(c, s, base + l.lt);
-  }
+  lt_->run(linear_call(GemmId::gate, Activation::relu, rows, dims_.n, dims_.k, args.x.data, first_weight(),
+                       g_plane),
+           s, base + l.lt);
+  if (gated)
+    lt_->run(linear_call(GemmId::up, Activation::none, rows, dims_.n, dims_.k, args.x.data, weights_.up.data,
+                         u_plane),
+             s, base + l.lt);
   DenseHiddenArgs dh;
   dh.kind = dims_.kind;
   dh.dtype = dims_.dtype;
@@ -558,16 +540,8 @@ void CudaTraining::forward_dense(const TrainingForwardArgs& args, const TwellVie
   dh.active = active;
   launch_dense_hidden(dh, device_, s);
 
-  GemmCall down;
-  down.id = GemmId::down;
-  down.layout = WeightLayout::k_by_n;
-  down.m = rows;
-  down.n = dims_.k;
-  down.k = dims_.n;
-  down.a = h;
-  down.b = weights_.down.data;
-  down.d = args.y.data;
-  lt_->run(down, s, base + l.lt);
+  lt_->run(matmul_call(GemmId::down, rows, dims_.k, dims_.n, h, weights_.down.data, args.y.data), s,
+           base + l.lt);
 
   launch_dense_layout(saved, device_, s);
   launch_statistics(saved, h, active, stats != nullptr ? at<float>(base, l.row_l1) : nullptr, stats, rows, s);
@@ -586,15 +560,9 @@ void CudaTraining::backward_dense(const TrainingBackwardArgs& args, const Tensor
   const void* h = gated ? static_cast<const void*>(base + l.h) : g_plane;
 
   // dh = dy Wd^T
-  GemmCall c;
-  c.id = GemmId::grad_hidden;
-  c.m = rows;
-  c.n = n;
-  c.k = k;
-  c.a = args.dy.data;
-  c.b = weights_.down.data;
-  c.d = base + l.dh;
-  lt_->run(c, s, base + l.lt);
+  lt_->run(linear_call(GemmId::grad_hidden, Activation::none, rows, n, k, args.dy.data, weights_.down.data,
+                       base + l.dh),
+           s, base + l.lt);
 
   DenseBackwardArgs e;
   e.kind = dims_.kind;
@@ -619,16 +587,7 @@ void CudaTraining::backward_dense(const TrainingBackwardArgs& args, const Tensor
                kBackwardOp, "stacked weights");
     stacked = base + l.stacked;
   }
-  GemmCall dx;
-  dx.id = GemmId::grad_input;
-  dx.layout = WeightLayout::k_by_n;
-  dx.m = rows;
-  dx.n = k;
-  dx.k = gated ? 2 * n : n;
-  dx.a = q;
-  dx.b = stacked;
-  dx.d = g.dx;
-  lt_->run(dx, s, base + l.lt);
+  lt_->run(matmul_call(GemmId::grad_input, rows, k, gated ? 2 * n : n, q, stacked, g.dx), s, base + l.lt);
 
   // dW1 = dg^T x;  gated: dWu = du^T x;  dWd = h^T dy
   const int64_t ldq = gated ? 2 * n : n;
