@@ -71,7 +71,7 @@ class CpuRunner final : public Runner {
                   xf_.data(), int(s.k), wf_.data(), int(s.k), 0.0f, gf_.data(), int(s.n));
       return;
     }
-    plan_for(j == Job::dense ? Dispatch::force_dense : Dispatch::automatic).run(args());
+    plan_for(j == Job::dense ? Dispatch::force_dense : twell_dispatch_).run(args());
   }
 
   testing::Problem* p_ = nullptr;

@@ -69,6 +69,7 @@ class CpuTrainingRunner final : public TrainingRunner {
     w.up = TensorView::matrix(w1_.data() + n * k, DType::f32, s_.n, s_.k, cpu);
     w.down = TensorView::matrix(wd_.data(), DType::f32, s_.n, s_.k, cpu);
     TrainingOptions o;
+    o.dispatch = dispatch_;
     o.l1_coef = l1_coef;
     plan_ = std::make_unique<TrainingPlan>(w, o);
     const TwellShape shape = plan_->saved_shape(s_.m);

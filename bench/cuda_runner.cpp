@@ -90,7 +90,7 @@ class CudaRunner final : public Runner {
 
   void job(Job j) {
     if (j != Job::gate) {
-      plan_for(j == Job::dense ? Dispatch::force_dense : Dispatch::automatic).run(args(false), stream_);
+      plan_for(j == Job::dense ? Dispatch::force_dense : twell_dispatch_).run(args(false), stream_);
       return;
     }
     // Row-major G[M, N] = x W^T is column-major G^T = W^T-view times x-view.

@@ -74,6 +74,7 @@ class CudaTrainingRunner final : public TrainingRunner {
     w.up = TensorView::matrix(w1_.at(n * k * es), s_.dtype, s_.n, s_.k, dev);
     w.down = TensorView::matrix(wd_.p, s_.dtype, s_.n, s_.k, dev);
     TrainingOptions o;
+    o.dispatch = dispatch_;
     o.l1_coef = l1_coef;
     plan_ = std::make_unique<TrainingPlan>(w, o);
     follow_saved_form();

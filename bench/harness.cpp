@@ -98,7 +98,7 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0, double d = 
 std::vector<Row> run(const Options& o, std::ostream& progress) {
   const bool cuda = use_cuda(o);
   std::unique_ptr<Runner> runner = cuda ? make_cuda_runner() : make_cpu_runner();
-  runner->configure(o.plan);
+  runner->configure(o.plan, o.dispatch);
   const auto specs = suite_cases(o.suite, cuda, o.custom);
   const int warmup = o.warmup < 0 ? 4 : o.warmup, reps = o.reps < 0 ? 10 : o.reps;
   std::vector<Row> rows;
@@ -112,7 +112,7 @@ std::vector<Row> run(const Options& o, std::ostream& progress) {
     testing::Problem p = testing::make_problem(r.spec);
     runner->load(p);
     std::vector<uint8_t> y;
-    const RunInfo info = runner->run_once(Dispatch::automatic, y);
+    const RunInfo info = runner->run_once(o.dispatch, y);
     r.density = r.spec.m ? double(info.active) / double(r.spec.m * r.spec.n) : 0;
     r.routed_rows = info.routed_rows;
     if (o.check) {
@@ -131,7 +131,7 @@ std::vector<Row> run(const Options& o, std::ostream& progress) {
     r.dense = summarize(ms[int(Job::dense)]);
     r.gate = summarize(ms[int(Job::gate)]);
     r.twell = summarize(ms[int(Job::twell)]);
-    r.ran_dense = runner->last_run(Dispatch::automatic).ran_dense;
+    r.ran_dense = runner->last_run(o.dispatch).ran_dense;
     r.speedup = r.dense.median / r.twell.median;
     const double m = double(r.spec.m), k = double(r.spec.k), n = double(r.spec.n);
     const double es = double(dtype_size(r.spec.dtype));

@@ -49,11 +49,16 @@ class Runner {
   virtual double time_once(Job j) = 0;   // one timed run, milliseconds
   virtual RunInfo run_once(Dispatch d, std::vector<uint8_t>& y_host) = 0;
   virtual RunInfo last_run(Dispatch d) = 0;  // of the last run with this dispatch
-  // Options of every plan the runner builds (their dispatch is the job's); call before load().
-  void configure(const InferenceOptions& o) { options_ = o; }
+  // Options of every plan the runner builds (their dispatch is the job's: force_dense for the
+  // dense job, `twell` for the twell job); call before load().
+  void configure(const InferenceOptions& o, Dispatch twell) {
+    options_ = o;
+    twell_dispatch_ = twell;
+  }
 
  protected:
   InferenceOptions options_;
+  Dispatch twell_dispatch_ = Dispatch::automatic;
 };
 std::unique_ptr<Runner> make_cpu_runner();
 std::unique_ptr<Runner> make_cuda_runner();  // throws Error without CUDA or without a device
@@ -69,6 +74,7 @@ struct Options {
   testing::ProblemSpec custom;    // the case of suite "custom"
   bool training_custom = false;   // suite "training" runs `custom` (gated) instead of its cases
   InferenceOptions plan;          // the inference plans' options (dispatch set per job)
+  Dispatch dispatch = Dispatch::automatic;  // the twell job's (inference and training)
 };
 
 std::vector<testing::ProblemSpec> suite_cases(const std::string& suite, bool cuda,

@@ -163,6 +163,7 @@ std::vector<TrainingRow> run_training(const Options& o, std::ostream& progress,
                                       std::vector<std::string>* errors) {
   const bool cuda = use_cuda(o);
   std::unique_ptr<TrainingRunner> runner = cuda ? make_cuda_training_runner() : make_cpu_training_runner();
+  runner->configure(o.dispatch);
   std::vector<ProblemSpec> specs = training_cases(cuda);
   if (o.training_custom) {
     ProblemSpec c = o.custom;

@@ -71,6 +71,11 @@ class TrainingRunner {
   virtual TrainingOutputs run_once(TrainJob j) = 0;  // outputs poisoned, one step, downloaded
   virtual TrainingMemory memory(TrainJob j) const = 0;
   virtual bool twell_dense() const { return false; }  // twell's saved form: dense (CUDA dispatch)
+  // The twell plan's TrainingOptions::dispatch; call before load().
+  void configure(Dispatch d) { dispatch_ = d; }
+
+ protected:
+  Dispatch dispatch_ = Dispatch::automatic;
 };
 std::unique_ptr<TrainingRunner> make_cpu_training_runner();
 std::unique_ptr<TrainingRunner> make_cuda_training_runner();  // throws Error without CUDA

@@ -27,6 +27,7 @@
 #include <stdexcept>
 #include <string>
 #include "cuda_util.hpp"
+#include "cuda/train_config.hpp"
 #endif
 
 namespace twell::test {
@@ -314,6 +315,7 @@ struct Case {
   L1From l1_from = L1From::options;
   Dispatch dispatch = Dispatch::force_sparse;
   GateKernel gate = GateKernel::automatic;  // fused on sm_90a devices
+  bool heavy_neurons = false;  // the case must have neurons over the weight gradients' split threshold
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -333,6 +335,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   if (c.l1_from == L1From::tensor) s += "_l1tensor";
   if (c.dispatch == Dispatch::force_dense) s += "_dense";
   if (c.gate == GateKernel::portable) s += "_portable";
+  if (c.heavy_neurons) s += "_heavy_neurons";
   return s;
 }
 
@@ -388,6 +391,14 @@ std::vector<Case> sweep_cases() {
       out.push_back(problem_case<Case>(kind, dt, Pattern::heavy_tailed, 0.03, 257, 512, 1000));
       out.push_back(problem_case<Case>(kind, dt, Pattern::uniform, 0.4, 65, 256, 1000, 256, 256));
     }
+  // Neurons firing for far more tokens than the mean: their weight gradients are split over a
+  // CTA (WeightGradConfig), in 64-column quarters (K = 136: a partial last quarter).
+  for (DType dt : {DType::bf16, DType::f16})
+    for (FfnKind kind : {FfnKind::gated, FfnKind::plain}) {
+      Case c = problem_case<Case>(kind, dt, Pattern::heavy_tailed, 0.02, 1024, 136, 520);
+      c.heavy_neurons = true;
+      out.push_back(c);
+    }
   // The portable gate (cuBLASLt + pack kernel) where the fused sm_90a kernel runs by default.
   for (DType dt : {DType::bf16, DType::f16})
     for (FfnKind kind : {FfnKind::gated, FfnKind::plain}) {
@@ -432,10 +443,25 @@ std::vector<Case> sweep_cases() {
 
 class CudaTraining : public ::testing::TestWithParam<Case> {};
 
+// The case reaches the heavy weight-gradient kernel: some neuron has more active rows than twice
+// the split threshold (twice: routed rows do not count in the column index).
+void expect_heavy_neurons(DeviceStep& d) {
+  using Cfg = twell::gpu::WeightGradConfig;
+  const ref::Forward f = ref::ffn_forward(ref::from_weights(d.p.weights()), ref::from_view(d.p.x_view()));
+  std::vector<int64_t> count(size_t(f.gate_pre.cols), 0);
+  int64_t total = 0;
+  for (int64_t r = 0; r < f.gate_pre.rows; ++r)
+    for (int64_t n = 0; n < f.gate_pre.cols; ++n)
+      if (f.gate_pre.at(r, n) > 0) ++count[size_t(n)], ++total;
+  const int64_t threshold = std::max<int64_t>(Cfg::kHeavyMin, Cfg::kHeavyFactor * total / f.gate_pre.cols);
+  EXPECT_GT(*std::max_element(count.begin(), count.end()), 2 * threshold) << d.p.spec.describe();
+}
+
 TEST_P(CudaTraining, MatchesOracle) {
   TWELL_REQUIRE_DEVICE();
   const Case& c = GetParam();
   DeviceStep d(spec_of(c, 1101), options_of(c), c.l1_from, kTensorL1);
+  if (c.heavy_neurons) expect_heavy_neurons(d);
   const StepOutputs o = run_step(d);
   expect_matches_oracle(d, o, "step");
 }

@@ -1,18 +1,22 @@
 // The per-neuron (column) view of the compact entries of the saved layout, built on the device by
-// a stable counting sort: entries[col_ptr[n] .. col_ptr[n+1]) are the slots of neuron n's entries
-// in ascending row order. No float and no order-dependent atomics: the result is the same every run.
+// a stable counting sort: records[col_ptr[n] .. col_ptr[n+1]) are neuron n's entries (row and
+// weight-gradient coefficients) in ascending row order, and `heavy` lists the neurons whose weight
+// gradients are split over a CTA. No order-dependent atomics: the result is the same every run.
 //   count:   CTA (row block b, tile t): counts each neuron of tile t over the block's compact rows
 //            (shared-memory integer atomics) -> block_counts[b, n]. warp: one row at a time;
 //            thread: one entry of that row.
 //   offsets: thread per neuron: exclusive prefix of block_counts[., n] over the row blocks -> the
 //            block's start inside the neuron's range, and the neuron's total.
-//   col_ptr: the only CTA: exclusive scan of the totals, kScanThreads neurons per step.
+//   col_ptr: the only CTA: the heavy threshold from the mean total, then exclusive scans of the
+//            totals and of the heavy flags, kScanThreads neurons per step.
 //   place:   CTA (b, t): walks the block's rows kChunkRows at a time. A chunk's entries set one bit
 //            per row in a per-neuron mask; an entry's rank among its neuron's entries of the chunk
-//            is the number of lower bits, so rows stay ascending. warp: one row; thread: one entry.
+//            is the number of lower bits, so rows stay ascending. warp: one row; thread: one entry,
+//            whose record it writes (coefficients from g, u and dh at the entry's slot).
 #include <algorithm>
 
 #include "cuda/cuda_check.hpp"
+#include "cuda/element.cuh"
 #include "cuda/train_config.hpp"
 #include "cuda/train_kernels.hpp"
 #include "cuda/train_device.cuh"
@@ -82,23 +86,46 @@ __global__ void __launch_bounds__(Cfg::kOffsetThreads)
 }
 
 __global__ void __launch_bounds__(Cfg::kScanThreads)
-    col_ptr_kernel(const int32_t* __restrict__ col_totals, int64_t cols, int64_t* __restrict__ col_ptr) {
+    col_ptr_kernel(const int32_t* __restrict__ col_totals, int64_t cols, int64_t* __restrict__ col_ptr,
+                   int32_t* __restrict__ heavy) {
+  using WG = WeightGradConfig;
   __shared__ scan::ScanShared sm;
-  int64_t base = 0;
+  int64_t all = 0;
   for (int64_t n0 = 0; n0 < cols; n0 += Cfg::kScanThreads) {
     const int64_t n = n0 + threadIdx.x;
     int64_t total = 0;
-    const int64_t before = scan::exclusive_scan(n < cols ? col_totals[n] : 0, sm, total);
+    scan::exclusive_scan(n < cols ? col_totals[n] : 0, sm, total);
+    all += total;
+    __syncthreads();
+  }
+  const int64_t mean_times = WG::kHeavyFactor * all / (cols > 0 ? cols : 1);
+  const int64_t threshold = mean_times > WG::kHeavyMin ? mean_times : WG::kHeavyMin;
+  int64_t base = 0, heavy_base = 0;
+  for (int64_t n0 = 0; n0 < cols; n0 += Cfg::kScanThreads) {
+    const int64_t n = n0 + threadIdx.x;
+    const int32_t mine = n < cols ? col_totals[n] : 0;
+    int64_t total = 0;
+    const int64_t before = scan::exclusive_scan(mine, sm, total);
     if (n < cols) col_ptr[n] = base + before;
     base += total;
-    __syncthreads();  // sm is rewritten by the next step's scan
+    __syncthreads();  // sm is rewritten by the next scan
+    const bool is_heavy = mine > threshold;
+    const int64_t heavy_before = scan::exclusive_scan(is_heavy ? 1 : 0, sm, total);
+    if (is_heavy) heavy[2 + heavy_base + heavy_before] = int32_t(n);
+    heavy_base += total;
+    __syncthreads();
   }
-  if (threadIdx.x == 0) col_ptr[cols] = base;
+  if (threadIdx.x == 0) {
+    col_ptr[cols] = base;
+    heavy[0] = int32_t(heavy_base);
+    heavy[1] = int32_t(threshold);
+  }
 }
 
+template <typename T, bool kGated>
 __global__ void __launch_bounds__(Cfg::kThreads)
-    place_kernel(TwellView tw, const int32_t* __restrict__ block_counts,
-                 const int64_t* __restrict__ col_ptr, int64_t* __restrict__ entries) {
+    place_kernel(TwellView tw, const float* __restrict__ dh, const int32_t* __restrict__ block_counts,
+                 const int64_t* __restrict__ col_ptr, EntryRecord* __restrict__ records) {
   __shared__ int64_t next[kMaxTileWidth];             // next free position of each neuron
   __shared__ unsigned long long mask[kMaxTileWidth];  // bit i: row i of the chunk has the neuron
   __shared__ int32_t row_entries[Cfg::kChunkRows];    // the chunk's entry counts (0: routed / past M)
@@ -108,6 +135,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int capacity = tw.shape.capacity;
   const RowRange range = block_rows(blockIdx.x, tw.shape.rows);
   const int64_t n0 = int64_t(tile) * tw.shape.tile;
+  const auto* values = static_cast<const T*>(tw.values);
+  const T* plane1 = values + plane_elements(tw.shape);
   for (int j = threadIdx.x; j < width; j += blockDim.x) {
     next[j] = col_ptr[n0 + j] + block_counts[int64_t(blockIdx.x) * tw.shape.cols + n0 + j];
     mask[j] = 0;
@@ -131,8 +160,12 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       const int64_t base = ((c0 + i) * tiles + tile) * capacity;
       const unsigned long long below = (1ull << i) - 1;
       for (int e = lane; e < row_entries[i]; e += kWarpSize) {
-        const int col = tw.cols[base + e];
-        entries[next[col] + __popcll(mask[col] & below)] = base + e;
+        const int64_t pos = base + e;
+        const int col = tw.cols[pos];
+        const float g = Elem<T>::to_float(values[pos]);
+        const float u = kGated ? Elem<T>::to_float(plane1[pos]) : 1.0f;
+        const float d = dh[pos];
+        records[next[col] + __popcll(mask[col] & below)] = EntryRecord{int32_t(c0 + i), d * u, d * g, g * u};
       }
     }
     __syncthreads();
@@ -161,9 +194,15 @@ void launch_column_index(const ColumnIndexArgs& a, cudaStream_t s) {
   offsets_kernel<<<unsigned(offset_ctas), Cfg::kOffsetThreads, 0, s>>>(a.block_counts, blocks,
                                                                         shape.cols, a.col_totals);
   check_launch(op, "column index offsets kernel");
-  col_ptr_kernel<<<1, Cfg::kScanThreads, 0, s>>>(a.col_totals, shape.cols, a.col_ptr);
+  col_ptr_kernel<<<1, Cfg::kScanThreads, 0, s>>>(a.col_totals, shape.cols, a.col_ptr, a.heavy);
   check_launch(op, "column index scan kernel");
-  place_kernel<<<grid, Cfg::kThreads, 0, s>>>(a.saved, a.block_counts, a.col_ptr, a.entries);
+  with_element_type(a.saved.dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    if (a.kind == FfnKind::gated)
+      place_kernel<T, true><<<grid, Cfg::kThreads, 0, s>>>(a.saved, a.dh, a.block_counts, a.col_ptr, a.records);
+    else
+      place_kernel<T, false><<<grid, Cfg::kThreads, 0, s>>>(a.saved, a.dh, a.block_counts, a.col_ptr, a.records);
+  });
   check_launch(op, "column index place kernel");
 }
 

@@ -29,7 +29,7 @@ struct TrainRowConfig {
 // The per-neuron column index of the compact entries (train_column_index.cu).
 struct ColumnIndexConfig {
   static constexpr int kThreads = 256;          // per CTA of the count and place kernels
-  static constexpr int kRowsPerBlock = 1024;    // rows of one (row block, tile) CTA
+  static constexpr int kRowsPerBlock = 256;     // rows of one (row block, tile) CTA
   static constexpr int kChunkRows = 64;         // rows ranked at once: one bit each in a uint64 mask
   static constexpr int kOffsetThreads = 256;    // per CTA of the per-neuron offsets kernel (one neuron each)
   static constexpr int kScanThreads = 1024;     // the single CTA of the column-pointer scan
@@ -40,10 +40,19 @@ struct RoutedOrderConfig {
   static constexpr int kThreads = 1024;         // the single CTA; a thread scans M / kThreads rows
 };
 
-// Weight gradients of the compact entries (train_weight_grads.cu).
+// Weight gradients of the compact entries (train_weight_grads.cu). A (neuron, 256-column slice) of
+// a neuron with at most heavy_threshold entries is one warp's item; heavier neurons are split over
+// a CTA's warps and lane groups, a 64-column quarter of a slice per CTA.
 struct WeightGradConfig {
-  static constexpr int kWarps = 8;              // per CTA (one neuron, 256 columns): entry runs walked at once
+  static constexpr int kWarps = 8;              // warp kernel: warps per CTA (each takes items from a queue)
+  static constexpr int kCtasPerSm = 2;          // warp kernel: persistent CTAs per SM
   static constexpr int kBatch = 8;              // entries whose x / dy vectors a lane loads at once
+  static constexpr int kHeavyMin = 128;         // heavy_threshold = max(kHeavyMin, kHeavyFactor x mean
+  static constexpr int kHeavyFactor = 4;        //   entries per neuron)
+  static constexpr int kHeavyWarps = 8;         // heavy kernel: warps per CTA
+  static constexpr int kHeavyGroups = 4;        // heavy kernel: lane groups per warp (8 lanes, 64 columns)
+  static constexpr int kHeavyBatch = 4;         // heavy kernel: entries a lane group loads at once
+  static constexpr int kHeavyCtasPerSm = 3;     // heavy kernel: persistent CTAs per SM
 };
 
 // The elementwise backward of the routed rows (train_routed_hidden.cu).

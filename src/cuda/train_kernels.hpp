@@ -77,36 +77,51 @@ void launch_routed_order(const int32_t* row_slot, int64_t rows, int32_t* order, 
 // torch.compile's checks (eager vs traced outputs) and deterministic training need.
 void launch_routed_renumber(const TwellView& saved, cudaStream_t s);
 
-// train_column_index.cu: the per-neuron view of the compact entries: entries[col_ptr[n] ..
-// col_ptr[n+1]) are the slots of neuron n's entries, rows ascending. Deterministic.
+// One compact entry in column-index order: its row and the coefficients of its three weight
+// gradients (fp32): first = dh u (gated) or dh (plain), up = dh g (gated), down = g u (gated) or g.
+struct alignas(16) EntryRecord {
+  int32_t row;
+  float first;
+  float up;
+  float down;
+};
+
+// train_column_index.cu: the per-neuron view of the compact entries: records[col_ptr[n] ..
+// col_ptr[n+1]) are neuron n's entries, rows ascending, and heavy = {H, threshold, the H neurons
+// with more entries than the threshold, ascending}: the neurons whose weight gradients are split
+// over a CTA (threshold = max(kHeavyMin, kHeavyFactor x the mean entries per neuron)). Deterministic.
 struct ColumnIndexArgs {
+  FfnKind kind = FfnKind::gated;
   TwellView saved;
+  const float* dh = nullptr;        // per slot, from launch_backward_rows
   int32_t* block_counts = nullptr;  // [column_index_blocks(rows), N] scratch
   int32_t* col_totals = nullptr;    // [N] scratch
   int64_t* col_ptr = nullptr;       // [N + 1]
-  int64_t* entries = nullptr;       // [rows * slots_per_row] (the first col_ptr[N] are written)
+  int32_t* heavy = nullptr;         // [N + 2]
+  EntryRecord* records = nullptr;   // [rows * slots_per_row] (the first col_ptr[N] are written)
 };
 int64_t column_index_blocks(int64_t rows);
 void launch_column_index(const ColumnIndexArgs& a, cudaStream_t s);
 
 // train_weight_grads.cu: the compact entries' weight gradients, written (not accumulated):
 //   dW1[n] = sum dg x[m];  dWu[n] = sum du x[m] (gated);  dWd[n] = sum h dy[m]
-// over neuron n's entries in column-index order (fp32, deterministic).
+// over neuron n's records (fp32, in an order fixed by the column index: deterministic).
 struct WeightGradArgs {
   FfnKind kind = FfnKind::gated;
   DType dtype = DType::bf16;
   const void* x = nullptr;        // [rows, K]
   const void* dy = nullptr;       // [rows, K]
-  const float* dh = nullptr;      // per slot, from launch_backward_rows
+  int64_t n = 0;                  // neurons
   const int64_t* col_ptr = nullptr;
-  const int64_t* entries = nullptr;
+  const int32_t* heavy = nullptr;
+  const EntryRecord* records = nullptr;
+  int32_t* queue = nullptr;       // one int32: the warp kernel's item queue (reset here)
   float* dfirst = nullptr;        // dWg (gated) or dWu (plain), [N, K]
   float* dup = nullptr;           // dWu (gated only), [N, K]
   float* ddown = nullptr;         // [N, K]
   int64_t k = 0;
-  TwellView saved;
 };
-void launch_weight_grads(const WeightGradArgs& a, cudaStream_t s);
+void launch_weight_grads(const WeightGradArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
 // routed_gemm.cu (shared with the inference backup): tensor-core GEMMs over the R routed rows (fp32
 // accumulation).

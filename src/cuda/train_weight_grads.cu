@@ -1,13 +1,24 @@
-// Weight gradients of the compact entries, per neuron over the column index (written, not
-// accumulated; the routed rows' dense contribution is added afterwards):
+// Weight gradients of the compact entries, per neuron over the column index's records (written,
+// not accumulated; the routed rows' dense contribution is added afterwards):
 //   dWd[n] = sum h dy[m];  dW1[n] = sum dg x[m];  dWu[n] = sum du x[m] (gated)
-// with h = g*u, dg = dh*u, du = dh*g (gated) or h = g, dg = dh (plain), fp32 accumulation.
-//   CTA: one neuron (blockIdx.x) and a 256-column slice of K (blockIdx.y); its kWarps warps split
-//        the neuron's entries into contiguous runs (a neuron firing for many tokens is walked
-//        kWarps ways at once); the warps' sums meet in shared memory in warp order: deterministic.
-//   warp: 32 entries' coefficients loaded at once (one per lane), then their x / dy vectors
-//         kBatch entries at a time (loads first, to keep several in flight).
+// with h = g*u, dg = dh*u, du = dh*g (gated) or h = g, dg = dh (plain), fp32 accumulation. Every
+// sum is taken in an order fixed by the column index (never by scheduling): deterministic.
+//
+// Warp kernel: the neurons with at most heavy[1] entries.
+//   grid: persistent; each warp takes the next item (256-column slice s, neuron n) from a queue,
+//         slice-major, so the x and dy columns in use (2 x 8 MB at M = 16384) stay in L2.
+//   warp: the item alone: 32 records loaded at once (one per lane), then their x / dy vectors
+//         kBatch entries at a time (loads first); the sums are stored straight from registers.
 //   thread: 8 consecutive columns of the slice: the fp32 accumulators of every gradient.
+// Heavy kernel: the neurons listed in heavy (a neuron firing for many tokens would hold one warp
+// for as long as the whole pass; heavy-tailed patterns have them).
+//   grid: persistent, grid-stride over items (64-column quarter q, heavy neuron h), quarter-major.
+//   CTA: the item; its kHeavyWarps x kHeavyGroups lane groups of 8 lanes split the neuron's
+//        entries into as many contiguous runs; runs meet by shuffles (groups of a warp, in a fixed
+//        pattern) and in shared memory (warps, in warp order).
+//   lane group: 8 records at once (one per lane, the next 8 in flight), their x / dy vectors
+//        kHeavyBatch entries at a time.
+//   thread: 8 columns of the quarter.
 #include <algorithm>
 
 #include "cuda/cuda_check.hpp"
@@ -23,120 +34,209 @@ namespace {
 using Cfg = WeightGradConfig;
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int kBatch = Cfg::kBatch;
-constexpr int kSlice = kWarpSize * kVecElems;  // columns of K per CTA
+constexpr int kSlice = kWarpSize * kVecElems;  // columns of K per warp item
 constexpr int kThreads = Cfg::kWarps * kWarpSize;
-static_assert(kThreads == kSlice, "the final sum gives each thread one column of the slice");
-static_assert(kWarpSize % kBatch == 0, "batches tile a group of 32 entries");
+constexpr int kGroupLanes = kWarpSize / Cfg::kHeavyGroups;
+constexpr int kQuarter = kGroupLanes * kVecElems;  // columns of K per heavy item
+constexpr int kHeavyThreads = Cfg::kHeavyWarps * kWarpSize;
+constexpr int kRuns = Cfg::kHeavyWarps * Cfg::kHeavyGroups;
+static_assert(kWarpSize % Cfg::kBatch == 0, "batches tile a group of 32 records");
+static_assert(kGroupLanes % Cfg::kHeavyBatch == 0, "batches tile a lane group's 8 records");
+static_assert(Cfg::kHeavyGroups == 4, "the lane groups of a warp meet by two xor shuffles (8, 16)");
+static_assert(kHeavyThreads >= kQuarter, "the final sum gives a thread one column of the quarter");
+
+struct Params {
+  const void* x;
+  const void* dy;
+  int64_t n;
+  int64_t k;
+  const int64_t* col_ptr;
+  const int32_t* heavy;
+  const EntryRecord* records;
+  int32_t* queue;
+  float* outs[3];  // first, down, up
+};
+
+template <FfnKind kKind>
+__host__ __device__ constexpr int grads_of() {
+  return kKind == FfnKind::gated ? 3 : 2;
+}
+
+// acc[0] += first x;  acc[1] += down dy;  acc[2] += up x (gated).
+template <typename T, int kGrads>
+__device__ __forceinline__ void accumulate(float (&acc)[3][kVecElems], const uint4& xv, const uint4& dyv,
+                                           float first, float down, float up) {
+  float xf[kVecElems], dyf[kVecElems];
+  unpack8<T>(xv, xf);
+  unpack8<T>(dyv, dyf);
+#pragma unroll
+  for (int e = 0; e < kVecElems; ++e) {
+    acc[0][e] = fmaf(first, xf[e], acc[0][e]);
+    acc[1][e] = fmaf(down, dyf[e], acc[1][e]);
+    if constexpr (kGrads == 3) acc[2][e] = fmaf(up, xf[e], acc[2][e]);
+  }
+}
 
 template <typename T, FfnKind kKind>
-__global__ void __launch_bounds__(kThreads)
-    weight_grads_kernel(const T* __restrict__ x, const T* __restrict__ dy,
-                        const float* __restrict__ dh, const int64_t* __restrict__ col_ptr,
-                        const int64_t* __restrict__ entries, float* __restrict__ dfirst,
-                        float* __restrict__ dup, float* __restrict__ ddown, int64_t k, TwellView tw) {
-  constexpr bool kGated = kKind == FfnKind::gated;
-  constexpr int kGrads = kGated ? 3 : 2;
-  __shared__ float partial[Cfg::kWarps][kGrads][kSlice];
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int64_t n = blockIdx.x;
-  const int64_t col = int64_t(blockIdx.y) * kSlice + lane * kVecElems;  // this lane's 8 columns
-  const bool in_k = col < k;
-  const auto* values = static_cast<const T*>(tw.values);
-  const T* plane1 = values + plane_elements(tw.shape);
-  const int64_t slots_per_row = int64_t(tiles_of(tw.shape)) * tw.shape.capacity;
-
-  float acc[kGrads][kVecElems];  // first, down, up
+__global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) weight_grads_warp_kernel(Params p) {
+  constexpr int kGrads = grads_of<kKind>();
+  const int lane = threadIdx.x % kWarpSize;
+  const auto* x = static_cast<const T*>(p.x);
+  const auto* dy = static_cast<const T*>(p.dy);
+  const int64_t threshold = p.heavy[1];
+  const int64_t items = (p.k + kSlice - 1) / kSlice * p.n;
+  int32_t item = 0;
+  if (lane == 0) item = atomicAdd(p.queue, 1);
+  item = __shfl_sync(kFullMask, item, 0);
+  while (item < items) {
+    int32_t ahead = 0;  // the next item, fetched while this one runs
+    if (lane == 0) ahead = atomicAdd(p.queue, 1);
+    const int64_t slice = item / p.n, neuron = item - slice * p.n;
+    const int64_t begin = p.col_ptr[neuron], end = p.col_ptr[neuron + 1];
+    if (end - begin <= threshold) {
+      const int64_t col = slice * kSlice + lane * kVecElems;
+      const bool in_k = col < p.k;
+      float acc[3][kVecElems];
 #pragma unroll
-  for (int q = 0; q < kGrads; ++q)
+      for (int q = 0; q < 3; ++q)
 #pragma unroll
-    for (int e = 0; e < kVecElems; ++e) acc[q][e] = 0.0f;
-
-  // This warp's contiguous run of the neuron's entries.
-  const int64_t begin = col_ptr[n], count = col_ptr[n + 1] - begin;
-  const int64_t per_warp = (count + Cfg::kWarps - 1) / Cfg::kWarps;
-  const int64_t lo = begin + min(count, per_warp * warp), hi = begin + min(count, per_warp * (warp + 1));
-  for (int64_t j0 = lo; j0 < hi; j0 += kWarpSize) {
-    // Lane l: entry j0 + l's row and coefficients.
-    int64_t row = 0;
-    float c_first = 0.0f, c_up = 0.0f, c_down = 0.0f;
-    if (j0 + lane < hi) {
-      const int64_t pos = entries[j0 + lane];
-      row = pos / slots_per_row;
-      const float g = Elem<T>::to_float(values[pos]);
-      const float u = kGated ? Elem<T>::to_float(plane1[pos]) : 1.0f;
-      const float d = dh[pos];
-      c_first = d * u;
-      c_up = d * g;
-      c_down = g * u;
-    }
-    const int group = int(hi - j0 < kWarpSize ? hi - j0 : kWarpSize);
-    for (int b0 = 0; b0 < group; b0 += kBatch) {
-      uint4 xv[kBatch], dyv[kBatch];
+        for (int e = 0; e < kVecElems; ++e) acc[q][e] = 0.0f;
+      for (int64_t j0 = begin; j0 < end; j0 += kWarpSize) {
+        EntryRecord rec{0, 0.0f, 0.0f, 0.0f};  // past the end: row 0, zero coefficients
+        if (j0 + lane < end) rec = p.records[j0 + lane];
+        const int group = int(end - j0 < kWarpSize ? end - j0 : kWarpSize);
+        for (int b0 = 0; b0 < group; b0 += Cfg::kBatch) {
+          uint4 xv[Cfg::kBatch], dyv[Cfg::kBatch];
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int64_t r = __shfl_sync(kFullMask, row, b0 + b);
-        xv[b] = dyv[b] = make_uint4(0, 0, 0, 0);
-        if (in_k && b0 + b < group) {
-          xv[b] = load_readonly(x + r * k + col);
-          dyv[b] = load_readonly(dy + r * k + col);
+          for (int b = 0; b < Cfg::kBatch; ++b) {
+            const int64_t offset = int64_t(__shfl_sync(kFullMask, rec.row, b0 + b)) * p.k + col;
+            xv[b] = dyv[b] = make_uint4(0, 0, 0, 0);
+            if (in_k && b0 + b < group) {
+              xv[b] = load_readonly(x + offset);
+              dyv[b] = load_readonly(dy + offset);
+            }
+          }
+#pragma unroll
+          for (int b = 0; b < Cfg::kBatch; ++b)  // zero coefficients past the group: adds +0
+            accumulate<T, kGrads>(acc, xv[b], dyv[b], __shfl_sync(kFullMask, rec.first, b0 + b),
+                                  __shfl_sync(kFullMask, rec.down, b0 + b),
+                                  __shfl_sync(kFullMask, rec.up, b0 + b));
         }
       }
+      if (in_k) {
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const float cf = __shfl_sync(kFullMask, c_first, b0 + b);
-        const float cu = __shfl_sync(kFullMask, c_up, b0 + b);
-        const float cd = __shfl_sync(kFullMask, c_down, b0 + b);
-        if (b0 + b >= group) continue;
-        float xf[kVecElems], dyf[kVecElems];
-        unpack8<T>(xv[b], xf);
-        unpack8<T>(dyv[b], dyf);
-#pragma unroll
-        for (int e = 0; e < kVecElems; ++e) {
-          acc[0][e] = fmaf(cf, xf[e], acc[0][e]);
-          acc[1][e] = fmaf(cd, dyf[e], acc[1][e]);
-          if constexpr (kGated) acc[2][e] = fmaf(cu, xf[e], acc[2][e]);
+        for (int q = 0; q < kGrads; ++q) {
+          auto* out = reinterpret_cast<float4*>(p.outs[q] + neuron * p.k + col);
+          out[0] = make_float4(acc[q][0], acc[q][1], acc[q][2], acc[q][3]);
+          out[1] = make_float4(acc[q][4], acc[q][5], acc[q][6], acc[q][7]);
         }
       }
     }
+    item = __shfl_sync(kFullMask, ahead, 0);
   }
+}
 
+template <typename T, FfnKind kKind>
+__global__ void __launch_bounds__(kHeavyThreads, Cfg::kHeavyCtasPerSm) weight_grads_heavy_kernel(Params p) {
+  constexpr int kGrads = grads_of<kKind>();
+  __shared__ float partial[Cfg::kHeavyWarps][kGrads][kQuarter];
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int group = lane / kGroupLanes, sub = lane % kGroupLanes;
+  const int run = warp * Cfg::kHeavyGroups + group;
+  const auto* x = static_cast<const T*>(p.x);
+  const auto* dy = static_cast<const T*>(p.dy);
+  const int64_t heavy_count = p.heavy[0];
+  const int64_t items = (p.k + kQuarter - 1) / kQuarter * heavy_count;
+  const EntryRecord none{0, 0.0f, 0.0f, 0.0f};  // past a run's end: row 0, zero coefficients
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t quarter = item / heavy_count;
+    const int64_t neuron = p.heavy[2 + (item - quarter * heavy_count)];
+    const int64_t col = quarter * kQuarter + sub * kVecElems;
+    const bool in_k = col < p.k;
+    const int64_t begin = p.col_ptr[neuron], count = p.col_ptr[neuron + 1] - begin;
+    const int64_t per_run = (count + kRuns - 1) / kRuns;
+    const int64_t lo = begin + min(count, per_run * run), hi = begin + min(count, per_run * (run + 1));
+    float acc[3][kVecElems];
 #pragma unroll
-  for (int q = 0; q < kGrads; ++q)
+    for (int q = 0; q < 3; ++q)
 #pragma unroll
-    for (int e = 0; e < kVecElems; ++e) partial[warp][q][lane * kVecElems + e] = acc[q][e];
-  __syncthreads();
-  const int64_t c = int64_t(blockIdx.y) * kSlice + threadIdx.x;
-  if (c >= k) return;
-  float* outs[3] = {dfirst, ddown, dup};
+      for (int e = 0; e < kVecElems; ++e) acc[q][e] = 0.0f;
+    // Lane `sub` of a group holds record lo + t0 + sub of its run; the next 8 are loaded while
+    // these are consumed. t0 runs over per_run for every group, so the shuffles stay warp-uniform.
+    EntryRecord mine = lo + sub < hi ? p.records[lo + sub] : none;
+    for (int64_t t0 = 0; t0 < per_run; t0 += kGroupLanes) {
+      const int64_t j_next = lo + t0 + kGroupLanes + sub;
+      const EntryRecord next = j_next < hi ? p.records[j_next] : none;
 #pragma unroll
-  for (int q = 0; q < kGrads; ++q) {
-    float sum = 0.0f;
+      for (int b0 = 0; b0 < kGroupLanes; b0 += Cfg::kHeavyBatch) {
+        uint4 xv[Cfg::kHeavyBatch], dyv[Cfg::kHeavyBatch];
 #pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) sum += partial[w][q][threadIdx.x];
-    outs[q][n * k + c] = sum;
+        for (int b = 0; b < Cfg::kHeavyBatch; ++b) {
+          const int64_t offset =
+              int64_t(__shfl_sync(kFullMask, mine.row, b0 + b, kGroupLanes)) * p.k + col;
+          xv[b] = dyv[b] = make_uint4(0, 0, 0, 0);
+          if (in_k && lo + t0 + b0 + b < hi) {
+            xv[b] = load_readonly(x + offset);
+            dyv[b] = load_readonly(dy + offset);
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < Cfg::kHeavyBatch; ++b)
+          accumulate<T, kGrads>(acc, xv[b], dyv[b], __shfl_sync(kFullMask, mine.first, b0 + b, kGroupLanes),
+                                __shfl_sync(kFullMask, mine.down, b0 + b, kGroupLanes),
+                                __shfl_sync(kFullMask, mine.up, b0 + b, kGroupLanes));
+      }
+      mine = next;
+    }
+    // The warp's four runs: (g0 + g1) + (g2 + g3) in every lane of a column (a + b == b + a).
+#pragma unroll
+    for (int q = 0; q < kGrads; ++q)
+#pragma unroll
+      for (int e = 0; e < kVecElems; ++e) {
+        acc[q][e] += __shfl_xor_sync(kFullMask, acc[q][e], kGroupLanes);
+        acc[q][e] += __shfl_xor_sync(kFullMask, acc[q][e], 2 * kGroupLanes);
+      }
+    if (group == 0) {
+#pragma unroll
+      for (int q = 0; q < kGrads; ++q)
+#pragma unroll
+        for (int e = 0; e < kVecElems; ++e) partial[warp][q][sub * kVecElems + e] = acc[q][e];
+    }
+    __syncthreads();
+    const int64_t c = quarter * kQuarter + threadIdx.x;
+    if (threadIdx.x < kQuarter && c < p.k) {
+#pragma unroll
+      for (int q = 0; q < kGrads; ++q) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < Cfg::kHeavyWarps; ++w) sum += partial[w][q][threadIdx.x];
+        p.outs[q][neuron * p.k + c] = sum;
+      }
+    }
+    __syncthreads();  // partial is rewritten by the next item
   }
 }
 
 }  // namespace
 
-void launch_weight_grads(const WeightGradArgs& a, cudaStream_t s) {
+void launch_weight_grads(const WeightGradArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const char* op = "TrainingPlan::backward";
-  const int64_t n = a.saved.shape.cols;
-  if (a.k == 0 || n == 0) return;
-  const dim3 grid(unsigned(n), unsigned((a.k + kSlice - 1) / kSlice));
+  if (a.k == 0 || a.n == 0) return;
+  Params p{a.x, a.dy, a.n, a.k, a.col_ptr, a.heavy, a.records, a.queue, {a.dfirst, a.ddown, a.dup}};
+  check_cuda(cudaMemsetAsync(a.queue, 0, sizeof(int32_t), s), op, "weight gradient queue");
+  const unsigned heavy_ctas = unsigned(std::max(1, dev.sm_count) * Cfg::kHeavyCtasPerSm);
+  const unsigned warp_ctas = unsigned(std::max(1, dev.sm_count) * Cfg::kCtasPerSm);
   with_element_type(a.dtype, op, [&](auto tag) {
     using T = decltype(tag);
-    const auto* x = static_cast<const T*>(a.x);
-    const auto* dy = static_cast<const T*>(a.dy);
-    if (a.kind == FfnKind::gated)
-      weight_grads_kernel<T, FfnKind::gated><<<grid, kThreads, 0, s>>>(
-          x, dy, a.dh, a.col_ptr, a.entries, a.dfirst, a.dup, a.ddown, a.k, a.saved);
-    else
-      weight_grads_kernel<T, FfnKind::plain><<<grid, kThreads, 0, s>>>(
-          x, dy, a.dh, a.col_ptr, a.entries, a.dfirst, a.dup, a.ddown, a.k, a.saved);
+    if (a.kind == FfnKind::gated) {
+      weight_grads_heavy_kernel<T, FfnKind::gated><<<heavy_ctas, kHeavyThreads, 0, s>>>(p);
+      weight_grads_warp_kernel<T, FfnKind::gated><<<warp_ctas, kThreads, 0, s>>>(p);
+    } else {
+      weight_grads_heavy_kernel<T, FfnKind::plain><<<heavy_ctas, kHeavyThreads, 0, s>>>(p);
+      weight_grads_warp_kernel<T, FfnKind::plain><<<warp_ctas, kThreads, 0, s>>>(p);
+    }
   });
-  check_launch(op, "weight gradient kernel");
+  check_launch(op, "weight gradient kernels");
 }
 
 }  // namespace twell::gpu

@@ -15,6 +15,8 @@ class Carver {
     at_ += (bytes + WorkspaceLayout::kAlign - 1) / WorkspaceLayout::kAlign * WorkspaceLayout::kAlign;
     return offset;
   }
+  // The end of what was taken so far.
+  size_t end() const { return at_; }
   // The total, with slack for aligning the buffer's base.
   size_t bytes() const { return at_ + WorkspaceLayout::kAlign; }
 
@@ -53,9 +55,14 @@ TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows) {
   l.block_counts = c.take(size_t(column_index_blocks(rows)) * n * sizeof(int32_t));
   l.col_totals = c.take(n * sizeof(int32_t));
   l.col_ptr = c.take((n + 1) * sizeof(int64_t));
-  l.entries = c.take(slots * sizeof(int64_t));
+  l.heavy = c.take((n + 2) * sizeof(int32_t));
+  l.queue = c.take(sizeof(int32_t));
   l.p = c.take(m * n * es);
   l.q = c.take(m * n * es * (d.kind == FfnKind::gated ? 2 : 1));
+  // The records live in p and q (free until the routed rows' pass, which follows the weight
+  // gradients) when they fit: with the default capacity (tile / 8) they take 2 M N bytes.
+  const size_t record_bytes = slots * sizeof(EntryRecord);
+  l.records = record_bytes <= c.end() - l.p ? l.p : c.take(record_bytes);
   l.control = c.take(kRowQueueWords * sizeof(int32_t));
   l.long_rows = c.take(m * sizeof(int32_t));
   l.bytes = c.bytes();

@@ -27,9 +27,11 @@ struct TrainBackwardLayout {
   size_t block_counts = 0;  // int32 [column_index_blocks(M), N]
   size_t col_totals = 0;    // int32 [N]
   size_t col_ptr = 0;       // int64 [N + 1]
-  size_t entries = 0;       // int64 [M * slots_per_row]: slots by neuron
+  size_t heavy = 0;         // int32 [N + 2]: the weight gradients' heavy neurons
+  size_t queue = 0;         // int32: the weight gradients' item queue
   size_t p = 0;             // dtype [M, N]: routed rows' g, then h
   size_t q = 0;             // dtype [M, 2N] gated ([u | dh], then [dg | du]); [M, N] plain (dh, then dg)
+  size_t records = 0;       // EntryRecord [M * slots_per_row]: entries by neuron (in p and q if they fit)
   size_t control = 0;       // int32 [kRowQueueWords]: the row pass's queues (train_kernels.hpp)
   size_t long_rows = 0;     // int32 [M]: the row pass's long rows
   size_t bytes = 0;         // 0 when M = 0

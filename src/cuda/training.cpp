@@ -401,11 +401,14 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   launch_backward_rows(compact, device_, s);
 
   ColumnIndexArgs index;
+  index.kind = dims_.kind;
   index.saved = saved;
+  index.dh = dh;
   index.block_counts = at<int32_t>(base, l.block_counts);
   index.col_totals = at<int32_t>(base, l.col_totals);
   index.col_ptr = at<int64_t>(base, l.col_ptr);
-  index.entries = at<int64_t>(base, l.entries);
+  index.heavy = at<int32_t>(base, l.heavy);
+  index.records = at<EntryRecord>(base, l.records);
   launch_column_index(index, s);
 
   WeightGradArgs wg;
@@ -413,15 +416,16 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   wg.dtype = dims_.dtype;
   wg.x = x.data;
   wg.dy = args.dy.data;
-  wg.dh = dh;
+  wg.n = dims_.n;
   wg.col_ptr = index.col_ptr;
-  wg.entries = index.entries;
+  wg.heavy = index.heavy;
+  wg.records = index.records;
+  wg.queue = at<int32_t>(base, l.queue);
   wg.dfirst = g.dfirst;
   wg.dup = g.dup;
   wg.ddown = g.ddown;
   wg.k = dims_.k;
-  wg.saved = saved;
-  launch_weight_grads(wg, s);
+  launch_weight_grads(wg, device_, s);
 
   backward_routed(x.data, args.dy.data, g, rb, rows, l1, s);
   end(s, capturing, kBackwardOp);

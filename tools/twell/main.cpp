@@ -34,6 +34,8 @@ bench options:
   --dtype T         float32 | bfloat16 | float16   (default: float32 on CPU, bfloat16 on CUDA)
   --kind K          gated | plain   (default gated)
   --gate G          auto | portable: the CUDA gate GEMM + pack (default auto: fused on sm_90a)
+  --dispatch D      auto | sparse | dense: the twell job's path (default auto: twell's own
+                    dispatch; sparse / dense force one, e.g. to time the path dispatch avoids)
   --reps R          timed repetitions per measurement, median reported (default 10)
   --warmup W        untimed runs first (default 4; training 2)
   --out DIR         results folder (default bench/results/<device>)
@@ -105,6 +107,12 @@ int cmd_bench(const std::vector<std::string>& a) {
       const std::string g = value();
       if (g != "auto" && g != "portable") usage_error("--gate is auto or portable");
       o.plan.gate = g == "auto" ? twell::GateKernel::automatic : twell::GateKernel::portable;
+    } else if (f == "--dispatch") {
+      const std::string d = value();
+      if (d == "auto") o.dispatch = twell::Dispatch::automatic;
+      else if (d == "sparse") o.dispatch = twell::Dispatch::force_sparse;
+      else if (d == "dense") o.dispatch = twell::Dispatch::force_dense;
+      else usage_error("--dispatch is auto, sparse or dense");
     } else if (f == "--reps") {
       o.reps = int(number());
       if (o.reps < 1) usage_error("--reps must be >= 1");
