@@ -54,7 +54,15 @@ struct RoutedGemmConfig {
   static constexpr int kWarpsM = 2;      // warp grid over the CTA tile; each warp owns a
   static constexpr int kWarpsN = 2;      //   (kBlockM / kWarpsM) x (kBlockN / kWarpsN) sub-tile
   static constexpr int kStages = 2;      // cp.async double buffering of the A and B slices
-  static constexpr int kCtasPerSm = 2;   // persistent grid: CTAs per SM, walking tiles grid-stride
+  static constexpr int kCtasPerSm = 4;   // persistent grid: CTAs per SM, walking tiles grid-stride
+  // Split-K where the routed rows give fewer output tiles than the grid has CTAs (a few routed
+  // rows, a deep reduction): parts of at least kMinSplitSteps slices, at most kMaxSplit per tile
+  // and kMaxSplitItems (tile, part) items in all, summed in part order by the tile's last CTA.
+  static constexpr int kMaxSplit = 16;
+  static constexpr int kMinSplitSteps = 8;
+  static constexpr int kMaxSplitItems = 1024;
+  static constexpr int kMaxSplitTiles = kMaxSplitItems / 2;  // split tiles have >= 2 parts
+  static constexpr size_t kSplitPartialBytes = size_t(kMaxSplitItems) * kBlockM * kBlockN * sizeof(float);
 };
 
 // The dense path's elementwise hidden kernel (dense_hidden.cu).

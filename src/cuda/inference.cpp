@@ -222,9 +222,10 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
     launch_compact_ffn(compact, s);
   }
 
-  const RoutedArgs routed =
+  RoutedArgs routed =
       routed_args(dims_, weights_, args.x.data, args.y.data, b.hidden, rows,
                   row_kernel ? heavy : tw.routed_rows, row_kernel ? &b.control->num_heavy : tw.num_routed);
+  routed.split_k = {reinterpret_cast<float*>(b.base + b.layout.split_partials), b.control->split_tiles};
   launch_routed(routed, device_, s);
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/config.hpp"
 #include "cuda/device.hpp"
 #include "cuda/workspace.hpp"
 #include "twell/dtype.hpp"
@@ -23,6 +24,15 @@ struct RunCounters {
   int32_t next_row_axpys = 0;    // the split row kernel's axpys phase: work queue head
   int32_t num_long = 0;         // compact rows deferred to the long-row kernel (row_ffn.cu)
   int32_t next_long = 0;        // the long-row kernel's work queue head
+  int32_t split_tiles[RoutedGemmConfig::kMaxSplitTiles] = {};  // routed GEMMs' split-K arrivals
+};
+
+// Scratch of the routed GEMMs' split-K (routed_gemm.cu): fp32 partial tiles
+// [RoutedGemmConfig::kSplitPartialBytes] and per-tile arrival counters
+// [RoutedGemmConfig::kMaxSplitTiles], zero on entry (each launch leaves them zero). Null: no split.
+struct SplitK {
+  float* partials = nullptr;
+  int32_t* counters = nullptr;
 };
 
 // pack.cu: G [rows, cols] (relu applied, out.dtype) -> TwELL `out` (values, cols, counts,
@@ -107,6 +117,7 @@ struct RoutedArgs {
   int64_t n = 0;                      // N
   const int32_t* routed_rows = nullptr;
   const int32_t* num_routed = nullptr;
+  SplitK split_k;
 };
 void launch_routed(const RoutedArgs& a, const DeviceInfo& dev, cudaStream_t s);
 

@@ -9,6 +9,10 @@
 //   CTA: one kBlockM x kBlockN output tile at a time; rows of A and B gathered through the routed
 //        order, output rows scattered through it (store) or accumulated in place (fp32, one CTA per
 //        tile, a fixed reduction order: deterministic).
+//   split-K (routed output rows only): when the R routed rows give fewer tiles than the grid has
+//        CTAs, a tile's reduction is cut into parts, one CTA each; each writes its fp32 partial
+//        tile to scratch and counts itself in; the tile's last CTA adds the parts in part order
+//        (deterministic), runs the epilogue and resets the counter.
 //   warp: a 32 x 32 sub-tile = 2 x 2 WMMA 16x16x16 fragments, fp32 accumulators.
 //   thread: cp.async copies of 16-byte vectors of the A and B slices (double-buffered).
 #include <mma.h>
@@ -81,6 +85,7 @@ struct Params {
   int64_t depth = 0;                  // reduction length (ignored when routed == depth)
   Routed routed = Routed::rows;
   const int32_t* count = nullptr;
+  SplitK split_k;                     // rows problems only (null: never split)
 };
 
 template <typename T, ALayout kA, BLayout kB>
@@ -95,6 +100,7 @@ struct Shared {
   alignas(128) float acc[Cfg::kBlockM][kAccRow];
   int32_t a_row[Cfg::kBlockM];    // stored A row of each tile row, -1 past the rows
   int32_t out_row[Cfg::kBlockM];  // output row of each tile row, -1 past the rows
+  int32_t last;                   // split-K: this CTA is the tile's last part
 };
 
 // The current problem's extents.
@@ -158,6 +164,49 @@ __device__ __forceinline__ void load_stage(Shared<T, kA, kB>& sm, int stage, con
   }
 }
 
+// Parts of each tile's reduction: 1, or enough to give the grid's CTAs work when the tiles are
+// few and the reduction deep (identical in every CTA: it depends on R and the launch only).
+__device__ __forceinline__ int64_t split_parts(const Params& p, int64_t tiles, int64_t k_steps) {
+  if (p.split_k.partials == nullptr) return 1;
+  int64_t parts = min(int64_t(gridDim.x) / tiles, k_steps / Cfg::kMinSplitSteps);
+  parts = min(parts, min(int64_t(Cfg::kMaxSplit), int64_t(Cfg::kMaxSplitItems) / tiles));
+  if (parts < 2) return 1;
+  const int64_t per_part = (k_steps + parts - 1) / parts;
+  return (k_steps + per_part - 1) / per_part;  // no empty part
+}
+
+// Split-K: writes this part's tile (sm.acc) to scratch; the tile's last part adds every part, in
+// part order, back into sm.acc. Returns whether this CTA is that last part (it runs the epilogue).
+template <typename S>
+__device__ __forceinline__ bool merge_parts(S& sm, const Params& p, int64_t tile, int64_t part, int64_t parts) {
+  constexpr int kTileFloats = Cfg::kBlockM * Cfg::kBlockN;
+  constexpr int kRowVecs = Cfg::kBlockN / 4;
+  float* slots = p.split_k.partials + tile * parts * kTileFloats;  // the tile's parts, in order
+  auto* mine = reinterpret_cast<float4*>(slots + part * kTileFloats);
+  for (int i = threadIdx.x; i < Cfg::kBlockM * kRowVecs; i += kThreads)
+    mine[i] = *reinterpret_cast<const float4*>(&sm.acc[i / kRowVecs][(i % kRowVecs) * 4]);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) sm.last = atomicAdd(&p.split_k.counters[tile], 1) == int32_t(parts - 1);
+  __syncthreads();
+  if (!sm.last) return false;
+  __threadfence();
+  for (int i = threadIdx.x; i < Cfg::kBlockM * kRowVecs; i += kThreads) {
+    float4 sum = __ldcg(reinterpret_cast<const float4*>(slots) + i);
+    for (int64_t q = 1; q < parts; ++q) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(slots + q * kTileFloats) + i);
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    *reinterpret_cast<float4*>(&sm.acc[i / kRowVecs][(i % kRowVecs) * 4]) = sum;
+  }
+  if (threadIdx.x == 0) p.split_k.counters[tile] = 0;  // zero for the next launch
+  __syncthreads();
+  return true;
+}
+
 // Whether any output value of the tile is non-zero (gate_product: h = 0 * u = 0 needs no product).
 template <typename T, ALayout kA, BLayout kB>
 __device__ __forceinline__ bool tile_has_nonzero(const Shared<T, kA, kB>& sm, const Params& p,
@@ -175,7 +224,7 @@ __device__ __forceinline__ bool tile_has_nonzero(const Shared<T, kA, kB>& sm, co
 }
 
 template <typename T, ALayout kA, BLayout kB, Epilogue kE>
-__global__ void __launch_bounds__(kThreads) routed_gemm_kernel(Params p) {
+__global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) routed_gemm_kernel(Params p) {
   using S = Shared<T, kA, kB>;
   using AFragLayout = std::conditional_t<kA == ALayout::row_major, wmma::row_major, wmma::col_major>;
   using BFragLayout = std::conditional_t<kB == BLayout::n_by_k, wmma::col_major, wmma::row_major>;
@@ -187,11 +236,16 @@ __global__ void __launch_bounds__(kThreads) routed_gemm_kernel(Params p) {
   const int64_t tiles_n = (p.cols + Cfg::kBlockN - 1) / Cfg::kBlockN;
   const int64_t tiles = (x.rows + Cfg::kBlockM - 1) / Cfg::kBlockM * tiles_n;
   const int64_t k_steps = (x.depth + Cfg::kBlockK - 1) / Cfg::kBlockK;
+  const int64_t parts = split_parts(p, tiles, k_steps);
+  const int64_t steps_per_part = (k_steps + parts - 1) / parts;
   const int warp = threadIdx.x / kWarpSize;
   const int wm = warp / Cfg::kWarpsN;
   const int wn = warp % Cfg::kWarpsN;
 
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+  for (int64_t item = blockIdx.x; item < tiles * parts; item += gridDim.x) {
+    const int64_t tile = item % tiles, part = item / tiles;  // all tiles' first parts first
+    const int64_t ks_begin = part * steps_per_part;
+    const int64_t ks_end = min(k_steps, ks_begin + steps_per_part);
     const int64_t m0 = tile / tiles_n * Cfg::kBlockM;
     const int64_t c0 = tile % tiles_n * Cfg::kBlockN;
     for (int r = threadIdx.x; r < Cfg::kBlockM; r += kThreads) {
@@ -211,11 +265,11 @@ __global__ void __launch_bounds__(kThreads) routed_gemm_kernel(Params p) {
 #pragma unroll
       for (int j = 0; j < kFragsN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
-    load_stage(sm, 0, p, x, m0, c0, 0);
+    load_stage(sm, 0, p, x, m0, c0, ks_begin * Cfg::kBlockK);
     cp_async_commit();
-    for (int64_t ks = 0; ks < k_steps; ++ks) {
-      const int stage = int(ks % Cfg::kStages);
-      if (ks + 1 < k_steps) load_stage(sm, stage ^ 1, p, x, m0, c0, (ks + 1) * Cfg::kBlockK);
+    for (int64_t ks = ks_begin; ks < ks_end; ++ks) {
+      const int stage = int((ks - ks_begin) % Cfg::kStages);
+      if (ks + 1 < ks_end) load_stage(sm, stage ^ 1, p, x, m0, c0, (ks + 1) * Cfg::kBlockK);
       cp_async_commit();
       cp_async_wait<1>();
       __syncthreads();
@@ -254,6 +308,10 @@ __global__ void __launch_bounds__(kThreads) routed_gemm_kernel(Params p) {
         wmma::store_matrix_sync(&sm.acc[wm * kWarpTileM + i * kFrag][wn * kWarpTileN + j * kFrag],
                                 acc[i][j], S::kAccRow, wmma::mem_row_major);
     __syncthreads();
+    if (parts > 1 && !merge_parts(sm, p, tile, part, parts)) {
+      __syncthreads();  // as at the end of the loop
+      continue;
+    }
 
     constexpr int kVecs = Cfg::kBlockN / kVecElems;
     for (int i = threadIdx.x; i < Cfg::kBlockM * kVecs; i += kThreads) {
@@ -294,7 +352,9 @@ void launch(const Params& p, DType dtype, int64_t max_rows, const DeviceInfo& de
   const int64_t tiles = (max_rows + Cfg::kBlockM - 1) / Cfg::kBlockM *
                         ((p.cols + Cfg::kBlockN - 1) / Cfg::kBlockN);
   if (tiles == 0) return;
-  const int64_t grid = std::min<int64_t>(tiles, int64_t(dev.sm_count) * Cfg::kCtasPerSm);
+  // A full grid even for few tiles: split-K gives the CTAs past the tiles parts of a deep reduction.
+  const int64_t grid = std::min<int64_t>(p.split_k.partials != nullptr ? int64_t(Cfg::kMaxSplitItems) : tiles,
+                                         int64_t(dev.sm_count) * Cfg::kCtasPerSm);
   with_element_type(dtype, op, [&](auto tag) {
     using T = decltype(tag);
     routed_gemm_kernel<T, kA, kB, kE><<<unsigned(grid), kThreads, 0, s>>>(p);
@@ -312,6 +372,7 @@ void launch_routed(const RoutedArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   p.rows = a.rows;
   p.routed = Routed::rows;
   p.count = a.num_routed;
+  p.split_k = a.split_k;
   if (a.kind == FfnKind::gated) {  // G[r] <- G[r] * (x[r] Wu^T)
     p.a = a.x;
     p.lda = a.k;
@@ -351,6 +412,7 @@ void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cuda
   p.depth = a.k;
   p.routed = Routed::rows;
   p.count = a.count;
+  p.split_k = a.split_k;
   if (a.act == Activation::relu)
     launch<ALayout::row_major, BLayout::n_by_k, Epilogue::store_relu>(p, a.dtype, a.max_rows, dev, s,
                                                                        "routed recompute GEMM");
@@ -375,6 +437,7 @@ void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cud
   p.depth = a.depth;
   p.routed = Routed::rows;
   p.count = a.count;
+  p.split_k = a.split_k;
   launch<ALayout::row_major, BLayout::k_by_n, Epilogue::store>(p, a.dtype, a.max_rows, dev, s,
                                                                 "routed input-gradient GEMM");
 }

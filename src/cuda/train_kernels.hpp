@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda/device.hpp"
+#include "cuda/kernels.hpp"
 #include "cuda/lt_gemm.hpp"
 #include "twell/dtype.hpp"
 #include "twell/ffn.hpp"
@@ -138,6 +139,7 @@ struct RecomputeArgs {
   int64_t max_rows = 0;              // M: the worst case R
   const int32_t* order = nullptr;
   const int32_t* count = nullptr;
+  SplitK split_k;
 };
 void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
@@ -156,6 +158,7 @@ struct InputGradArgs {
   int64_t max_rows = 0;
   const int32_t* order = nullptr;
   const int32_t* count = nullptr;
+  SplitK split_k;
 };
 void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cudaStream_t s);
 

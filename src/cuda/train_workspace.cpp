@@ -31,12 +31,13 @@ TrainForwardLayout train_forward_layout(const ProblemDims& d, int64_t rows) {
   if (rows == 0) return l;
   const size_t m = size_t(rows);
   Carver c;
-  l.active = c.take(sizeof(unsigned long long));
+  l.active = c.take(train_forward_zeroed_bytes());
   l.lt = c.take(LtConfig::kWorkspaceBytes);
   l.hidden = c.take(m * size_t(d.n) * dtype_size(d.dtype));
   l.row_l1 = c.take(m * sizeof(float));
   l.control = c.take(kRowQueueWords * sizeof(int32_t));
   l.long_rows = c.take(m * sizeof(int32_t));
+  l.split_partials = c.take(RoutedGemmConfig::kSplitPartialBytes);
   l.bytes = c.bytes();
   return l;
 }
@@ -65,6 +66,8 @@ TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows) {
   l.records = record_bytes <= c.end() - l.p ? l.p : c.take(record_bytes);
   l.control = c.take(kRowQueueWords * sizeof(int32_t));
   l.long_rows = c.take(m * sizeof(int32_t));
+  l.split_counters = c.take(RoutedGemmConfig::kMaxSplitTiles * sizeof(int32_t));
+  l.split_partials = c.take(RoutedGemmConfig::kSplitPartialBytes);
   l.bytes = c.bytes();
   return l;
 }

@@ -5,12 +5,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/config.hpp"
 #include "cuda/workspace.hpp"
 
 namespace twell::gpu {
 
 struct TrainForwardLayout {
-  size_t active = 0;    // unsigned long long: non-zero gate activations (L0)
+  size_t active = 0;    // unsigned long long: non-zero gate activations (L0), then the routed
+                        // GEMMs' split-K counters (int32 [kMaxSplitTiles]): one memset
+  size_t split_partials = 0;  // the routed GEMMs' split-K partial tiles
   size_t lt = 0;        // cuBLASLt scratch
   size_t hidden = 0;    // G [M, N]; the routed-row backup turns routed rows into h
   size_t row_l1 = 0;    // f32 [M]: sum |h| per row
@@ -19,6 +22,10 @@ struct TrainForwardLayout {
   size_t bytes = 0;     // 0 when M = 0
 };
 TrainForwardLayout train_forward_layout(const ProblemDims& d, int64_t rows);
+// The bytes at TrainForwardLayout::active that a forward zeroes first: the count and the counters.
+constexpr size_t train_forward_zeroed_bytes() {
+  return sizeof(unsigned long long) + RoutedGemmConfig::kMaxSplitTiles * sizeof(int32_t);
+}
 
 struct TrainBackwardLayout {
   size_t order = 0;         // int32 [M]: routed rows, ascending
@@ -34,6 +41,8 @@ struct TrainBackwardLayout {
   size_t records = 0;       // EntryRecord [M * slots_per_row]: entries by neuron (in p and q if they fit)
   size_t control = 0;       // int32 [kRowQueueWords]: the row pass's queues (train_kernels.hpp)
   size_t long_rows = 0;     // int32 [M]: the row pass's long rows
+  size_t split_counters = 0;  // int32 [kMaxSplitTiles]: the routed GEMMs' split-K counters
+  size_t split_partials = 0;  // the routed GEMMs' split-K partial tiles
   size_t bytes = 0;         // 0 when M = 0
 };
 TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows);

@@ -201,6 +201,7 @@ class CudaTraining final : public detail::TrainingBackend {
     const int32_t* count = nullptr;
     char* p = nullptr;
     char* q = nullptr;
+    SplitK split_k;
   };
   struct Grads {
     void* dx = nullptr;
@@ -256,7 +257,8 @@ void CudaTraining::forward(const TrainingForwardArgs& args, const TwellView& sav
   char* base = begin(rows, args.workspace, s, capturing, kForwardOp);
   const TrainForwardLayout l = train_forward_layout(dims_, rows);
   auto* active = at<unsigned long long>(base, l.active);
-  check_cuda(cudaMemsetAsync(active, 0, sizeof *active, s), kForwardOp, "activation count");
+  check_cuda(cudaMemsetAsync(active, 0, train_forward_zeroed_bytes(), s), kForwardOp,
+             "activation count and split-K counters");
   if (saved.shape.backup_capacity == rows)
     forward_dense(args, saved, rows, base, s);
   else
@@ -308,8 +310,9 @@ void CudaTraining::forward_sparse(const TrainingForwardArgs& args, const TwellVi
   compact.long_rows = at<int32_t>(base, l.long_rows);
   launch_forward_rows(compact, device_, s);
 
-  const RoutedArgs routed = routed_args(dims_, weights_, args.x.data, args.y.data, hidden, rows,
-                                        saved.routed_rows, saved.num_routed);
+  RoutedArgs routed = routed_args(dims_, weights_, args.x.data, args.y.data, hidden, rows,
+                                  saved.routed_rows, saved.num_routed);
+  routed.split_k = {at<float>(base, l.split_partials), at<int32_t>(base, l.active + sizeof(unsigned long long))};
   launch_routed(routed, device_, s);
   launch_routed_renumber(saved, s);
 
@@ -381,6 +384,9 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   rb.count = count;
   rb.p = base + l.p;
   rb.q = base + l.q;
+  rb.split_k = {at<float>(base, l.split_partials), at<int32_t>(base, l.split_counters)};
+  check_cuda(cudaMemsetAsync(rb.split_k.counters, 0, RoutedGemmConfig::kMaxSplitTiles * sizeof(int32_t), s),
+             kBackwardOp, "split-K counters");
   auto* dh = at<float>(base, l.dh);
 
   launch_routed_order(saved.row_slot, rows, order, count, s);
@@ -447,6 +453,7 @@ void CudaTraining::backward_routed(const void* x, const void* dy, const Grads& g
   r.max_rows = rows;
   r.order = b.order;
   r.count = b.count;
+  r.split_k = b.split_k;
   r.act = Activation::relu;
   r.src = x;
   r.weight = first_weight();
@@ -489,6 +496,7 @@ void CudaTraining::backward_routed(const void* x, const void* dy, const Grads& g
   in.max_rows = rows;
   in.order = b.order;
   in.count = b.count;
+  in.split_k = b.split_k;
   launch_routed_input_grad(in, device_, s);
 
   // dW1 += dg^T x;  gated: dWu += du^T x;  dWd += h^T dy

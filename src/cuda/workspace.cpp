@@ -86,6 +86,7 @@ WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths
     l.routed_rows = take(m * sizeof(int32_t));
     l.heavy_rows = take(m * sizeof(int32_t));
     l.long_rows = take(m * sizeof(int32_t));
+    l.split_partials = take(RoutedGemmConfig::kSplitPartialBytes);
     end = std::max(end, at);
   }
   l.bytes = end + WorkspaceLayout::kAlign;  // slack for aligning an arbitrary caller pointer
