@@ -67,7 +67,7 @@ struct Options {
   std::string suite = "default";  // default | cpu | inference | training | custom
   std::string backend = "auto";   // auto (CUDA when a device is present) | cpu | cuda
   // -1: the suite's default: warm-up 4 (automatic dispatch times each path twice in its first
-  // runs) and 10 reps; training (bench/training.hpp) 2 and 10.
+  // runs) and 10 reps, for inference and training alike.
   int warmup = -1, reps = -1;
   bool check = true;
   std::string out_dir;            // empty: bench/results/<device slug>/ under the source tree

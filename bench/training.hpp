@@ -36,7 +36,8 @@ struct TrainingRow {
   TrainingMemory dense_mem, twell_mem;
   double saved_ratio = 0, peak_ratio = 0;  // dense / twell
   int64_t routed_rows = 0;       // twell's saved num_routed
-  std::string path = "sparse";   // twell's saved form after warm-up: sparse (compact) or dense
+  std::string path = "sparse";   // twell's saved form in the checked and timed steps: sparse
+                                 // (compact), dense, or mixed (dispatch changed it during the reps)
   // twell vs dense on the same inputs: ||twell - dense|| / ||dense|| (Frobenius) per output, and
   // their max; -1 when not checked. grad_tolerance: the bound the row is checked against.
   double diff_y = -1, diff_dx = -1, diff_dgate = -1, diff_dup = -1, diff_ddown = -1;

@@ -740,6 +740,28 @@ TEST(CudaTrainingApi, AutomaticDispatchFollowsMeasuredDensity) {
   expect_error([&] { sparse.plan->forward(sparse.forward_args(), wrong); }, "saved shape");
 }
 
+// Automatic dispatch below dense_above: compact before any measurement, then the two saved forms
+// alternate until each ran two timed steps in the regime, then the faster one stays; every step
+// matches the oracle whichever form it ran.
+TEST(CudaTrainingApi, AutomaticDispatchTimesBothForms) {
+  TWELL_REQUIRE_DEVICE();
+  TrainingOptions o;
+  o.l1_coef = kOptionsL1;
+  o.dense_above = 0.5;
+  Case c = problem_case<Case>(FfnKind::gated, DType::bf16, Pattern::uniform, 0.05, 64, 64, 520);
+  DeviceStep d(spec_of(c, 1803), o, L1From::options, 0.0f);
+  std::vector<bool> dense;
+  for (int i = 0; i < 6; ++i) {
+    const TwellShape shape = d.plan->saved_shape(c.m);
+    dense.push_back(shape.backup_capacity == c.m);
+    d.saved = DeviceBuffer(shape.bytes(d.plan->saved_dtype()));
+    d.view = d.new_view(d.saved);
+    ASSERT_EQ(d.view.shape.backup_capacity, shape.backup_capacity);
+    expect_matches_oracle(d, run_step(d), "step " + std::to_string(i));  // run_step synchronises
+  }
+  EXPECT_EQ(dense, (std::vector<bool>{false, true, false, true, dense[4], dense[4]}));
+}
+
 #endif  // TWELL_WITH_CUDA
 
 }  // namespace

@@ -31,12 +31,14 @@ struct TrainingOptions {
   int32_t capacity = 0;   // 0 = tile / 8
   double l1_coef = 0.0;
   Determinism determinism = Determinism::deterministic;
-  // Which saved form saved_shape(M) asks for. automatic: dense while the density the last
-  // finished forward measured (polled, never waited for) is above dense_above, compact before any
-  // measurement and otherwise; force_sparse / force_dense: always compact / dense. The CPU backend
-  // always uses the compact form.
+  // Which saved form saved_shape(M) asks for. automatic (CUDA): compact before any measurement;
+  // dense while the density the last finished forward measured (polled, never waited for) is
+  // above dense_above; below it, per regime (M to a power of two, density to a factor of ~1.4),
+  // each form for two timed steps (a forward and the backward of the same saved buffer), then the
+  // faster. force_sparse / force_dense: always compact / dense. The CPU backend always uses the
+  // compact form.
   Dispatch dispatch = Dispatch::automatic;
-  double dense_above = -1.0;  // <0: backend default (CUDA 0.0075)
+  double dense_above = -1.0;  // <0: backend default (CUDA 0.04)
   GateKernel gate = GateKernel::automatic;  // the compact forward's gate GEMM + pack (ffn.hpp)
 };
 

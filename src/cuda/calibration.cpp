@@ -10,8 +10,43 @@ namespace twell::gpu {
 namespace {
 constexpr const char* kOp = "InferencePlan";
 constexpr const char* kRunOp = "InferencePlan::run";
+constexpr const char* kTrainOp = "TrainingPlan";
 constexpr double kDensityBucketsPerOctave = 2.0;  // density regimes ~1.41x apart
+
+// Whether the event has completed; "not ready" is kept out of later launch checks.
+bool passed(cudaEvent_t e, const char* op) {
+  const cudaError_t r = cudaEventQuery(e);
+  if (r == cudaErrorNotReady) {
+    cudaGetLastError();
+    return false;
+  }
+  check_cuda(r, op, "calibration event");
+  return true;
+}
 }  // namespace
+
+PathTimes::Regime PathTimes::regime(int64_t rows, double density) {
+  const int r = rows > 0 ? int(std::lround(std::log2(double(rows)))) : 0;
+  const int d = density > 0 ? int(std::floor(std::log2(density) * kDensityBucketsPerOctave)) : -1000;
+  return {r, d};
+}
+
+void PathTimes::add(int64_t rows, double density, bool dense, float ms) {
+  Times& t = times_[regime(rows, density)];
+  const int path = dense ? 1 : 0;
+  t.best_ms[path] = t.runs[path] == 0 ? ms : std::min(t.best_ms[path], ms);
+  ++t.runs[path];
+}
+
+bool PathTimes::prefer_dense(int64_t rows, double density, double dense_above) const {
+  if (density < 0) return false;
+  if (density > dense_above) return true;
+  const auto it = times_.find(regime(rows, density));
+  if (it == times_.end()) return false;
+  const Times& t = it->second;
+  if (t.runs[0] < kTrials || t.runs[1] < kTrials) return t.runs[1] < t.runs[0];  // alternate
+  return t.best_ms[1] < t.best_ms[0];
+}
 
 DispatchCalibration::DispatchCalibration() {
   check_cuda(cudaMallocHost(&host_, sizeof(RunCounters)), kOp, "pinned counters");
@@ -33,40 +68,20 @@ DispatchCalibration::~DispatchCalibration() {
   if (host_ != nullptr) cudaFreeHost(host_);
 }
 
-DispatchCalibration::Regime DispatchCalibration::regime(int64_t rows) const {
-  const int r = rows > 0 ? int(std::lround(std::log2(double(rows)))) : 0;
-  const int d = density_ > 0 ? int(std::floor(std::log2(density_) * kDensityBucketsPerOctave)) : -1000;
-  return {r, d};
-}
 
 void DispatchCalibration::poll() {
-  if (!pending_) return;
-  const cudaError_t e = cudaEventQuery(copied_);
-  if (e == cudaErrorNotReady) {
-    cudaGetLastError();  // "not ready" is no error; keep it out of later launch checks
-    return;
-  }
-  check_cuda(e, kRunOp, "calibration event");
+  if (!pending_ || !passed(copied_, kRunOp)) return;
   float ms = 0;
   check_cuda(cudaEventElapsedTime(&ms, begin_, end_), kRunOp, "calibration timing");
   // The run's time belongs to the regime of the density it ran at.
   density_ = pending_elements_ > 0 ? double(host_->active) / pending_elements_ : 0.0;
-  Times& t = times_[regime(pending_rows_)];
-  const int path = pending_dense_ ? 1 : 0;
-  t.best_ms[path] = t.runs[path] == 0 ? ms : std::min(t.best_ms[path], ms);
-  ++t.runs[path];
+  times_.add(pending_rows_, density_, pending_dense_, ms);
   pending_ = false;
 }
 
 bool DispatchCalibration::prefer_dense(int64_t rows, double dense_above, bool capturing) {
   if (!capturing) poll();
-  if (density_ < 0) return false;
-  if (density_ > dense_above) return true;
-  const auto it = times_.find(regime(rows));
-  if (it == times_.end()) return false;
-  const Times& t = it->second;
-  if (t.runs[0] < kTrials || t.runs[1] < kTrials) return t.runs[1] < t.runs[0];  // alternate
-  return t.best_ms[1] < t.best_ms[0];
+  return times_.prefer_dense(rows, density_, dense_above);
 }
 
 void DispatchCalibration::start(cudaStream_t s) {
@@ -86,6 +101,89 @@ void DispatchCalibration::finish(const RunCounters* device_counters, int64_t row
   pending_dense_ = dense;
   pending_rows_ = rows;
   pending_elements_ = double(rows) * double(cols);
+}
+
+TrainingCalibration::TrainingCalibration() {
+  check_cuda(cudaMallocHost(&host_active_, sizeof *host_active_), kTrainOp, "pinned density counter");
+  cudaError_t e = cudaSuccess;
+  for (cudaEvent_t* ev : {&f0_, &f1_, &b0_, &b1_})
+    if (e == cudaSuccess) e = cudaEventCreate(ev);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    for (cudaEvent_t ev : {f0_, f1_, b0_, b1_, copied_})
+      if (ev != nullptr) cudaEventDestroy(ev);
+    cudaFreeHost(host_active_);
+    check_cuda(e, kTrainOp, "calibration events");
+  }
+}
+
+TrainingCalibration::~TrainingCalibration() {
+  for (cudaEvent_t ev : {f0_, f1_, b0_, b1_, copied_})
+    if (ev != nullptr) cudaEventDestroy(ev);
+  if (host_active_ != nullptr) cudaFreeHost(host_active_);
+}
+
+void TrainingCalibration::poll() {
+  if (count_pending_ && passed(copied_, kTrainOp)) {
+    density_ = count_elements_ > 0 ? double(*host_active_) / count_elements_ : 0.0;
+    if (count_is_step_) step_density_ = density_;
+    count_pending_ = false;
+  }
+  // The step's time belongs to the regime of the density its forward ran at.
+  if (stage_ == Stage::timed && step_density_ >= 0 && passed(b1_, kTrainOp) && passed(f1_, kTrainOp)) {
+    float forward_ms = 0, backward_ms = 0;
+    check_cuda(cudaEventElapsedTime(&forward_ms, f0_, f1_), kTrainOp, "calibration timing");
+    check_cuda(cudaEventElapsedTime(&backward_ms, b0_, b1_), kTrainOp, "calibration timing");
+    times_.add(step_rows_, step_density_, step_dense_, forward_ms + backward_ms);
+    stage_ = Stage::idle;
+  }
+}
+
+bool TrainingCalibration::prefer_dense(int64_t rows, double dense_above) {
+  poll();
+  return times_.prefer_dense(rows, density_, dense_above);
+}
+
+void TrainingCalibration::forward_start(const void* saved, cudaStream_t s) {
+  poll();
+  if (stage_ == Stage::timed) return;  // the measured step's events are still in flight
+  stage_ = Stage::forward;             // (a step waiting for its backward is dropped)
+  saved_ = saved;
+  check_cuda(cudaEventRecord(f0_, s), kTrainOp, "calibration event");
+}
+
+void TrainingCalibration::forward_finish(const unsigned long long* device_active, int64_t rows,
+                                         int64_t cols, bool dense, cudaStream_t s) {
+  // Every forward's count is copied (the density follows the latest forward, as the last copy
+  // overwrites the pinned count); a measured step whose count is overwritten is dropped.
+  const bool measured = stage_ == Stage::forward;
+  if (measured) {
+    check_cuda(cudaEventRecord(f1_, s), kTrainOp, "calibration event");
+    stage_ = Stage::awaiting_backward;
+    step_dense_ = dense;
+    step_rows_ = rows;
+    step_density_ = -1;
+  } else if (count_pending_ && count_is_step_) {
+    stage_ = Stage::idle;
+  }
+  check_cuda(cudaMemcpyAsync(host_active_, device_active, sizeof *host_active_, cudaMemcpyDeviceToHost, s),
+             kTrainOp, "density counter");
+  check_cuda(cudaEventRecord(copied_, s), kTrainOp, "density event");
+  count_pending_ = true;
+  count_elements_ = double(rows) * double(cols);
+  count_is_step_ = measured;
+}
+
+void TrainingCalibration::backward_start(const void* saved, cudaStream_t s) {
+  if (stage_ != Stage::awaiting_backward || saved != saved_) return;
+  stage_ = Stage::backward;
+  check_cuda(cudaEventRecord(b0_, s), kTrainOp, "calibration event");
+}
+
+void TrainingCalibration::backward_finish(cudaStream_t s) {
+  if (stage_ != Stage::backward) return;
+  stage_ = Stage::timed;
+  check_cuda(cudaEventRecord(b1_, s), kTrainOp, "calibration event");
 }
 
 }  // namespace twell::gpu

@@ -1,9 +1,15 @@
-// Automatic dispatch without a host synchronisation. Each eager run copies its device counters
-// into pinned memory behind an event and is timed with a pair of events; a later run polls them
+// Automatic dispatch without a host synchronisation. Each eager run copies its activation count
+// into pinned memory behind an event and is timed with pairs of events; a later call polls them
 // (never waits). For every regime (M rounded to a power of two, density to a factor of ~1.4) the
 // first runs try each path twice (a first run also carries one-time host work, e.g. cuBLASLt's
-// algorithm choice, between its events), then the path with the smaller best time runs. Densities above the plan's dense_above
-// run dense without a trial. A captured graph keeps the decision made at capture.
+// algorithm choice, between its events), then the path with the smaller best time runs.
+// Densities above the plan's dense_above run dense without a trial. A captured graph keeps the
+// decision made at capture.
+//   inference (DispatchCalibration): one run, one pair of events;
+//   training (TrainingCalibration): a step is a forward and the backward of the same saved
+//     buffer, each bracketed by its own events (other work may run between them); the step's
+//     time is the sum. One step is measured at a time; a forward whose backward never comes is
+//     dropped when the next forward starts.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -14,6 +20,27 @@
 #include "cuda/kernels.hpp"
 
 namespace twell::gpu {
+
+// The best measured time of each path (0 sparse or compact, 1 dense) per regime, and the choice.
+class PathTimes {
+ public:
+  // A finished run of `rows` rows at `density` on the given path took `ms`.
+  void add(int64_t rows, double density, bool dense, float ms);
+  // The path for a run of `rows` rows at the last measured `density` (true: dense): sparse before
+  // any measurement, dense above dense_above, then alternating until each path ran kTrials
+  // times in the regime, then the faster.
+  bool prefer_dense(int64_t rows, double density, double dense_above) const;
+
+ private:
+  using Regime = std::pair<int, int>;  // (log2 rows, density bucket)
+  static constexpr int kTrials = 2;    // timed runs of each path before choosing
+  struct Times {
+    float best_ms[2] = {0, 0};  // per path: fastest measured
+    int runs[2] = {0, 0};
+  };
+  static Regime regime(int64_t rows, double density);
+  std::map<Regime, Times> times_;
+};
 
 class DispatchCalibration {
  public:
@@ -30,14 +57,7 @@ class DispatchCalibration {
               cudaStream_t s);
 
  private:
-  using Regime = std::pair<int, int>;  // (log2 rows, density bucket)
-  static constexpr int kTrials = 2;  // timed runs of each path before choosing
-  struct Times {
-    float best_ms[2] = {0, 0};  // per path (0 sparse, 1 dense): fastest measured
-    int runs[2] = {0, 0};
-  };
   void poll();
-  Regime regime(int64_t rows) const;
 
   RunCounters* host_ = nullptr;  // pinned
   cudaEvent_t begin_ = nullptr, end_ = nullptr;  // the run, timed
@@ -46,7 +66,43 @@ class DispatchCalibration {
   double pending_elements_ = 0;
   int64_t pending_rows_ = 0;
   double density_ = -1;  // active / (rows * cols) of the last completed run; -1: none yet
-  std::map<Regime, Times> times_;
+  PathTimes times_;
+};
+
+class TrainingCalibration {
+ public:
+  TrainingCalibration();
+  ~TrainingCalibration();
+  TrainingCalibration(const TrainingCalibration&) = delete;
+  TrainingCalibration& operator=(const TrainingCalibration&) = delete;
+
+  // The saved form for a step of `rows` rows (true: dense), as PathTimes chooses at the density
+  // the last finished forward measured.
+  bool prefer_dense(int64_t rows, double dense_above);
+  // Eager forwards and backwards only. `saved` identifies the step (the saved buffer).
+  void forward_start(const void* saved, cudaStream_t s);
+  void forward_finish(const unsigned long long* device_active, int64_t rows, int64_t cols, bool dense,
+                      cudaStream_t s);
+  void backward_start(const void* saved, cudaStream_t s);
+  void backward_finish(cudaStream_t s);
+
+ private:
+  enum class Stage : uint8_t { idle, forward, awaiting_backward, backward, timed };
+  void poll();
+
+  unsigned long long* host_active_ = nullptr;  // pinned
+  cudaEvent_t f0_ = nullptr, f1_ = nullptr, b0_ = nullptr, b1_ = nullptr;  // timed
+  cudaEvent_t copied_ = nullptr;  // the last forward's count is in host_active_
+  Stage stage_ = Stage::idle;
+  const void* saved_ = nullptr;   // the measured step's saved buffer
+  bool step_dense_ = false;
+  int64_t step_rows_ = 0;
+  double step_density_ = -1;      // the measured step's density, once its count arrived
+  bool count_pending_ = false;    // a forward's count is on its way
+  double count_elements_ = 0;
+  bool count_is_step_ = false;    // that count belongs to the measured step
+  double density_ = -1;           // the last finished forward's; -1: none yet
+  PathTimes times_;
 };
 
 }  // namespace twell::gpu

@@ -25,6 +25,7 @@
 
 #include "core/backend.hpp"
 #include "cuda/blas_gemm.hpp"
+#include "cuda/calibration.hpp"
 #include "cuda/config.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/device.hpp"
@@ -75,46 +76,6 @@ P* at(char* base, size_t offset) {
   return reinterpret_cast<P*>(base + offset);
 }
 
-// The density of the last finished forward, for automatic dispatch: each eager forward copies its
-// activation count into pinned memory behind an event; poll() reads it once the event has passed,
-// never waiting for the device.
-class DensityProbe {
- public:
-  DensityProbe() {
-    check_cuda(cudaMallocHost(&host_, sizeof *host_), kPlanOp, "pinned density counter");
-    check_cuda(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming), kPlanOp, "density event");
-  }
-  ~DensityProbe() {
-    if (copied_ != nullptr) cudaEventDestroy(copied_);
-    if (host_ != nullptr) cudaFreeHost(host_);
-  }
-  DensityProbe(const DensityProbe&) = delete;
-  DensityProbe& operator=(const DensityProbe&) = delete;
-
-  void record(const unsigned long long* active, double elements, cudaStream_t s) {
-    check_cuda(cudaMemcpyAsync(host_, active, sizeof *host_, cudaMemcpyDeviceToHost, s), kForwardOp,
-               "density counter");
-    check_cuda(cudaEventRecord(copied_, s), kForwardOp, "density event");
-    pending_ = true;
-    pending_elements_ = elements;
-  }
-  // The last finished measurement (-1: none yet).
-  double poll() {
-    if (pending_ && cudaEventQuery(copied_) == cudaSuccess) {
-      density_ = pending_elements_ > 0 ? double(*host_) / pending_elements_ : 0.0;
-      pending_ = false;
-    }
-    return density_;
-  }
-
- private:
-  unsigned long long* host_ = nullptr;
-  cudaEvent_t copied_ = nullptr;
-  bool pending_ = false;
-  double pending_elements_ = 0;
-  double density_ = -1;
-};
-
 class CudaTraining final : public detail::TrainingBackend {
  public:
   CudaTraining(const FfnWeights& w, const TrainingOptions& o)
@@ -147,7 +108,7 @@ class CudaTraining final : public detail::TrainingBackend {
   bool wants_dense_layout(int64_t rows) override {
     if (rows == 0 || options_.dispatch == Dispatch::force_sparse) return false;
     if (options_.dispatch == Dispatch::force_dense) return true;
-    return probe_.poll() > options_.dense_above;
+    return calibration_.prefer_dense(rows, options_.dense_above);
   }
 
   void forward(const TrainingForwardArgs& args, const TwellView& saved, Stream stream) override;
@@ -227,7 +188,7 @@ class CudaTraining final : public detail::TrainingBackend {
   bool fused_gate_;  // the compact forward packs TwELL in the gate GEMM epilogue (gate_pack.cu)
   std::unique_ptr<LtGemm> lt_;
   std::unique_ptr<BlasWeightGrad> blas_;  // the dense path's weight gradients
-  DensityProbe probe_;
+  TrainingCalibration calibration_;  // automatic dispatch: timed steps of either saved form
   OwnedWorkspace own_;
   cudaEvent_t done_ = nullptr;          // recorded at the end of every uncaptured run
   cudaStream_t last_stream_ = nullptr;  // the stream of the last uncaptured run
@@ -255,6 +216,8 @@ void CudaTraining::forward(const TrainingForwardArgs& args, const TwellView& sav
   }
 
   char* base = begin(rows, args.workspace, s, capturing, kForwardOp);
+  const bool calibrate = !capturing && options_.dispatch == Dispatch::automatic;
+  if (calibrate) calibration_.forward_start(saved.values, s);
   const TrainForwardLayout l = train_forward_layout(dims_, rows);
   auto* active = at<unsigned long long>(base, l.active);
   check_cuda(cudaMemsetAsync(active, 0, train_forward_zeroed_bytes(), s), kForwardOp,
@@ -263,7 +226,8 @@ void CudaTraining::forward(const TrainingForwardArgs& args, const TwellView& sav
     forward_dense(args, saved, rows, base, s);
   else
     forward_sparse(args, saved, rows, base, s);
-  if (!capturing) probe_.record(active, double(rows) * double(dims_.n), s);
+  if (calibrate)
+    calibration_.forward_finish(active, rows, dims_.n, saved.shape.backup_capacity == rows, s);
   end(s, capturing, kForwardOp);
 }
 
@@ -370,9 +334,12 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   }
 
   char* base = begin(rows, args.workspace, s, capturing, kBackwardOp);
+  const bool calibrate = !capturing && options_.dispatch == Dispatch::automatic;
+  if (calibrate) calibration_.backward_start(saved.values, s);
   const L1Coef l1{l1_device, float(options_.l1_coef)};
   if (saved.shape.backup_capacity == rows) {
     backward_dense(args, x, saved, g, rows, base, l1, s);
+    if (calibrate) calibration_.backward_finish(s);
     end(s, capturing, kBackwardOp);
     return;
   }
@@ -434,6 +401,7 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   launch_weight_grads(wg, device_, s);
 
   backward_routed(x.data, args.dy.data, g, rb, rows, l1, s);
+  if (calibrate) calibration_.backward_finish(s);
   end(s, capturing, kBackwardOp);
 }
 

@@ -37,7 +37,7 @@ bench options:
   --dispatch D      auto | sparse | dense: the twell job's path (default auto: twell's own
                     dispatch; sparse / dense force one, e.g. to time the path dispatch avoids)
   --reps R          timed repetitions per measurement, median reported (default 10)
-  --warmup W        untimed runs first (default 4; training 2)
+  --warmup W        untimed runs first (default 4: automatic dispatch times each path twice)
   --out DIR         results folder (default bench/results/<device>)
   --no-check        skip the comparison with the fp64 oracle (training: with the dense step)
   --no-write        print only
