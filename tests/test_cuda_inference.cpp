@@ -16,6 +16,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/calibration.hpp"
 #include "cuda/device.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda_util.hpp"
@@ -732,6 +733,32 @@ TEST(CudaInference, BadRunArgumentsRaise) {
   DeviceBuffer shifted(d.p.x.size() + 16);
   misaligned.y.data = static_cast<char*>(shifted.get()) + 2;
   expect_error([&] { plan.run(misaligned); }, "y");
+}
+
+// The dispatch rule both plans share (calibration.hpp; host logic, no device needed): sparse before
+// any measurement and dense above dense_above without a trial; per regime (rows to a power of two,
+// density to a factor of ~1.41) each path twice, alternating from sparse, then the faster by best
+// time; other regimes start over.
+TEST(DispatchRule, AlternatesThenTakesTheFaster) {
+  gpu::PathTimes t;
+  const int64_t m = 16384;
+  const double d = 0.01, above = 0.04;
+  EXPECT_FALSE(t.prefer_dense(m, -1.0, above)) << "no density measured yet";
+  EXPECT_TRUE(t.prefer_dense(m, 0.05, above)) << "above dense_above";
+  EXPECT_FALSE(t.prefer_dense(m, d, above)) << "a new regime starts sparse";
+  t.add(m, d, false, 3.0f);
+  EXPECT_TRUE(t.prefer_dense(m, d, above));
+  t.add(m, d, true, 2.0f);
+  EXPECT_FALSE(t.prefer_dense(m, d, above));
+  t.add(m, d, false, 2.5f);
+  EXPECT_TRUE(t.prefer_dense(m, d, above));
+  t.add(m, d, true, 4.0f);
+  EXPECT_TRUE(t.prefer_dense(m, d, above)) << "best dense 2.0 ms < best sparse 2.5 ms";
+  EXPECT_TRUE(t.prefer_dense(m + 1000, 0.0101, above)) << "the same regime";
+  EXPECT_FALSE(t.prefer_dense(2 * m, d, above)) << "twice the rows: another regime";
+  EXPECT_FALSE(t.prefer_dense(m, 2 * d, above)) << "twice the density: another regime";
+  t.add(m, d, false, 1.5f);
+  EXPECT_FALSE(t.prefer_dense(m, d, above)) << "sparse became the faster";
 }
 
 #endif  // TWELL_WITH_CUDA
