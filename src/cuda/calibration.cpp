@@ -48,40 +48,53 @@ bool PathTimes::prefer_dense(int64_t rows, double density, double dense_above) c
   return t.best_ms[1] < t.best_ms[0];
 }
 
-DispatchCalibration::DispatchCalibration() {
-  check_cuda(cudaMallocHost(&host_, sizeof(RunCounters)), kOp, "pinned counters");
-  cudaError_t e = cudaEventCreate(&begin_);
-  if (e == cudaSuccess) e = cudaEventCreate(&end_);
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming);
-  if (e != cudaSuccess) {
-    for (cudaEvent_t ev : {begin_, end_})
-      if (ev != nullptr) cudaEventDestroy(ev);
-    cudaFreeHost(host_);
-    check_cuda(e, kOp, "calibration events");
-  }
+OwnedEvent::OwnedEvent(unsigned flags, const char* op) {
+  check_cuda(cudaEventCreateWithFlags(&event_, flags), op, "calibration event");
 }
 
-DispatchCalibration::~DispatchCalibration() {
-  if (begin_ != nullptr) cudaEventDestroy(begin_);
-  if (end_ != nullptr) cudaEventDestroy(end_);
-  if (copied_ != nullptr) cudaEventDestroy(copied_);
+OwnedEvent::~OwnedEvent() {
+  if (event_ != nullptr) cudaEventDestroy(event_);
+}
+
+DensityProbe::DensityProbe(const char* op) : op_(op), copied_(cudaEventDisableTiming, op) {
+  check_cuda(cudaMallocHost(&host_, sizeof *host_), op, "pinned activation count");
+}
+
+DensityProbe::~DensityProbe() {
   if (host_ != nullptr) cudaFreeHost(host_);
 }
 
+void DensityProbe::record(const unsigned long long* device_active, int64_t rows, int64_t cols,
+                          cudaStream_t s) {
+  check_cuda(cudaMemcpyAsync(host_, device_active, sizeof *host_, cudaMemcpyDeviceToHost, s), op_,
+             "activation count copy");
+  check_cuda(cudaEventRecord(copied_, s), op_, "calibration event");
+  pending_ = true;
+  elements_ = double(rows) * double(cols);
+}
+
+bool DensityProbe::poll() {
+  if (!pending_ || !passed(copied_, op_)) return false;
+  density_ = elements_ > 0 ? double(*host_) / elements_ : 0.0;
+  pending_ = false;
+  return true;
+}
+
+DispatchCalibration::DispatchCalibration()
+    : begin_(cudaEventDefault, kOp), end_(cudaEventDefault, kOp), probe_(kRunOp) {}
 
 void DispatchCalibration::poll() {
-  if (!pending_ || !passed(copied_, kRunOp)) return;
+  if (!pending_ || !probe_.poll()) return;
   float ms = 0;
   check_cuda(cudaEventElapsedTime(&ms, begin_, end_), kRunOp, "calibration timing");
   // The run's time belongs to the regime of the density it ran at.
-  density_ = pending_elements_ > 0 ? double(host_->active) / pending_elements_ : 0.0;
-  times_.add(pending_rows_, density_, pending_dense_, ms);
+  times_.add(pending_rows_, probe_.density(), pending_dense_, ms);
   pending_ = false;
 }
 
 bool DispatchCalibration::prefer_dense(int64_t rows, double dense_above, bool capturing) {
   if (!capturing) poll();
-  return times_.prefer_dense(rows, density_, dense_above);
+  return times_.prefer_dense(rows, probe_.density(), dense_above);
 }
 
 void DispatchCalibration::start(cudaStream_t s) {
@@ -89,46 +102,26 @@ void DispatchCalibration::start(cudaStream_t s) {
   if (started_) check_cuda(cudaEventRecord(begin_, s), kRunOp, "calibration event");
 }
 
-void DispatchCalibration::finish(const RunCounters* device_counters, int64_t rows, int64_t cols,
+void DispatchCalibration::finish(const unsigned long long* device_active, int64_t rows, int64_t cols,
                                  bool dense, cudaStream_t s) {
   if (!started_) return;
   started_ = false;
   check_cuda(cudaEventRecord(end_, s), kRunOp, "calibration event");
-  check_cuda(cudaMemcpyAsync(host_, device_counters, sizeof(RunCounters), cudaMemcpyDeviceToHost, s),
-             kRunOp, "calibration copy");
-  check_cuda(cudaEventRecord(copied_, s), kRunOp, "calibration event");
+  probe_.record(device_active, rows, cols, s);
   pending_ = true;
   pending_dense_ = dense;
   pending_rows_ = rows;
-  pending_elements_ = double(rows) * double(cols);
 }
 
-TrainingCalibration::TrainingCalibration() {
-  check_cuda(cudaMallocHost(&host_active_, sizeof *host_active_), kTrainOp, "pinned density counter");
-  cudaError_t e = cudaSuccess;
-  for (cudaEvent_t* ev : {&f0_, &f1_, &b0_, &b1_})
-    if (e == cudaSuccess) e = cudaEventCreate(ev);
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming);
-  if (e != cudaSuccess) {
-    for (cudaEvent_t ev : {f0_, f1_, b0_, b1_, copied_})
-      if (ev != nullptr) cudaEventDestroy(ev);
-    cudaFreeHost(host_active_);
-    check_cuda(e, kTrainOp, "calibration events");
-  }
-}
-
-TrainingCalibration::~TrainingCalibration() {
-  for (cudaEvent_t ev : {f0_, f1_, b0_, b1_, copied_})
-    if (ev != nullptr) cudaEventDestroy(ev);
-  if (host_active_ != nullptr) cudaFreeHost(host_active_);
-}
+TrainingCalibration::TrainingCalibration()
+    : f0_(cudaEventDefault, kTrainOp),
+      f1_(cudaEventDefault, kTrainOp),
+      b0_(cudaEventDefault, kTrainOp),
+      b1_(cudaEventDefault, kTrainOp),
+      probe_(kTrainOp) {}
 
 void TrainingCalibration::poll() {
-  if (count_pending_ && passed(copied_, kTrainOp)) {
-    density_ = count_elements_ > 0 ? double(*host_active_) / count_elements_ : 0.0;
-    if (count_is_step_) step_density_ = density_;
-    count_pending_ = false;
-  }
+  if (probe_.poll() && count_is_step_) step_density_ = probe_.density();
   // The step's time belongs to the regime of the density its forward ran at.
   if (stage_ == Stage::timed && step_density_ >= 0 && passed(b1_, kTrainOp) && passed(f1_, kTrainOp)) {
     float forward_ms = 0, backward_ms = 0;
@@ -141,7 +134,7 @@ void TrainingCalibration::poll() {
 
 bool TrainingCalibration::prefer_dense(int64_t rows, double dense_above) {
   poll();
-  return times_.prefer_dense(rows, density_, dense_above);
+  return times_.prefer_dense(rows, probe_.density(), dense_above);
 }
 
 void TrainingCalibration::forward_start(const void* saved, cudaStream_t s) {
@@ -154,8 +147,8 @@ void TrainingCalibration::forward_start(const void* saved, cudaStream_t s) {
 
 void TrainingCalibration::forward_finish(const unsigned long long* device_active, int64_t rows,
                                          int64_t cols, bool dense, cudaStream_t s) {
-  // Every forward's count is copied (the density follows the latest forward, as the last copy
-  // overwrites the pinned count); a measured step whose count is overwritten is dropped.
+  // Every forward's count is recorded (the density follows the latest forward); a measured step
+  // whose count is overwritten before it arrived is dropped.
   const bool measured = stage_ == Stage::forward;
   if (measured) {
     check_cuda(cudaEventRecord(f1_, s), kTrainOp, "calibration event");
@@ -163,14 +156,10 @@ void TrainingCalibration::forward_finish(const unsigned long long* device_active
     step_dense_ = dense;
     step_rows_ = rows;
     step_density_ = -1;
-  } else if (count_pending_ && count_is_step_) {
+  } else if (probe_.pending() && count_is_step_) {
     stage_ = Stage::idle;
   }
-  check_cuda(cudaMemcpyAsync(host_active_, device_active, sizeof *host_active_, cudaMemcpyDeviceToHost, s),
-             kTrainOp, "density counter");
-  check_cuda(cudaEventRecord(copied_, s), kTrainOp, "density event");
-  count_pending_ = true;
-  count_elements_ = double(rows) * double(cols);
+  probe_.record(device_active, rows, cols, s);
   count_is_step_ = measured;
 }
 

@@ -17,8 +17,6 @@
 #include <map>
 #include <utility>
 
-#include "cuda/kernels.hpp"
-
 namespace twell::gpu {
 
 // The best measured time of each path (0 sparse or compact, 1 dense) per regime, and the choice.
@@ -42,39 +40,68 @@ class PathTimes {
   std::map<Regime, Times> times_;
 };
 
+// A CUDA event owned for the object's lifetime (flags: cudaEventDefault times, cudaEventDisableTiming
+// only orders).
+class OwnedEvent {
+ public:
+  OwnedEvent(unsigned flags, const char* op);
+  ~OwnedEvent();
+  OwnedEvent(const OwnedEvent&) = delete;
+  OwnedEvent& operator=(const OwnedEvent&) = delete;
+  operator cudaEvent_t() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// A run's activation count, copied into pinned memory behind an event by record(); poll() reads the
+// last one once its event has passed, never waiting (a later record overwrites an earlier one).
+class DensityProbe {
+ public:
+  explicit DensityProbe(const char* op);
+  ~DensityProbe();
+  DensityProbe(const DensityProbe&) = delete;
+  DensityProbe& operator=(const DensityProbe&) = delete;
+
+  void record(const unsigned long long* device_active, int64_t rows, int64_t cols, cudaStream_t s);
+  bool pending() const { return pending_; }
+  // Whether the recorded count arrived in this call (then density() is its density).
+  bool poll();
+  double density() const { return density_; }  // the last arrived count's; -1: none yet
+
+ private:
+  const char* op_;
+  OwnedEvent copied_;
+  unsigned long long* host_ = nullptr;  // pinned
+  bool pending_ = false;
+  double elements_ = 0;
+  double density_ = -1;
+};
+
 class DispatchCalibration {
  public:
   DispatchCalibration();
-  ~DispatchCalibration();
-  DispatchCalibration(const DispatchCalibration&) = delete;
-  DispatchCalibration& operator=(const DispatchCalibration&) = delete;
 
   // The path for a run of `rows` rows (true: dense). Before any density is known: sparse.
   bool prefer_dense(int64_t rows, double dense_above, bool capturing);
   // Brackets an eager run: start() before its first kernel, finish() after its last.
   void start(cudaStream_t s);
-  void finish(const RunCounters* device_counters, int64_t rows, int64_t cols, bool dense,
+  void finish(const unsigned long long* device_active, int64_t rows, int64_t cols, bool dense,
               cudaStream_t s);
 
  private:
   void poll();
 
-  RunCounters* host_ = nullptr;  // pinned
-  cudaEvent_t begin_ = nullptr, end_ = nullptr;  // the run, timed
-  cudaEvent_t copied_ = nullptr;                   // its counters are in host_
+  OwnedEvent begin_, end_;  // the run, timed
+  DensityProbe probe_;      // its density
   bool pending_ = false, pending_dense_ = false, started_ = false;
-  double pending_elements_ = 0;
   int64_t pending_rows_ = 0;
-  double density_ = -1;  // active / (rows * cols) of the last completed run; -1: none yet
   PathTimes times_;
 };
 
 class TrainingCalibration {
  public:
   TrainingCalibration();
-  ~TrainingCalibration();
-  TrainingCalibration(const TrainingCalibration&) = delete;
-  TrainingCalibration& operator=(const TrainingCalibration&) = delete;
 
   // The saved form for a step of `rows` rows (true: dense), as PathTimes chooses at the density
   // the last finished forward measured.
@@ -90,18 +117,14 @@ class TrainingCalibration {
   enum class Stage : uint8_t { idle, forward, awaiting_backward, backward, timed };
   void poll();
 
-  unsigned long long* host_active_ = nullptr;  // pinned
-  cudaEvent_t f0_ = nullptr, f1_ = nullptr, b0_ = nullptr, b1_ = nullptr;  // timed
-  cudaEvent_t copied_ = nullptr;  // the last forward's count is in host_active_
+  OwnedEvent f0_, f1_, b0_, b1_;  // the measured step's forward and backward, timed
+  DensityProbe probe_;            // every forward's density
   Stage stage_ = Stage::idle;
   const void* saved_ = nullptr;   // the measured step's saved buffer
   bool step_dense_ = false;
   int64_t step_rows_ = 0;
   double step_density_ = -1;      // the measured step's density, once its count arrived
-  bool count_pending_ = false;    // a forward's count is on its way
-  double count_elements_ = 0;
-  bool count_is_step_ = false;    // that count belongs to the measured step
-  double density_ = -1;           // the last finished forward's; -1: none yet
+  bool count_is_step_ = false;    // the probe's last count belongs to the measured step
   PathTimes times_;
 };
 

@@ -155,7 +155,7 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
 
   if (counters != nullptr) launch_write_counters(b.control, counters, s);
   if (!capturing) {
-    if (calibrate) calibration_->finish(b.control, rows, dims_.n, dense, s);
+    if (calibrate) calibration_->finish(&b.control->active, rows, dims_.n, dense, s);
     check_cuda(cudaEventRecord(done_, s), kRunOp, "run event");
     last_stream_ = s;
   }

@@ -32,6 +32,7 @@ TrainForwardLayout train_forward_layout(const ProblemDims& d, int64_t rows) {
   const size_t m = size_t(rows);
   Carver c;
   l.active = c.take(train_forward_zeroed_bytes());
+  l.split_counters = l.active + sizeof(unsigned long long);
   l.lt = c.take(LtConfig::kWorkspaceBytes);
   l.hidden = c.take(m * size_t(d.n) * dtype_size(d.dtype));
   l.row_l1 = c.take(m * sizeof(float));

@@ -11,8 +11,9 @@
 namespace twell::gpu {
 
 struct TrainForwardLayout {
-  size_t active = 0;    // unsigned long long: non-zero gate activations (L0), then the routed
-                        // GEMMs' split-K counters (int32 [kMaxSplitTiles]): one memset
+  size_t active = 0;    // unsigned long long: non-zero gate activations (L0)
+  size_t split_counters = 0;  // int32 [kMaxSplitTiles]: the routed GEMMs' split-K counters, right
+                              // after `active`: one memset of train_forward_zeroed_bytes() zeroes both
   size_t split_partials = 0;  // the routed GEMMs' split-K partial tiles
   size_t lt = 0;        // cuBLASLt scratch
   size_t hidden = 0;    // G [M, N]; the routed-row backup turns routed rows into h

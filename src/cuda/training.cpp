@@ -276,7 +276,7 @@ void CudaTraining::forward_sparse(const TrainingForwardArgs& args, const TwellVi
 
   RoutedArgs routed = routed_args(dims_, weights_, args.x.data, args.y.data, hidden, rows,
                                   saved.routed_rows, saved.num_routed);
-  routed.split_k = {at<float>(base, l.split_partials), at<int32_t>(base, l.active + sizeof(unsigned long long))};
+  routed.split_k = {at<float>(base, l.split_partials), at<int32_t>(base, l.split_counters)};
   launch_routed(routed, device_, s);
   launch_routed_renumber(saved, s);
 
