@@ -729,7 +729,17 @@ TEST(CudaTrainingApi, AutomaticDispatchFollowsMeasuredDensity) {
   DeviceStep d(spec_of(c, 1801), o, L1From::options, 0.0f);
   EXPECT_EQ(d.plan->saved_shape(64).backup_capacity, 0);
   run_step(d);  // finishes on the host
-  EXPECT_EQ(d.plan->saved_shape(64).backup_capacity, 64);
+  const TwellShape dense_shape = d.plan->saved_shape(64);
+  EXPECT_EQ(dense_shape.backup_capacity, 64);
+  EXPECT_EQ(dense_shape.capacity, 1);  // no row uses the dense form's compact slots
+  {
+    TwellShape padded = dense_shape;  // the dense form with the compact form's capacity
+    padded.capacity = d.plan->options().capacity;
+    ASSERT_GT(padded.capacity, 1);
+    DeviceBuffer b(padded.bytes(d.plan->saved_dtype()));
+    const TwellView v = make_twell_view(b.get(), padded, d.plan->saved_dtype(), Device::cuda(0));
+    expect_error([&] { d.plan->forward(d.forward_args(), v); }, "saved shape");
+  }
   c.density = 0.01;
   DeviceStep sparse(spec_of(c, 1802), o, L1From::options, 0.0f);
   sparse.plan->forward(sparse.forward_args(), sparse.view);  // compact form (allocated before)

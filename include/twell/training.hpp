@@ -9,8 +9,8 @@
 //   compact (backup_capacity 0): a TwELL matrix (gated: planes {relu(x Wg^T), x Wu^T}; plain:
 //     plane {h}) whose routed rows (a tile over capacity) are only listed; backward recomputes
 //     those rows densely from x. The sparse path.
-//   dense (backup_capacity = M, CUDA only): every row routed to its own backup row, which holds
-//     the dense planes; forward and backward run dense cuBLAS GEMMs. For early training, when
+//   dense (backup_capacity = M, capacity 1, CUDA only): every row routed to its own backup row,
+//     which holds the dense planes; forward and backward run dense cuBLAS GEMMs. For early training, when
 //     activations are not sparse yet and the sparse path would be slower.
 // Either size depends on M alone, so it can live in framework-allocated tensors and a step can be
 // captured in a CUDA graph, and no capacity anywhere can drop data. saved_shape(M) says which

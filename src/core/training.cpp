@@ -47,14 +47,12 @@ class TrainingPlan::Impl {
   std::shared_ptr<detail::TrainingBackend> backend;
 
   void check_saved(const char* op, const TwellView& saved, int64_t rows) const {
-    TwellShape want = shape(rows, false);
     const TwellShape& got = saved.shape;
-    if (rows > 0 && got.backup_capacity == rows) {
-      if (!backend->supports_dense_layout())
-        throw Error(op, "saved shape", "backup 0 (this backend saves the compact form only)",
-                    "backup " + std::to_string(got.backup_capacity));
-      want.backup_capacity = rows;
-    }
+    const bool dense = rows > 0 && got.backup_capacity == rows;
+    if (dense && !backend->supports_dense_layout())
+      throw Error(op, "saved shape", "backup 0 (this backend saves the compact form only)",
+                  "backup " + std::to_string(got.backup_capacity));
+    const TwellShape want = shape(rows, dense);
     auto str = [](const TwellShape& s) {
       return "rows " + std::to_string(s.rows) + ", cols " + std::to_string(s.cols) + ", tile " +
              std::to_string(s.tile) + ", capacity " + std::to_string(s.capacity) + ", planes " +
@@ -85,13 +83,14 @@ class TrainingPlan::Impl {
                   std::to_string(ws.shape[0]) + " bytes");
   }
 
-  // dense: the dense form (backup row m = row m).
+  // dense: the dense form (backup row m = row m), whose compact slots no row uses: capacity 1, so
+  // that it holds little more than the dense planes.
   TwellShape shape(int64_t rows, bool dense) const {
     TwellShape s;
     s.rows = rows;
     s.cols = weights.intermediate();
     s.tile = options.tile;
-    s.capacity = options.capacity;
+    s.capacity = dense && rows > 0 ? 1 : options.capacity;
     s.planes = weights.kind == FfnKind::gated ? 2 : 1;
     s.backup_capacity = dense && rows > 0 ? rows : 0;
     return s;

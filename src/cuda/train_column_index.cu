@@ -5,10 +5,10 @@
 //   count:   CTA (row block b, tile t): counts each neuron of tile t over the block's compact rows
 //            (shared-memory integer atomics) -> block_counts[b, n]. warp: one row at a time;
 //            thread: one entry of that row.
-//   offsets: thread per neuron: exclusive prefix of block_counts[., n] over the row blocks -> the
-//            block's start inside the neuron's range, and the neuron's total.
-//   col_ptr: the only CTA: the heavy threshold from the mean total, then exclusive scans of the
-//            totals and of the heavy flags, kScanThreads neurons per step.
+//   offsets: thread per neuron: exclusive prefix of block_counts[., n] over the row blocks, loaded
+//            kOffsetBatch at a time -> the block's start inside the neuron's range, and the total.
+//   col_ptr: the only CTA: the heavy threshold from the mean total (one reduction), then one
+//            exclusive scan per kScanThreads neurons of the totals and heavy flags packed together.
 //   place:   CTA (b, t): walks the block's rows kChunkRows at a time. A chunk's entries set one bit
 //            per row in a per-neuron mask; an entry's rank among its neuron's entries of the chunk
 //            is the number of lower bits, so rows stay ascending. warp: one row; thread: one entry,
@@ -73,47 +73,54 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 __global__ void __launch_bounds__(Cfg::kOffsetThreads)
     offsets_kernel(int32_t* __restrict__ block_counts, int64_t blocks, int64_t cols,
                    int32_t* __restrict__ col_totals) {
+  constexpr int kBatch = Cfg::kOffsetBatch;
   const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= cols) return;
   int32_t running = 0;
-  for (int64_t b = 0; b < blocks; ++b) {
-    int32_t& c = block_counts[b * cols + n];
-    const int32_t mine = c;
-    c = running;
-    running += mine;
+  for (int64_t b0 = 0; b0 < blocks; b0 += kBatch) {
+    int32_t mine[kBatch];  // a batch of loads in flight before the stores that follow them
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) mine[i] = b0 + i < blocks ? block_counts[(b0 + i) * cols + n] : 0;
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (b0 + i < blocks) block_counts[(b0 + i) * cols + n] = running;
+      running += mine[i];
+    }
   }
   col_totals[n] = running;
 }
+
+// Packs a neuron's entry count and heavy flag into one scan operand: the flag sum (at most
+// kMaxIntermediate < 2^kFlagBits) never carries into the counts (at most 2^34 over all neurons).
+constexpr int kFlagBits = 20;
+static_assert((int64_t(1) << kFlagBits) > ShapeLimits::kMaxIntermediate, "the heavy count fits its bits");
 
 __global__ void __launch_bounds__(Cfg::kScanThreads)
     col_ptr_kernel(const int32_t* __restrict__ col_totals, int64_t cols, int64_t* __restrict__ col_ptr,
                    int32_t* __restrict__ heavy) {
   using WG = WeightGradConfig;
   __shared__ scan::ScanShared sm;
+  // The mean needs only the sum: every thread adds its own neurons (loads all in flight), one scan.
+  int64_t mine_sum = 0;
+  for (int64_t n = threadIdx.x; n < cols; n += Cfg::kScanThreads) mine_sum += col_totals[n];
   int64_t all = 0;
-  for (int64_t n0 = 0; n0 < cols; n0 += Cfg::kScanThreads) {
-    const int64_t n = n0 + threadIdx.x;
-    int64_t total = 0;
-    scan::exclusive_scan(n < cols ? col_totals[n] : 0, sm, total);
-    all += total;
-    __syncthreads();
-  }
+  scan::exclusive_scan(mine_sum, sm, all);
+  __syncthreads();
   const int64_t mean_times = WG::kHeavyFactor * all / (cols > 0 ? cols : 1);
   const int64_t threshold = mean_times > WG::kHeavyMin ? mean_times : WG::kHeavyMin;
+  constexpr int64_t kFlagMask = (int64_t(1) << kFlagBits) - 1;
   int64_t base = 0, heavy_base = 0;
   for (int64_t n0 = 0; n0 < cols; n0 += Cfg::kScanThreads) {
     const int64_t n = n0 + threadIdx.x;
     const int32_t mine = n < cols ? col_totals[n] : 0;
-    int64_t total = 0;
-    const int64_t before = scan::exclusive_scan(mine, sm, total);
-    if (n < cols) col_ptr[n] = base + before;
-    base += total;
-    __syncthreads();  // sm is rewritten by the next scan
     const bool is_heavy = mine > threshold;
-    const int64_t heavy_before = scan::exclusive_scan(is_heavy ? 1 : 0, sm, total);
-    if (is_heavy) heavy[2 + heavy_base + heavy_before] = int32_t(n);
-    heavy_base += total;
-    __syncthreads();
+    int64_t total = 0;
+    const int64_t before = scan::exclusive_scan((int64_t(mine) << kFlagBits) | (is_heavy ? 1 : 0), sm, total);
+    if (n < cols) col_ptr[n] = base + (before >> kFlagBits);
+    if (is_heavy) heavy[2 + heavy_base + (before & kFlagMask)] = int32_t(n);
+    base += total >> kFlagBits;
+    heavy_base += total & kFlagMask;
+    __syncthreads();  // sm is rewritten by the next scan
   }
   if (threadIdx.x == 0) {
     col_ptr[cols] = base;

@@ -32,12 +32,14 @@ struct ColumnIndexConfig {
   static constexpr int kRowsPerBlock = 256;     // rows of one (row block, tile) CTA
   static constexpr int kChunkRows = 64;         // rows ranked at once: one bit each in a uint64 mask
   static constexpr int kOffsetThreads = 256;    // per CTA of the per-neuron offsets kernel (one neuron each)
+  static constexpr int kOffsetBatch = 16;       // offsets kernel: row blocks whose counts are loaded at once
   static constexpr int kScanThreads = 1024;     // the single CTA of the column-pointer scan
 };
 
 // The ascending list of routed rows (train_routed_order.cu).
 struct RoutedOrderConfig {
-  static constexpr int kThreads = 1024;         // the single CTA; a thread scans M / kThreads rows
+  static constexpr int kThreads = 1024;         // the single CTA
+  static constexpr int kRowsPerThread = 16;     // consecutive rows a thread flags per step
 };
 
 // Weight gradients of the compact entries (train_weight_grads.cu). A (neuron, 256-column slice) of

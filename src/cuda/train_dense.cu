@@ -3,7 +3,8 @@
 //   layout:   row_slot[m] = routed_rows[m] = m, *num_routed = M (grid-stride over rows).
 //   backward: per element of [M, N], with g = relu(G), u = U from the backup planes and dh from
 //             the dh GEMM: t = dh + l1 * sign(h) / M;  gated: dg = t u [g > 0], du = t g into
-//             q = [dg | du] (row width 2N), h = g u;  plain: dg = t [g > 0] into q (width N).
+//             q = [dg | du] (row width 2N), h = g u (over dh: each thread reads its dh vector before
+//             writing its h vector there);  plain: dg = t [g > 0] into q (width N).
 //             Each value rounded once to the dtype, as a framework's dense layer stores them.
 //   CTA: kThreads threads over a grid-stride range of 16-byte vectors (kCtasPerSm CTAs per SM).
 #include <algorithm>
@@ -31,8 +32,8 @@ __global__ void __launch_bounds__(kThreads) dense_layout_kernel(TwellView tw) {
 
 template <typename T, FfnKind kKind>
 __global__ void __launch_bounds__(kThreads)
-    dense_backward_kernel(const T* __restrict__ g, const T* __restrict__ u, const T* __restrict__ dh,
-                          T* __restrict__ q, T* __restrict__ h, int64_t n, int64_t vectors, L1Coef l1,
+    dense_backward_kernel(const T* __restrict__ g, const T* __restrict__ u, const T* dh,
+                          T* __restrict__ q, T* h, int64_t n, int64_t vectors, L1Coef l1,
                           int64_t rows) {
   constexpr bool kGated = kKind == FfnKind::gated;
   const float scale = l1_scale(l1, rows);
@@ -41,7 +42,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t i = v * kVecElems, row = i / n, col = i - row * n;
     float gf[kVecElems], uf[kVecElems], df[kVecElems];
     unpack8<T>(load_readonly(g + i), gf);
-    unpack8<T>(load_readonly(dh + i), df);
+    unpack8<T>(*reinterpret_cast<const uint4*>(dh + i), df);  // h may overwrite dh: a coherent load
     if constexpr (kGated) unpack8<T>(load_readonly(u + i), uf);
     float dg[kVecElems], du[kVecElems], hf[kVecElems];
 #pragma unroll

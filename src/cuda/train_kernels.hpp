@@ -69,13 +69,10 @@ struct BackwardRowsArgs {
 };
 void launch_backward_rows(const BackwardRowsArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
-// train_routed_order.cu: order[0 .. R) = the routed rows (row_slot >= 0) in ascending order and
-// *count = R: a deterministic order for the dense reductions over routed rows.
-void launch_routed_order(const int32_t* row_slot, int64_t rows, int32_t* order, int32_t* count,
-                         cudaStream_t s);
-// The same order written into the saved layout itself (routed_rows ascending, row_slot their
-// positions), so the bytes forward saves do not depend on the order of the pack's atomics: what
-// torch.compile's checks (eager vs traced outputs) and deterministic training need.
+// train_routed_order.cu: the saved layout's routed rows renumbered in ascending order (routed_rows
+// ascending, row_slot their positions), so the bytes forward saves do not depend on the order of
+// the pack's atomics: what torch.compile's checks (eager vs traced outputs) need, and the order in
+// which backward's dense reductions over routed rows add them (deterministic training).
 void launch_routed_renumber(const TwellView& saved, cudaStream_t s);
 
 // One compact entry in column-index order: its row and the coefficients of its three weight
@@ -208,7 +205,7 @@ struct DenseBackwardArgs {
   const void* u = nullptr;   // U [rows, N] (gated)
   const void* dh = nullptr;  // dy Wd^T [rows, N]
   void* q = nullptr;         // [rows, 2N] gated, [rows, N] plain
-  void* h = nullptr;         // [rows, N] (gated)
+  void* h = nullptr;         // [rows, N] (gated); may be dh (each element read before it is written)
   int64_t n = 0;
   int64_t rows = 0;
   L1Coef l1;

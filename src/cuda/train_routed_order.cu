@@ -1,8 +1,11 @@
-// The routed rows in ascending order: the dense reductions over routed rows (weight gradients)
-// then add them in an order that does not depend on the atomics that listed them in forward.
-//   CTA: the only one; it walks the rows kThreads at a time, carrying the running count.
-//   warp: part of the CTA-wide exclusive scan of the routed flags.
-//   thread: one row per step: flag, rank, and the write of its position.
+// The saved layout's routed rows renumbered in ascending order (routed_rows, row_slot): backward's
+// dense reductions over routed rows (weight gradients) then add them in an order that does not
+// depend on the atomics that listed them in the pack.
+//   CTA: the only one; it walks the rows kThreads x kRowsPerThread at a time, carrying the running
+//        count.
+//   warp: part of the CTA-wide exclusive scan of the threads' routed counts.
+//   thread: kRowsPerThread consecutive rows per step: their flags (one bit each, all loads in
+//           flight at once), the scan of their count, and the writes of the routed rows' positions.
 #include "cuda/cuda_check.hpp"
 #include "cuda/train_config.hpp"
 #include "cuda/train_kernels.hpp"
@@ -13,21 +16,28 @@ namespace twell::gpu {
 namespace {
 
 constexpr int kThreads = RoutedOrderConfig::kThreads;
+constexpr int kRowsPerThread = RoutedOrderConfig::kRowsPerThread;
 static_assert(kThreads % scan::kWarpSize == 0 && kThreads <= 1024, "whole warps within the CTA limit");
+static_assert(kRowsPerThread >= 1 && kRowsPerThread <= 32, "a thread's flags are the bits of one word");
 
 __global__ void __launch_bounds__(kThreads)
     routed_order_kernel(int32_t* row_slot, int64_t rows, int32_t* __restrict__ order,
-                        int32_t* __restrict__ count, bool renumber) {
+                        int32_t* __restrict__ count) {
   __shared__ scan::ScanShared sm;
+  constexpr int64_t kStep = int64_t(kThreads) * kRowsPerThread;
   int64_t base = 0;
-  for (int64_t r0 = 0; r0 < rows; r0 += kThreads) {
-    const int64_t r = r0 + threadIdx.x;
-    const bool routed = r < rows && row_slot[r] >= 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += kStep) {
+    const int64_t first = r0 + int64_t(threadIdx.x) * kRowsPerThread;
+    unsigned flags = 0;  // bit i: row first + i is routed (every load issued before any is used)
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i)
+      if (first + i < rows && row_slot[first + i] >= 0) flags |= 1u << i;
     int64_t total = 0;
-    const int64_t rank = scan::exclusive_scan(routed ? 1 : 0, sm, total);
-    if (routed) {
-      order[base + rank] = int32_t(r);
-      if (renumber) row_slot[r] = int32_t(base + rank);  // each thread rewrites only its own row
+    int64_t rank = base + scan::exclusive_scan(__popc(flags), sm, total);
+    for (; flags != 0; flags &= flags - 1, ++rank) {
+      const int64_t r = first + __ffs(flags) - 1;
+      order[rank] = int32_t(r);
+      row_slot[r] = int32_t(rank);  // each thread rewrites only its own rows
     }
     base += total;
     __syncthreads();  // sm is rewritten by the next step's scan
@@ -37,15 +47,9 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void launch_routed_order(const int32_t* row_slot, int64_t rows, int32_t* order, int32_t* count,
-                         cudaStream_t s) {
-  routed_order_kernel<<<1, kThreads, 0, s>>>(const_cast<int32_t*>(row_slot), rows, order, count, false);
-  check_launch("TrainingPlan::backward", "routed-row order kernel");
-}
-
 void launch_routed_renumber(const TwellView& saved, cudaStream_t s) {
   routed_order_kernel<<<1, kThreads, 0, s>>>(saved.row_slot, saved.shape.rows, saved.routed_rows,
-                                             saved.num_routed, true);
+                                             saved.num_routed);
   check_launch("TrainingPlan::forward", "routed-row order kernel");
 }
 

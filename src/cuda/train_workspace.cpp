@@ -51,8 +51,6 @@ TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows) {
   const size_t slots = m * size_t(d.num_tiles()) * size_t(d.capacity);
   const size_t es = dtype_size(d.dtype);
   Carver c;
-  l.order = c.take(m * sizeof(int32_t));
-  l.count = c.take(sizeof(int32_t));
   l.dh = c.take(slots * sizeof(float));
   l.block_counts = c.take(size_t(column_index_blocks(rows)) * n * sizeof(int32_t));
   l.col_totals = c.take(n * sizeof(int32_t));
@@ -82,7 +80,6 @@ TrainDenseBackwardLayout train_dense_backward_layout(const ProblemDims& d, int64
   l.lt = c.take(LtConfig::kWorkspaceBytes);
   l.dh = c.take(mn * es);
   l.q = c.take(mn * es * (gated ? 2 : 1));
-  l.h = c.take(gated ? mn * es : 0);
   l.stacked = c.take(gated ? 2 * size_t(d.n) * size_t(d.k) * es : 0);
   l.bytes = c.bytes();
   return l;

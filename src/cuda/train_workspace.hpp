@@ -29,8 +29,6 @@ constexpr size_t train_forward_zeroed_bytes() {
 }
 
 struct TrainBackwardLayout {
-  size_t order = 0;         // int32 [M]: routed rows, ascending
-  size_t count = 0;         // int32: routed row count
   size_t dh = 0;            // f32 [M * slots_per_row]: dh of every compact entry, by slot
   size_t block_counts = 0;  // int32 [column_index_blocks(M), N]
   size_t col_totals = 0;    // int32 [N]
@@ -51,9 +49,8 @@ TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows);
 // The dense path's backward (the dense saved form).
 struct TrainDenseBackwardLayout {
   size_t lt = 0;        // cuBLASLt / cuBLAS scratch
-  size_t dh = 0;        // dtype [M, N]: dy Wd^T
+  size_t dh = 0;        // dtype [M, N]: dy Wd^T, then (gated) h = g u over it, element by element
   size_t q = 0;         // dtype [M, 2N] gated ([dg | du]); [M, N] plain (dg)
-  size_t h = 0;         // dtype [M, N]: g u (gated)
   size_t stacked = 0;   // dtype [2N, K]: [Wg; Wu] (gated)
   size_t bytes = 0;     // 0 when M = 0
 };

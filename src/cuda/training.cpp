@@ -5,7 +5,7 @@
 //   forward:  G = relu(x W1^T) (cuBLASLt) -> TwELL pack into `saved` (plane 0 = g) -> compact rows:
 //             u into plane 1, y, per-row L1 -> routed rows: inference's dense backup (y, h in G)
 //             -> statistics {L0, L1}
-//   backward: routed rows listed in ascending order -> compact rows: dh per entry, dx -> column
+//   backward: (routed rows: the saved list, ascending) compact rows: dh per entry, dx -> column
 //             index -> per-neuron weight gradients (written) -> routed rows recomputed densely from
 //             x and dy on tensor cores: g, u, dh -> dg, du, h -> dx rows, weight gradients (added)
 // The dense saved form (backup_capacity == M; automatic dispatch asks for it above dense_above):
@@ -345,18 +345,14 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   }
   const TrainBackwardLayout l = train_backward_layout(dims_, rows);
   RoutedBuffers rb;
-  auto* order = at<int32_t>(base, l.order);
-  auto* count = at<int32_t>(base, l.count);
-  rb.order = order;
-  rb.count = count;
+  rb.order = saved.routed_rows;  // ascending: forward renumbered them (launch_routed_renumber)
+  rb.count = saved.num_routed;
   rb.p = base + l.p;
   rb.q = base + l.q;
   rb.split_k = {at<float>(base, l.split_partials), at<int32_t>(base, l.split_counters)};
   check_cuda(cudaMemsetAsync(rb.split_k.counters, 0, RoutedGemmConfig::kMaxSplitTiles * sizeof(int32_t), s),
              kBackwardOp, "split-K counters");
   auto* dh = at<float>(base, l.dh);
-
-  launch_routed_order(saved.row_slot, rows, order, count, s);
 
   BackwardRowsArgs compact;
   compact.kind = dims_.kind;
@@ -537,7 +533,7 @@ void CudaTraining::backward_dense(const TrainingBackwardArgs& args, const Tensor
   const char* g_plane = static_cast<const char*>(saved.backup);
   const char* u_plane = g_plane + plane;
   char* q = base + l.q;
-  const void* h = gated ? static_cast<const void*>(base + l.h) : g_plane;
+  const void* h = gated ? static_cast<const void*>(base + l.dh) : g_plane;  // h overwrites dh
 
   // dh = dy Wd^T
   lt_->run(linear_call(GemmId::grad_hidden, Activation::none, rows, n, k, args.dy.data, weights_.down.data,
@@ -551,7 +547,7 @@ void CudaTraining::backward_dense(const TrainingBackwardArgs& args, const Tensor
   e.u = gated ? u_plane : nullptr;
   e.dh = base + l.dh;
   e.q = q;
-  e.h = gated ? base + l.h : nullptr;
+  e.h = gated ? base + l.dh : nullptr;
   e.n = n;
   e.rows = rows;
   e.l1 = l1;
