@@ -13,10 +13,9 @@
 //        CTAs, a tile's reduction is cut into parts, one CTA each; each writes its fp32 partial
 //        tile to scratch and counts itself in; the tile's last CTA adds the parts in part order
 //        (deterministic), runs the epilogue and resets the counter.
-//   warp: a 32 x 32 sub-tile = 2 x 2 WMMA 16x16x16 fragments, fp32 accumulators.
+//   warp: a 32 x 32 sub-tile = 2 x 4 mma.sync m16n8k16 tiles, fp32 accumulators; operands from
+//         shared memory through ldmatrix (transposed for A stored [depth][rows], B stored [depth][cols]).
 //   thread: cp.async copies of 16-byte vectors of the A and B slices (double-buffered).
-#include <mma.h>
-
 #include <algorithm>
 #include <type_traits>
 
@@ -31,22 +30,52 @@ namespace twell::gpu {
 
 namespace {
 
-namespace wmma = nvcuda::wmma;
 using Cfg = RoutedGemmConfig;
 
 constexpr int kWarpSize = 32;
 constexpr int kThreads = Cfg::kWarpsM * Cfg::kWarpsN * kWarpSize;
-constexpr int kFrag = 16;                                // WMMA m = n = k
+constexpr int kMmaM = 16, kMmaN = 8, kMmaK = 16;        // mma.sync m16n8k16
 constexpr int kWarpTileM = Cfg::kBlockM / Cfg::kWarpsM;
 constexpr int kWarpTileN = Cfg::kBlockN / Cfg::kWarpsN;
-constexpr int kFragsM = kWarpTileM / kFrag;
-constexpr int kFragsN = kWarpTileN / kFrag;
-constexpr int kPad = kVecElems;    // one 16-byte vector per shared row: 32-byte aligned fragments
+constexpr int kFragsM = kWarpTileM / kMmaM;
+constexpr int kFragsN = kWarpTileN / kMmaN;
+constexpr int kPad = kVecElems;    // one 16-byte vector per shared row: rows 16-byte aligned, and
+                                   // the 8 rows of an ldmatrix 8x8 matrix on distinct banks
 constexpr int kAccPad = 4;         // floats: keeps accumulator rows 16-byte aligned
 
 static_assert(Cfg::kStages == 2, "the pipeline below is written for double buffering");
-static_assert(kWarpTileM % kFrag == 0 && kWarpTileN % kFrag == 0 && Cfg::kBlockK % kFrag == 0,
-              "warp tiles and the K slice must be whole WMMA fragments");
+static_assert(kWarpTileM % kMmaM == 0 && kWarpTileN % (2 * kMmaN) == 0 && Cfg::kBlockK % kMmaK == 0,
+              "warp tiles and the K slice must be whole mma tiles (B in pairs of n8 tiles)");
+
+// ldmatrix .x4: lane l names row l % 8 of 8x8 matrix l / 8; register q receives matrix q, each
+// lane two consecutive 16-bit values of one row (trans: of one column).
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const unsigned at = unsigned(__cvta_generic_to_shared(smem));
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+}
+
+// c += a b for one m16n8k16 tile: a row-major 16 x 16, b 16 x 8 (k-pairs per column), fp32 c.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 static_assert(Cfg::kBlockM % kVecElems == 0 && Cfg::kBlockN % kVecElems == 0 &&
                   Cfg::kBlockK % kVecElems == 0,
               "tiles must be whole 16-byte vectors");
@@ -109,60 +138,100 @@ struct Extent {
   int64_t depth;
 };
 
+// A thread's share of each stage's copies: kAVecs vectors of the A slice and kBVecs of the B slice,
+// the same places in every stage of a tile. Their sources, places and validity are worked out once
+// per tile, so that a stage costs each vector an add, a compare and the copy (the per-stage index
+// arithmetic and gathers had made the kernel issue-bound).
 template <typename T, ALayout kA, BLayout kB>
-__device__ __forceinline__ void load_stage(Shared<T, kA, kB>& sm, int stage, const Params& p,
-                                           const Extent& x, int64_t m0, int64_t c0, int64_t k0) {
-  const auto* a = static_cast<const T*>(p.a);
-  const auto* b = static_cast<const T*>(p.b);
-  if constexpr (kA == ALayout::row_major) {
-    constexpr int kVecs = Cfg::kBlockK / kVecElems;
-    for (int i = threadIdx.x; i < Cfg::kBlockM * kVecs; i += kThreads) {
-      const int r = i / kVecs;
-      const int64_t kk = k0 + (i % kVecs) * kVecElems;
-      const int32_t row = sm.a_row[r];
-      const bool ok = row >= 0 && kk < x.depth;
-      cp_async_16(&sm.a[stage][r][(i % kVecs) * kVecElems], ok ? a + row * p.lda + kk : a, ok);
-    }
-  } else {
-    constexpr int kVecs = Cfg::kBlockM / kVecElems;
-    for (int i = threadIdx.x; i < Cfg::kBlockK * kVecs; i += kThreads) {
-      const int r = i / kVecs;
-      const int64_t kk = k0 + r;
-      const int64_t m = m0 + (i % kVecs) * kVecElems;
-      const bool ok = kk < x.depth && m < x.rows;
-      cp_async_16(&sm.a[stage][r][(i % kVecs) * kVecElems], ok ? a + kk * p.lda + m : a, ok);
-    }
-  }
-  if constexpr (kB == BLayout::n_by_k) {
-    constexpr int kVecs = Cfg::kBlockK / kVecElems;
-    for (int i = threadIdx.x; i < Cfg::kBlockN * kVecs; i += kThreads) {
-      const int r = i / kVecs;
-      const int64_t c = c0 + r;
-      const int64_t kk = k0 + (i % kVecs) * kVecElems;
-      const bool ok = c < p.cols && kk < x.depth;
-      cp_async_16(&sm.b[stage][r][(i % kVecs) * kVecElems], ok ? b + c * p.ldb + kk : b, ok);
-    }
-  } else {
-    const auto* b_second = static_cast<const T*>(p.b_second);
-    constexpr int kVecs = Cfg::kBlockN / kVecElems;
-    for (int i = threadIdx.x; i < Cfg::kBlockK * kVecs; i += kThreads) {
-      const int r = i / kVecs;
-      const int64_t kk = k0 + r;
-      const int64_t c = c0 + (i % kVecs) * kVecElems;
-      const bool ok = kk < x.depth && c < p.cols;
-      const T* src = b;
-      if (ok) {
-        if (p.b_rows != nullptr)
-          src = b + int64_t(p.b_rows[kk]) * p.ldb + c;
-        else if (b_second == nullptr || kk < p.b_split)
-          src = b + kk * p.ldb + c;
-        else
-          src = b_second + (kk - p.b_split) * p.ldb + c;
+struct Copier {
+  using S = Shared<T, kA, kB>;
+  static constexpr int kAVecs = Cfg::kBlockM * Cfg::kBlockK / kVecElems / kThreads;
+  static constexpr int kBVecs = Cfg::kBlockN * Cfg::kBlockK / kVecElems / kThreads;
+  static_assert(kAVecs * kThreads * kVecElems == Cfg::kBlockM * Cfg::kBlockK &&
+                    kBVecs * kThreads * kVecElems == Cfg::kBlockN * Cfg::kBlockK,
+                "every thread copies the same number of vectors");
+  const T* a_src[kAVecs];  // the vector's source in slice 0 (nullptr: its row is past the problem)
+  int a_at[kAVecs];        // its element offset inside a stage of sm.a
+  int a_k[kAVecs];         // its reduction offset inside the slice
+  const T* b_src[kBVecs];  // n_by_k: as a_src; k_by_n: b + its column (nullptr: past the columns)
+  int b_at[kBVecs];
+  int b_k[kBVecs];
+
+  // After the barrier that published sm.a_row.
+  __device__ Copier(const S& sm, const Params& p, const Extent& x, int64_t m0, int64_t c0) {
+    const auto* a = static_cast<const T*>(p.a);
+    const auto* b = static_cast<const T*>(p.b);
+#pragma unroll
+    for (int v = 0; v < kAVecs; ++v) {
+      const int i = int(threadIdx.x) + v * kThreads;
+      if constexpr (kA == ALayout::row_major) {  // [kBlockM][kBlockK]: a row per tile row
+        constexpr int kVecs = Cfg::kBlockK / kVecElems;
+        const int r = i / kVecs, k = (i % kVecs) * kVecElems;
+        const int32_t row = sm.a_row[r];
+        a_src[v] = row >= 0 ? a + int64_t(row) * p.lda + k : nullptr;
+        a_at[v] = r * S::kARow + k;
+        a_k[v] = k;
+      } else {  // [kBlockK][kBlockM]: a reduction index per smem row
+        constexpr int kVecs = Cfg::kBlockM / kVecElems;
+        const int r = i / kVecs, mm = (i % kVecs) * kVecElems;
+        a_src[v] = m0 + mm < x.rows ? a + int64_t(r) * p.lda + m0 + mm : nullptr;
+        a_at[v] = r * S::kARow + mm;
+        a_k[v] = r;
       }
-      cp_async_16(&sm.b[stage][r][(i % kVecs) * kVecElems], src, ok);
+    }
+#pragma unroll
+    for (int v = 0; v < kBVecs; ++v) {
+      const int i = int(threadIdx.x) + v * kThreads;
+      if constexpr (kB == BLayout::n_by_k) {  // [kBlockN][kBlockK]: a weight row per column
+        constexpr int kVecs = Cfg::kBlockK / kVecElems;
+        const int r = i / kVecs, k = (i % kVecs) * kVecElems;
+        b_src[v] = c0 + r < p.cols ? b + (c0 + r) * p.ldb + k : nullptr;
+        b_at[v] = r * S::kBRow + k;
+        b_k[v] = k;
+      } else {  // [kBlockK][kBlockN]: a reduction index per smem row
+        constexpr int kVecs = Cfg::kBlockN / kVecElems;
+        const int r = i / kVecs, cc = (i % kVecs) * kVecElems;
+        b_src[v] = c0 + cc < p.cols ? b + c0 + cc : nullptr;
+        b_at[v] = r * S::kBRow + cc;
+        b_k[v] = r;
+      }
     }
   }
-}
+
+  // Starts the copies of the slice at reduction offset k0 into stage `stage`.
+  __device__ __forceinline__ void load(S& sm, int stage, const Params& p, const Extent& x, int64_t k0) const {
+    const auto* a = static_cast<const T*>(p.a);
+    const auto* b = static_cast<const T*>(p.b);
+    T* a_stage = &sm.a[stage][0][0];
+    T* b_stage = &sm.b[stage][0][0];
+#pragma unroll
+    for (int v = 0; v < kAVecs; ++v) {
+      const bool ok = a_src[v] != nullptr && k0 + a_k[v] < x.depth;
+      const T* src = a;
+      if (ok) src = kA == ALayout::row_major ? a_src[v] + k0 : a_src[v] + k0 * p.lda;
+      cp_async_16(a_stage + a_at[v], src, ok);
+    }
+#pragma unroll
+    for (int v = 0; v < kBVecs; ++v) {
+      const int64_t kk = k0 + b_k[v];
+      const bool ok = b_src[v] != nullptr && kk < x.depth;
+      const T* src = b;
+      if constexpr (kB == BLayout::n_by_k) {
+        if (ok) src = b_src[v] + k0;
+      } else {
+        if (ok) {
+          if (p.b_rows != nullptr)
+            src = b_src[v] + int64_t(p.b_rows[kk]) * p.ldb;
+          else if (p.b_second == nullptr || kk < p.b_split)
+            src = b_src[v] + kk * p.ldb;
+          else
+            src = static_cast<const T*>(p.b_second) + (b_src[v] - b) + (kk - p.b_split) * p.ldb;
+        }
+      }
+      cp_async_16(b_stage + b_at[v], src, ok);
+    }
+  }
+};
 
 // Parts of each tile's reduction: 1, or enough to give the grid's CTAs work when the tiles are
 // few and the reduction deep (identical in every CTA: it depends on R and the launch only).
@@ -226,8 +295,6 @@ __device__ __forceinline__ bool tile_has_nonzero(const Shared<T, kA, kB>& sm, co
 template <typename T, ALayout kA, BLayout kB, Epilogue kE>
 __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) routed_gemm_kernel(Params p) {
   using S = Shared<T, kA, kB>;
-  using AFragLayout = std::conditional_t<kA == ALayout::row_major, wmma::row_major, wmma::col_major>;
-  using BFragLayout = std::conditional_t<kB == BLayout::n_by_k, wmma::col_major, wmma::row_major>;
   __shared__ S sm;
 
   const int64_t routed = *p.count;
@@ -241,6 +308,9 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) routed_gemm_kernel(
   const int warp = threadIdx.x / kWarpSize;
   const int wm = warp / Cfg::kWarpsN;
   const int wn = warp % Cfg::kWarpsN;
+  const int lane = threadIdx.x % kWarpSize;
+  // This lane's row of the ldmatrix 8x8 matrices: matrix q = lane / 8 (see ldmatrix_x4).
+  const int mat_row = lane % 8, mat_lo = (lane / 8) % 2, mat_hi = lane / 16;
 
   for (int64_t item = blockIdx.x; item < tiles * parts; item += gridDim.x) {
     const int64_t tile = item % tiles, part = item / tiles;  // all tiles' first parts first
@@ -259,44 +329,52 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) routed_gemm_kernel(
       if (!__syncthreads_or(tile_has_nonzero(sm, p, c0))) continue;
     }
 
-    wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float> acc[kFragsM][kFragsN];
+    // acc[i][j]: the m16n8 tile (i, j) of the warp's tile; lane (g = lane / 4, t = lane % 4) holds
+    // rows g and g + 8, columns 2t and 2t + 1.
+    float acc[kFragsM][kFragsN][4];
 #pragma unroll
     for (int i = 0; i < kFragsM; ++i)
 #pragma unroll
-      for (int j = 0; j < kFragsN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+      for (int j = 0; j < kFragsN; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
-    load_stage(sm, 0, p, x, m0, c0, ks_begin * Cfg::kBlockK);
+    const Copier<T, kA, kB> copier(sm, p, x, m0, c0);
+    copier.load(sm, 0, p, x, ks_begin * Cfg::kBlockK);
     cp_async_commit();
     for (int64_t ks = ks_begin; ks < ks_end; ++ks) {
       const int stage = int((ks - ks_begin) % Cfg::kStages);
-      if (ks + 1 < ks_end) load_stage(sm, stage ^ 1, p, x, m0, c0, (ks + 1) * Cfg::kBlockK);
+      if (ks + 1 < ks_end) copier.load(sm, stage ^ 1, p, x, (ks + 1) * Cfg::kBlockK);
       cp_async_commit();
       cp_async_wait<1>();
       __syncthreads();
 #pragma unroll
-      for (int kk = 0; kk < Cfg::kBlockK; kk += kFrag) {
-        wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, T, AFragLayout> fa[kFragsM];
-        wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, T, BFragLayout> fb[kFragsN];
+      for (int kk = 0; kk < Cfg::kBlockK; kk += kMmaK) {
+        // A 16 x 16: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (8-15, 8-15).
+        uint32_t fa[kFragsM][4];
 #pragma unroll
         for (int i = 0; i < kFragsM; ++i) {
-          const int m = wm * kWarpTileM + i * kFrag;
-          if constexpr (kA == ALayout::row_major)
-            wmma::load_matrix_sync(fa[i], &sm.a[stage][m][kk], S::kARow);
-          else
-            wmma::load_matrix_sync(fa[i], &sm.a[stage][kk][m], S::kARow);
+          const int m = wm * kWarpTileM + i * kMmaM;
+          if constexpr (kA == ALayout::row_major)  // stored [m][k]: rows of the matrices are m
+            ldmatrix_x4<false>(fa[i], &sm.a[stage][m + mat_lo * 8 + mat_row][kk + mat_hi * 8]);
+          else  // stored [k][m]: rows are k, transposed
+            ldmatrix_x4<true>(fa[i], &sm.a[stage][kk + mat_hi * 8 + mat_row][m + mat_lo * 8]);
         }
+        // B for two n8 tiles: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (8-15, 8-15).
+        uint32_t fb[kFragsN / 2][4];
 #pragma unroll
-        for (int j = 0; j < kFragsN; ++j) {
-          const int n = wn * kWarpTileN + j * kFrag;
-          if constexpr (kB == BLayout::n_by_k)
-            wmma::load_matrix_sync(fb[j], &sm.b[stage][n][kk], S::kBRow);
-          else
-            wmma::load_matrix_sync(fb[j], &sm.b[stage][kk][n], S::kBRow);
+        for (int j = 0; j < kFragsN / 2; ++j) {
+          const int n = wn * kWarpTileN + j * 2 * kMmaN;
+          if constexpr (kB == BLayout::n_by_k)  // stored [n][k]: rows of the matrices are n
+            ldmatrix_x4<false>(fb[j], &sm.b[stage][n + mat_hi * 8 + mat_row][kk + mat_lo * 8]);
+          else  // stored [k][n]: rows are k, transposed
+            ldmatrix_x4<true>(fb[j], &sm.b[stage][kk + mat_lo * 8 + mat_row][n + mat_hi * 8]);
         }
 #pragma unroll
         for (int i = 0; i < kFragsM; ++i)
 #pragma unroll
-          for (int j = 0; j < kFragsN; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+          for (int j = 0; j < kFragsN; ++j)
+            mma_16816<T>(acc[i][j], fa[i], fb[j / 2][(j % 2) * 2], fb[j / 2][(j % 2) * 2 + 1]);
       }
       __syncthreads();  // the stage just read is the next iteration's load target
     }
@@ -304,9 +382,12 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) routed_gemm_kernel(
 #pragma unroll
     for (int i = 0; i < kFragsM; ++i)
 #pragma unroll
-      for (int j = 0; j < kFragsN; ++j)
-        wmma::store_matrix_sync(&sm.acc[wm * kWarpTileM + i * kFrag][wn * kWarpTileN + j * kFrag],
-                                acc[i][j], S::kAccRow, wmma::mem_row_major);
+      for (int j = 0; j < kFragsN; ++j) {
+        const int m = wm * kWarpTileM + i * kMmaM + lane / 4;
+        const int n = wn * kWarpTileN + j * kMmaN + (lane % 4) * 2;
+        *reinterpret_cast<float2*>(&sm.acc[m][n]) = make_float2(acc[i][j][0], acc[i][j][1]);
+        *reinterpret_cast<float2*>(&sm.acc[m + 8][n]) = make_float2(acc[i][j][2], acc[i][j][3]);
+      }
     __syncthreads();
     if (parts > 1 && !merge_parts(sm, p, tile, part, parts)) {
       __syncthreads();  // as at the end of the loop
