@@ -86,13 +86,14 @@ class TrainingPlan::Impl {
   // dense: the dense form (backup row m = row m), whose compact slots no row uses: capacity 1, so
   // that it holds little more than the dense planes.
   TwellShape shape(int64_t rows, bool dense) const {
+    dense = dense && rows > 0;
     TwellShape s;
     s.rows = rows;
     s.cols = weights.intermediate();
     s.tile = options.tile;
-    s.capacity = dense && rows > 0 ? 1 : options.capacity;
+    s.capacity = dense ? 1 : options.capacity;
     s.planes = weights.kind == FfnKind::gated ? 2 : 1;
-    s.backup_capacity = dense && rows > 0 ? rows : 0;
+    s.backup_capacity = dense ? rows : 0;
     return s;
   }
 };

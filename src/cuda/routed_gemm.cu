@@ -46,6 +46,9 @@ constexpr int kAccPad = 4;         // floats: keeps accumulator rows 16-byte ali
 static_assert(Cfg::kStages == 2, "the pipeline below is written for double buffering");
 static_assert(kWarpTileM % kMmaM == 0 && kWarpTileN % (2 * kMmaN) == 0 && Cfg::kBlockK % kMmaK == 0,
               "warp tiles and the K slice must be whole mma tiles (B in pairs of n8 tiles)");
+static_assert(Cfg::kBlockM % kVecElems == 0 && Cfg::kBlockN % kVecElems == 0 &&
+                  Cfg::kBlockK % kVecElems == 0,
+              "tiles must be whole 16-byte vectors");
 
 // ldmatrix .x4: lane l names row l % 8 of 8x8 matrix l / 8; register q receives matrix q, each
 // lane two consecutive 16-bit values of one row (trans: of one column).
@@ -76,9 +79,6 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-static_assert(Cfg::kBlockM % kVecElems == 0 && Cfg::kBlockN % kVecElems == 0 &&
-                  Cfg::kBlockK % kVecElems == 0,
-              "tiles must be whole 16-byte vectors");
 
 enum class ALayout : uint8_t {
   row_major,  // A stored [rows][lda]: row i gathered through a_rows

@@ -21,8 +21,8 @@ static_assert(kThreads % scan::kWarpSize == 0 && kThreads <= 1024, "whole warps 
 static_assert(kRowsPerThread >= 1 && kRowsPerThread <= 32, "a thread's flags are the bits of one word");
 
 __global__ void __launch_bounds__(kThreads)
-    routed_order_kernel(int32_t* row_slot, int64_t rows, int32_t* __restrict__ order,
-                        int32_t* __restrict__ count) {
+    renumber_kernel(int32_t* row_slot, int64_t rows, int32_t* __restrict__ routed_rows,
+                    int32_t* __restrict__ num_routed) {
   __shared__ scan::ScanShared sm;
   constexpr int64_t kStep = int64_t(kThreads) * kRowsPerThread;
   int64_t base = 0;
@@ -36,21 +36,21 @@ __global__ void __launch_bounds__(kThreads)
     int64_t rank = base + scan::exclusive_scan(__popc(flags), sm, total);
     for (; flags != 0; flags &= flags - 1, ++rank) {
       const int64_t r = first + __ffs(flags) - 1;
-      order[rank] = int32_t(r);
+      routed_rows[rank] = int32_t(r);
       row_slot[r] = int32_t(rank);  // each thread rewrites only its own rows
     }
     base += total;
     __syncthreads();  // sm is rewritten by the next step's scan
   }
-  if (threadIdx.x == 0) *count = int32_t(base);
+  if (threadIdx.x == 0) *num_routed = int32_t(base);
 }
 
 }  // namespace
 
 void launch_routed_renumber(const TwellView& saved, cudaStream_t s) {
-  routed_order_kernel<<<1, kThreads, 0, s>>>(saved.row_slot, saved.shape.rows, saved.routed_rows,
-                                             saved.num_routed);
-  check_launch("TrainingPlan::forward", "routed-row order kernel");
+  renumber_kernel<<<1, kThreads, 0, s>>>(saved.row_slot, saved.shape.rows, saved.routed_rows,
+                                         saved.num_routed);
+  check_launch("TrainingPlan::forward", "routed-row renumber kernel");
 }
 
 }  // namespace twell::gpu
