@@ -56,6 +56,7 @@ std::vector<ProblemSpec> suite_cases(const std::string& suite, bool cuda, const 
     for (double d : {0.005, 0.01, 0.02, 0.05, 0.1, 0.2}) add(16384, 2048, 5632, half, Pattern::uniform, d);
     for (double d : {0.005, 0.01, 0.02}) add(16384, 2048, 5632, half, Pattern::heavy_tailed, d);
     add(16384, 4096, 11008, half, Pattern::uniform, 0.005);
+    add(16384, 4096, 11008, half, Pattern::heavy_tailed, 0.005);
     add(65536, 2048, 5632, half, Pattern::uniform, 0.005);
     add(4096, 2048, 5632, half, Pattern::uniform, 0.005);
     add(16384, 2048, 5632, DType::f16, Pattern::uniform, 0.005);

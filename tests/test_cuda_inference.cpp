@@ -173,6 +173,18 @@ std::vector<Case> sparse_cases() {
         out.push_back(problem_case<Case>(kind, dt, Pattern::edge_rows, 0.05,
             257, 136, 1000, tc.tile, tc.capacity));
       }
+  // The row kernels in column ranges of K (row_ffn.cu): K over 2048 in 2, 3 (uneven) and 4
+  // ranges, and a gated N too narrow for them (the compact kernel instead). Heavy-tailed rows are
+  // long rows (the long-row passes) and routed rows (the backup).
+  const Shape passes[] = {{65, 2560, 1000}, {33, 4352, 264}, {9, 2304, 136}, {17, 8192, 520}};
+  for (DType dt : {DType::bf16, DType::f16})
+    for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
+      for (PatternDensity pd : {PatternDensity{Pattern::uniform, 0.005},
+                                PatternDensity{Pattern::heavy_tailed, 0.02},
+                                PatternDensity{Pattern::edge_rows, 0.05},
+                                PatternDensity{Pattern::all_dense, 1.0}})
+        for (const Shape& s : passes)
+          out.push_back(problem_case<Case>(kind, dt, pd.pattern, pd.density, s.m, s.k, s.n));
   if (small) return out;
   // LLM-sized (hidden 2048, intermediate 5632): small M only, the oracle is slow there.
   struct Llm { FfnKind kind; DType dtype; Pattern pattern; double density; int64_t m; };
@@ -188,13 +200,15 @@ std::vector<Case> sparse_cases() {
   for (const Llm& l : llm) {
     out.push_back(problem_case<Case>(l.kind, l.dtype, l.pattern, l.density, l.m, 2048, 5632));
   }
-  // 7B-class (4096 x 11008), a few rows.
+  // 7B-class (4096 x 11008): 4 column ranges.
   Case big;
   big.density = 0.005;
   big.m = 3;
   big.k = 4096;
   big.n = 11008;
   out.push_back(big);
+  out.push_back(problem_case<Case>(FfnKind::gated, DType::bf16, Pattern::heavy_tailed, 0.02,
+      5, 4096, 11008));
   return out;
 }
 
@@ -236,11 +250,12 @@ InferenceOptions options_of(const Case& c) {
 }
 
 // The portable gate (cuBLASLt + pack kernel) where the fused sm_90a kernel would run by default:
-// every pattern, tile and capacity at one odd shape, and the LLM shapes.
+// every pattern, tile and capacity at one odd shape, and the LLM shapes (the pack feeds the same
+// row kernels, so the other column-range shapes are not repeated).
 std::vector<Case> portable_cases() {
   std::vector<Case> out;
   for (Case c : sparse_cases())
-    if (c.m == 257 || c.k >= 2048) {
+    if (c.m == 257 || c.k == 2048 || (c.k == 4096 && c.pattern == Pattern::uniform)) {
       c.gate = GateKernel::portable;
       out.push_back(c);
     }

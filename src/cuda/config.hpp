@@ -82,7 +82,10 @@ struct RowConfig {
   static constexpr int kWarps = 4;            // warps (rows in flight) per CTA
   static constexpr int kCtasPerSm = 4;        // persistent grid: CTAs per SM, rows from a queue
   static constexpr int kChunk = 256;          // K columns per lane step: 32 lanes x 8 values
-  static constexpr int64_t kMaxHidden = 2048; // x row and fp32 accumulators live in registers
+  static constexpr int64_t kMaxHidden = 2048; // columns of one pass: the x slice and fp32
+                                              // accumulators live in registers; larger K runs
+                                              // in passes over column ranges of K
+  static constexpr int kMaxPasses = int(ShapeLimits::kMaxHidden / kMaxHidden);
   // A routed row with more active neurons than this goes to the tensor-core backup instead: at
   // ~1 ns per (row, neuron) from L2 the row kernel spends ~0.5 us on it, about what one row costs
   // in the backup GEMM.

@@ -20,8 +20,9 @@ struct RunCounters {
   int32_t num_routed = 0;       // rows routed to the dense backup (TwellView::num_routed)
   int32_t num_heavy = 0;        // routed rows too dense for the row kernel (row_ffn.cu)
   unsigned long long active = 0;  // non-zero gate activations over all rows
-  int32_t next_row = 0;         // the row kernel's work queue head (the dots phase when split)
-  int32_t next_row_axpys = 0;    // the split row kernel's axpys phase: work queue head
+  // The row kernels' work queue heads, one per kernel launch (row_ffn.cu): the row kernel's
+  // dots (or fused) passes [0, kMaxPasses), its axpys passes, then the long-row passes' two sets.
+  int32_t row_queue[4 * RowConfig::kMaxPasses] = {};
   int32_t num_long = 0;         // compact rows deferred to the long-row kernel (row_ffn.cu)
   int32_t next_long = 0;        // the long-row kernel's work queue head
   int32_t split_tiles[RoutedGemmConfig::kMaxSplitTiles] = {};  // routed GEMMs' split-K arrivals
@@ -85,13 +86,15 @@ struct CompactArgs {
 };
 void launch_compact_ffn(const CompactArgs& a, cudaStream_t s);
 
-// row_ffn.cu: the fused up + down for K a multiple of 256 up to RowConfig::kMaxHidden, in two
-// kernels. The first gives each compact row of at most RowConfig::kLongRow entries to one warp
-// (rows from a queue) and lists the longer ones in long_rows. The second gives each long row and
-// each routed row to a whole CTA (its warps split the row's neurons, partial sums meet in shared
-// memory), so no row 10-40x denser than the mean holds up the end of the run. Routed rows are
-// scanned straight from G (all of their active neurons, uncapped), except those with more than
-// RowConfig::kHeavyRow, which go to heavy_rows / *num_heavy for the tensor-core backup.
+// row_ffn.cu: the up + down over compact rows for K a multiple of 256. A warp takes each compact
+// row of at most RowConfig::kLongRow entries (rows from a queue) and lists the longer ones in
+// long_rows. K <= RowConfig::kMaxHidden: a second kernel gives each long row and each routed row
+// to a whole CTA (its warps split the row's neurons, partial sums meet in shared memory), so no
+// row 10-40x denser than the mean holds up the end of the run; routed rows are scanned straight
+// from G (all of their active neurons, uncapped), except those with more than
+// RowConfig::kHeavyRow, which go to heavy_rows / *num_heavy for the tensor-core backup. Larger K
+// runs in passes over column ranges of at most RowConfig::kMaxHidden, the long rows too (a CTA per
+// row), and leaves every routed row to the backup.
 struct RowArgs {
   CompactArgs compact;
   const void* hidden = nullptr;  // G [rows, N] (relu applied)
@@ -99,7 +102,11 @@ struct RowArgs {
   int32_t* long_rows = nullptr;  // [rows]
   RunCounters* control = nullptr;
 };
-bool row_kernel_supports(int64_t hidden);
+// Whether launch_row_ffn takes a layer: K a multiple of 256 up to ShapeLimits::kMaxHidden; a gated
+// layer whose K needs passes keeps its h values in G's rows, which takes N >= 2 kLongRow.
+bool row_kernel_supports(FfnKind kind, int64_t k, int64_t n);
+// Whether it also computes the routed rows (all but the heavy ones): K <= RowConfig::kMaxHidden.
+bool row_kernel_routes(int64_t k);
 void launch_row_ffn(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
 // routed_gemm.cu: exact dense rows for the *num_routed rows listed in routed_rows, on tensor

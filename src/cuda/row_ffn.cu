@@ -1,16 +1,23 @@
-// Up + down (K a multiple of 256, at most RowConfig::kMaxHidden):
+// Up + down over compact rows (K a multiple of 256):
 //   row kernel: CTA = RowConfig::kWarps warps of a persistent grid; a warp takes compact rows from
 //     a queue, one at a time: its x row and fp32 accumulators in registers; 32 TwELL entries
 //     decoded at once (one per lane), consumed two at a time (dot with Wu rows, warp butterfly,
-//     axpy of Wd rows). Rows over kLongRow entries are listed for the long-row kernel. Gated
+//     axpy of Wd rows). Rows over kLongRow entries are listed for the long-row kernels. Gated
 //     (N >= 2 kLongRow): run as two kernels, a dots phase (h = g * dot in fp32, kept in the row's
 //     dead G row) and an axpys phase (Wd), so each streams one weight matrix (warp_rows::Phase).
-//   long-row kernel: a CTA takes a long compact row or a routed row. Long compact rows: every warp
-//     walks the same sequence of neuron pairs and takes every kWarps-th. Routed rows: warp 0
-//     gathers the row's active neurons from G into shared memory (kAhead vectors in flight per
-//     lane, a warp scan per 256 columns), then warp w consumes groups w, w + kWarps, ... of 32.
-//     Partial sums are added in shared memory in warp order (deterministic).
-//   thread: 8 consecutive columns of every 256-column chunk of K (16-byte loads).
+//   column ranges: K over RowConfig::kMaxHidden (the columns a lane's registers hold) runs each
+//     kernel once per range of K, each launch with its own queue. The dots passes add their
+//     partial dots into h in range order (the last multiplies by g); the axpys passes (and a
+//     plain layer's fused passes, h = g) each write their columns of y.
+//   long-row kernel (one range): a CTA takes a long compact row or a routed row. Long compact
+//     rows: every warp walks the same sequence of neuron pairs and takes every kWarps-th. Routed
+//     rows: warp 0 gathers the row's active neurons from G into shared memory (kAhead vectors in
+//     flight per lane, a warp scan per 256 columns), then warp w consumes groups w, w + kWarps, ...
+//     of 32. Partial sums are added in shared memory in warp order (deterministic).
+//   long-row passes (several ranges): the same split of a long compact row's neuron pairs over a
+//     CTA's warps, per phase and range; routed rows all go to the tensor-core backup.
+//   thread: 8 consecutive columns of every 256-column chunk of its range (16-byte loads).
+#include <algorithm>
 #include <string>
 
 #include "cuda/config.hpp"
@@ -40,6 +47,8 @@ struct RowState {
   int offset = 0;
   float* h = nullptr;  // split phases: the row's h values, one per entry in TwELL order
   int entry = 0;       // split phases: entries seen so far
+  bool first = true;   // dots passes: the first (writes the partial dots) and the last
+  bool last = true;    //   (multiplies their sum by g) of the column ranges of K
 
   __device__ void load(const T* xrow, int lane) {
 #pragma unroll
@@ -54,7 +63,10 @@ struct RowState {
   // h = g * dot(x, Wu[n]) (gated) or g (plain) for two neurons, then acc += h * Wd[n].
   __device__ void step(const T* up, const T* down, int64_t k, int n0, float g0, int n1, float g1,
                        bool two, int lane) {
-    if (pair++ % stride != offset) return;
+    if (pair++ % stride != offset) {  // another warp's pair (long rows)
+      if constexpr (kPhase != Phase::fused) entry += two ? 2 : 1;
+      return;
+    }
     float h0 = g0, h1 = two ? g1 : 0.0f;
     const int64_t col = int64_t(lane) * kVecElems;
     if constexpr (kPhase == Phase::axpys) {
@@ -80,8 +92,18 @@ struct RowState {
         d0 += __shfl_xor_sync(kFullMask, d0, s);
         d1 += __shfl_xor_sync(kFullMask, d1, s);
       }
-      h0 *= d0;
-      h1 *= d1;
+      if (kPhase != Phase::dots || (first && last)) {
+        h0 *= d0;
+        h1 *= d1;
+      } else {
+        // Column ranges of K: the partial dots summed in range order in h, times g at the last.
+        if (!first && lane == 0) {
+          d0 += h[entry];
+          if (two) d1 += h[entry + 1];
+        }
+        h0 = last ? h0 * d0 : d0;
+        h1 = last ? h1 * d1 : d1;
+      }
     }
     if constexpr (kPhase == Phase::dots) {
       if (lane == 0) {
@@ -143,6 +165,12 @@ struct KernelArgs {
   int32_t* heavy_rows;
   int32_t* long_rows;
   RunCounters* control;
+  // The row kernels' column range of K (passes): its first column, its queue, and whether it is
+  // the first (lists the long rows; the dots write) and the last range.
+  int64_t col0 = 0;
+  int32_t* head = nullptr;
+  bool first = true;
+  bool last = true;
 };
 
 // One warp gathers the active neurons of a row of G into `list` (column order, as (neuron, g bits)
@@ -203,23 +231,64 @@ template <typename T, FfnKind kKind, int kChunks, Phase kPhase>
 __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) row_ffn_kernel(KernelArgs a) {
   const int lane = threadIdx.x % kWarpSize;
   const TwellView& tw = a.tw;
-  const auto* up = static_cast<const T*>(a.up);
-  const auto* down = static_cast<const T*>(a.down);
-  int32_t* head = kPhase == Phase::axpys ? &a.control->next_row_axpys : &a.control->next_row;
+  const auto* up = static_cast<const T*>(a.up) + a.col0;  // row n of the range: + n * k
+  const auto* down = static_cast<const T*>(a.down) + a.col0;
   for (;;) {
-    const int64_t row = warp_rows::next_row(head, lane);
+    const int64_t row = warp_rows::next_row(a.head, lane);
     if (row >= tw.shape.rows) return;
     RowState<T, kKind, kChunks, kPhase> st;
-    if (tw.row_slot[row] >= 0) continue;  // routed: the long-row kernel's
+    if (tw.row_slot[row] >= 0) continue;  // routed: the long-row kernel's or the backup's
     if (warp_rows::row_entries(tw, row, lane) > RowConfig::kLongRow) {
-      if (kPhase != Phase::axpys && lane == 0) a.long_rows[atomicAdd(&a.control->num_long, 1)] = int32_t(row);
+      if (kPhase != Phase::axpys && a.first && lane == 0)
+        a.long_rows[atomicAdd(&a.control->num_long, 1)] = int32_t(row);
       continue;
     }
     if constexpr (kPhase != Phase::fused)
       st.h = reinterpret_cast<float*>(const_cast<T*>(static_cast<const T*>(a.hidden)) + row * tw.shape.cols);
-    st.load(static_cast<const T*>(a.x) + row * a.k, lane);
+    st.first = a.first;
+    st.last = a.last;
+    st.load(static_cast<const T*>(a.x) + row * a.k + a.col0, lane);
     compact_row(st, tw, up, down, a.k, row, lane);
-    if constexpr (kPhase != Phase::dots) st.store(static_cast<T*>(a.y) + row * a.k, lane);
+    if constexpr (kPhase != Phase::dots) st.store(static_cast<T*>(a.y) + row * a.k + a.col0, lane);
+  }
+}
+
+// K in several column ranges: a CTA per long compact row (from the row kernel's list, through a
+// queue), its warps taking every kWarps-th neuron pair of the row in one range. Dots: each warp
+// adds its entries' partial dots into h (no reduction). Axpys and fused: the warps' partial sums
+// of the range's y columns meet in shared memory in warp order (deterministic).
+template <typename T, FfnKind kKind, int kChunks, Phase kPhase>
+__global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) long_pass_kernel(KernelArgs a) {
+  constexpr bool kAxpys = kPhase != Phase::dots;
+  constexpr int kCols = kChunks * RowConfig::kChunk;
+  __shared__ float partial[kAxpys ? RowConfig::kWarps : 1][kAxpys ? kCols : 1];
+  __shared__ int item;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const TwellView& tw = a.tw;
+  const auto* up = static_cast<const T*>(a.up) + a.col0;
+  const auto* down = static_cast<const T*>(a.down) + a.col0;
+  const int num_long = a.control->num_long;
+  for (;;) {
+    if (threadIdx.x == 0) item = atomicAdd(a.head, 1);
+    __syncthreads();
+    const int q = item;
+    if (q >= num_long) return;
+    const int64_t row = a.long_rows[q];
+    RowState<T, kKind, kChunks, kPhase> st;
+    st.stride = RowConfig::kWarps;
+    st.offset = warp;
+    st.first = a.first;
+    st.last = a.last;
+    if constexpr (kPhase != Phase::fused)
+      st.h = reinterpret_cast<float*>(const_cast<T*>(static_cast<const T*>(a.hidden)) + row * tw.shape.cols);
+    st.load(static_cast<const T*>(a.x) + row * a.k + a.col0, lane);
+    compact_row(st, tw, up, down, a.k, row, lane);
+    if constexpr (kAxpys) {
+      warp_rows::spill(partial[warp], lane, st.acc);
+      __syncthreads();
+      warp_rows::sum_partials<T, RowConfig::kWarps, kCols>(partial, static_cast<T*>(a.y) + row * a.k + a.col0);
+    }
+    __syncthreads();  // item (and partial) are rewritten for the next row
   }
 }
 
@@ -282,7 +351,34 @@ __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) long_row_kernel
   }
 }
 
-template <typename T, FfnKind kKind, int kChunks>
+// Column ranges of K for the row kernels: the fewest of at most kMaxHidden columns, in balanced
+// whole chunks. (More, narrower ranges whose weight slabs would fit L2 ran slower: on an H200 at
+// K = 4096, N = 11008, two ranges beat four and eight, each pass re-walking every row's entries.)
+int num_passes(int64_t k) { return int((k + RowConfig::kMaxHidden - 1) / RowConfig::kMaxHidden); }
+
+// One kernel per column range of K: the row kernel's (kLong false) or the long rows' (true).
+template <typename T, FfnKind kKind, Phase kPhase, bool kLong>
+void launch_passes(KernelArgs k, int64_t ctas, int32_t* queues, cudaStream_t s) {
+  const int chunks = int(k.k / RowConfig::kChunk);
+  const int passes = num_passes(k.k);
+  for (int p = 0; p < passes; ++p) {
+    const int c0 = int(int64_t(chunks) * p / passes), c1 = int(int64_t(chunks) * (p + 1) / passes);
+    k.col0 = int64_t(c0) * RowConfig::kChunk;
+    k.head = queues + p;
+    k.first = p == 0;
+    k.last = p == passes - 1;
+    warp_rows::with_chunks(c1 - c0, [&](auto chunks_c) {
+      constexpr int kChunks = decltype(chunks_c)::value;
+      constexpr int kThreads = RowConfig::kWarps * kWarpSize;
+      if constexpr (kLong)
+        long_pass_kernel<T, kKind, kChunks, kPhase><<<unsigned(ctas), kThreads, 0, s>>>(k);
+      else
+        row_ffn_kernel<T, kKind, kChunks, kPhase><<<unsigned(ctas), kThreads, 0, s>>>(k);
+    });
+  }
+}
+
+template <typename T, FfnKind kKind>
 void launch_with(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const CompactArgs& c = a.compact;
   const KernelArgs k{c.x,           c.up,         c.down,      c.y,       c.hidden, c.twell,
@@ -290,36 +386,57 @@ void launch_with(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const int64_t ctas = std::min<int64_t>(
       int64_t(dev.sm_count) * RowConfig::kCtasPerSm,
       (c.twell.shape.rows + RowConfig::kWarps - 1) / RowConfig::kWarps);
-  if (kKind == FfnKind::gated && c.twell.shape.cols >= 2 * RowConfig::kLongRow) {
-    row_ffn_kernel<T, kKind, kChunks, Phase::dots><<<unsigned(ctas), RowConfig::kWarps * kWarpSize, 0, s>>>(k);
-    row_ffn_kernel<T, kKind, kChunks, Phase::axpys><<<unsigned(ctas), RowConfig::kWarps * kWarpSize, 0, s>>>(k);
+  int32_t* const queues[4] = {a.control->row_queue, a.control->row_queue + RowConfig::kMaxPasses,
+                              a.control->row_queue + 2 * RowConfig::kMaxPasses,
+                              a.control->row_queue + 3 * RowConfig::kMaxPasses};
+  const bool split = kKind == FfnKind::gated && c.twell.shape.cols >= 2 * RowConfig::kLongRow;
+  const bool fused_long = row_kernel_routes(c.hidden);  // one range: long and routed rows fused
+  // The long rows are listed by the first range's row kernel, so the long-row passes follow it.
+  if constexpr (kKind == FfnKind::gated) {
+    if (split) {
+      launch_passes<T, kKind, Phase::dots, false>(k, ctas, queues[0], s);
+      if (!fused_long) launch_passes<T, kKind, Phase::dots, true>(k, ctas, queues[2], s);
+      launch_passes<T, kKind, Phase::axpys, false>(k, ctas, queues[1], s);
+      if (!fused_long) launch_passes<T, kKind, Phase::axpys, true>(k, ctas, queues[3], s);
+    } else {  // one range (row_kernel_supports)
+      launch_passes<T, kKind, Phase::fused, false>(k, ctas, queues[0], s);
+    }
   } else {
-    row_ffn_kernel<T, kKind, kChunks, Phase::fused><<<unsigned(ctas), RowConfig::kWarps * kWarpSize, 0, s>>>(k);
+    launch_passes<T, kKind, Phase::fused, false>(k, ctas, queues[0], s);
+    if (!fused_long) launch_passes<T, kKind, Phase::fused, true>(k, ctas, queues[2], s);
   }
-  long_row_kernel<T, kKind, kChunks><<<unsigned(ctas), RowConfig::kWarps * kWarpSize, 0, s>>>(k);
+  if (fused_long) {
+    warp_rows::with_chunks(int(c.hidden / RowConfig::kChunk), [&](auto chunks_c) {
+      constexpr int kChunks = decltype(chunks_c)::value;
+      long_row_kernel<T, kKind, kChunks><<<unsigned(ctas), RowConfig::kWarps * kWarpSize, 0, s>>>(k);
+    });
+  }
 }
 
 }  // namespace
 
-bool row_kernel_supports(int64_t hidden) { return warp_rows::supports(hidden); }
+bool row_kernel_routes(int64_t k) { return warp_rows::supports(k); }
+
+bool row_kernel_supports(FfnKind kind, int64_t k, int64_t n) {
+  if (k % RowConfig::kChunk != 0 || k > ShapeLimits::kMaxHidden) return false;
+  return kind == FfnKind::plain || k <= RowConfig::kMaxHidden || n >= 2 * RowConfig::kLongRow;
+}
 
 void launch_row_ffn(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const CompactArgs& c = a.compact;
   if (c.twell.shape.rows == 0) return;
-  if (!row_kernel_supports(c.hidden))
+  if (!row_kernel_supports(c.kind, c.hidden, c.twell.shape.cols))
     throw Error("InferencePlan::run", "hidden size K for the row kernel",
-                "a multiple of 256 up to " + std::to_string(RowConfig::kMaxHidden),
+                "a multiple of 256 up to " + std::to_string(ShapeLimits::kMaxHidden) +
+                    " (gated, K > " + std::to_string(RowConfig::kMaxHidden) + ": N >= " +
+                    std::to_string(2 * RowConfig::kLongRow) + ")",
                 std::to_string(c.hidden));
-  const int chunks = int(c.hidden / RowConfig::kChunk);
   with_element_type(c.twell.dtype, "InferencePlan::run", [&](auto tag) {
     using T = decltype(tag);
-    warp_rows::with_chunks(chunks, [&](auto chunks_c) {
-      constexpr int kChunks = decltype(chunks_c)::value;
-      if (c.kind == FfnKind::gated)
-        launch_with<T, FfnKind::gated, kChunks>(a, dev, s);
-      else
-        launch_with<T, FfnKind::plain, kChunks>(a, dev, s);
-    });
+    if (c.kind == FfnKind::gated)
+      launch_with<T, FfnKind::gated>(a, dev, s);
+    else
+      launch_with<T, FfnKind::plain>(a, dev, s);
   });
   check_launch("InferencePlan::run", "row up+down kernel");
 }
