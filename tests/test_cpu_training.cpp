@@ -119,6 +119,14 @@ TEST(CpuTrainingApi, CallerOwnedSavedStateMatches) {
   const TwellShape shape = plan.saved_shape(65);
   EXPECT_EQ(shape.backup_capacity, 0);
   EXPECT_EQ(shape.planes, 2);
+  // Each form's shape on request (the CPU backend asks for the compact one and runs only it).
+  const TwellShape compact = plan.saved_shape(65, SavedForm::compact);
+  const TwellShape dense = plan.saved_shape(65, SavedForm::dense);
+  EXPECT_EQ(compact.bytes(DType::f32), shape.bytes(DType::f32));
+  EXPECT_EQ(compact.capacity, 4);
+  EXPECT_EQ(dense.capacity, 1);
+  EXPECT_EQ(dense.backup_capacity, 65);
+  EXPECT_EQ(plan.saved_shape(0, SavedForm::dense).backup_capacity, 0);
   std::vector<uint8_t> buffer(shape.bytes(plan.saved_dtype()));
   poison(buffer.data(), buffer.size());
   const TwellView view = make_twell_view(buffer.data(), shape, plan.saved_dtype(), Device::cpu());

@@ -26,6 +26,10 @@ namespace twell {
 
 enum class Determinism : uint8_t { fast, deterministic };
 
+// The two forms of the saved state (TrainingPlan::saved_shape): compact (TwELL slots, no backup
+// rows; heavy rows routed and recomputed in backward) or dense (every row in the backup planes).
+enum class SavedForm : uint8_t { compact, dense };
+
 struct TrainingOptions {
   int32_t tile = 0;       // 0 = backend default
   int32_t capacity = 0;   // 0 = tile / 8
@@ -94,6 +98,9 @@ class TrainingPlan {
   // make_twell_view. Ask again before each step: under automatic dispatch the form follows the
   // measured density. forward and backward accept either form (CPU: compact only).
   TwellShape saved_shape(int64_t rows) const;
+  // The shape of one form, whatever dispatch would ask (a caller that kept only the saved bytes
+  // tells the forms apart by their size).
+  TwellShape saved_shape(int64_t rows, SavedForm form) const;
   DType saved_dtype() const;
   // Scratch bytes one forward or backward of M rows needs in a caller workspace (0: none needed).
   size_t workspace_bytes(int64_t rows) const;

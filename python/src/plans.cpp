@@ -146,11 +146,19 @@ class PyTrainingPlan {
 
  private:
   // The saved layout for x's rows (x is checked by the plan; an x of the wrong rank gets 0 rows
-  // here and the plan's own error).
+  // here and the plan's own error), in the form whose size the buffer has: the dense form's bytes
+  // exactly (and not also the compact form's), else the compact form. Not the form saved_shape
+  // would ask for now: under automatic dispatch that may change between a forward and its
+  // backward.
   TwellView saved(const Array& saved, const TensorView& x, const char* op) const {
     const int64_t rows = x.rank == 2 ? x.shape[0] : 0;
-    return saved_view(saved, plan_.saved_shape(rows), plan_.saved_dtype(),
-                      held_.weights.up.device, op);
+    const DType dt = plan_.saved_dtype();
+    const TwellShape compact = plan_.saved_shape(rows, SavedForm::compact);
+    const TwellShape dense = plan_.saved_shape(rows, SavedForm::dense);
+    const TensorView v = to_view(saved, op, "saved");
+    const bool is_dense = v.rank == 1 && v.dtype == DType::u8 && size_t(v.shape[0]) == dense.bytes(dt) &&
+                          size_t(v.shape[0]) != compact.bytes(dt);
+    return saved_view(saved, is_dense ? dense : compact, dt, held_.weights.up.device, op);
   }
 
   HeldWeights held_;
@@ -168,15 +176,14 @@ InferenceOptions inference_options(int32_t tile, int32_t capacity, Dispatch disp
 }
 
 TrainingOptions training_options(int32_t tile, int32_t capacity, double l1_coef,
-                                 Determinism determinism) {
+                                 Determinism determinism, Dispatch dispatch, double dense_above) {
   TrainingOptions o;
   o.tile = tile;
   o.capacity = capacity;
   o.l1_coef = l1_coef;
   o.determinism = determinism;
-  // The PyTorch layer sizes the saved tensor from shapes alone (twell/layout.py, what
-  // torch.compile's fake tensors need), so it uses the compact form only.
-  o.dispatch = Dispatch::force_sparse;
+  o.dispatch = dispatch;
+  o.dense_above = dense_above;
   return o;
 }
 
@@ -192,6 +199,9 @@ void bind_plans(nb::module_& m) {
   nb::enum_<Determinism>(m, "Determinism")
       .value("fast", Determinism::fast)
       .value("deterministic", Determinism::deterministic);
+  nb::enum_<SavedForm>(m, "SavedForm")
+      .value("compact", SavedForm::compact)
+      .value("dense", SavedForm::dense);
   nb::enum_<FfnKind>(m, "FfnKind").value("gated", FfnKind::gated).value("plain", FfnKind::plain);
 
   nb::class_<RunInfo>(m, "RunInfo", "Host-side summary of the last InferencePlan.run().")
@@ -238,18 +248,25 @@ void bind_plans(nb::module_& m) {
 
   nb::class_<PyTrainingPlan>(m, "TrainingPlan",
                              "Sparse FFN training with caller-owned saved state (a uint8 buffer of "
-                             "saved_bytes(M) bytes on the weights' device).")
+                             "saved_bytes(M) bytes on the weights' device, asked for before each "
+                             "step: under automatic dispatch on CUDA the saved form follows the "
+                             "measured density; backward takes the form from the buffer's size).")
       .def("__init__",
            [](PyTrainingPlan* self, const OptArray& gate, const Array& up, const Array& down,
-              int32_t tile, int32_t capacity, double l1_coef, Determinism determinism, bool borrow) {
-             new (self) PyTrainingPlan(gate, up, down,
-                                       training_options(tile, capacity, l1_coef, determinism),
-                                       borrow);
+              int32_t tile, int32_t capacity, double l1_coef, Determinism determinism,
+              Dispatch dispatch, double dense_above, bool borrow) {
+             new (self) PyTrainingPlan(
+                 gate, up, down,
+                 training_options(tile, capacity, l1_coef, determinism, dispatch, dense_above), borrow);
            },
            "gate"_a.none(), "up"_a, "down"_a, "tile"_a = 0, "capacity"_a = 0, "l1_coef"_a = 0.0,
-           "determinism"_a = Determinism::deterministic, "borrow"_a = false)
+           "determinism"_a = Determinism::deterministic, "dispatch"_a = Dispatch::automatic,
+           "dense_above"_a = -1.0, "borrow"_a = false)
       .def("saved_shape", [](const PyTrainingPlan& p, int64_t rows) { return p.plan().saved_shape(rows); },
-           "rows"_a)
+           "rows"_a, "The form dispatch asks for now (backup_capacity 0: compact; M: dense).")
+      .def("saved_shape",
+           [](const PyTrainingPlan& p, int64_t rows, SavedForm form) { return p.plan().saved_shape(rows, form); },
+           "rows"_a, "form"_a, "The shape of one form.")
       .def("saved_dtype", [](const PyTrainingPlan& p) { return p.plan().saved_dtype(); })
       .def("saved_bytes", &PyTrainingPlan::saved_bytes, "rows"_a)
       .def("set_weights", &PyTrainingPlan::set_weights, "gate"_a.none(), "up"_a, "down"_a,
@@ -267,7 +284,8 @@ void bind_plans(nb::module_& m) {
            "on x's device, this call's L1 coefficient (default: the plan's).")
       .def_prop_ro("tile", [](const PyTrainingPlan& p) { return p.plan().options().tile; })
       .def_prop_ro("capacity", [](const PyTrainingPlan& p) { return p.plan().options().capacity; })
-      .def_prop_ro("l1_coef", [](const PyTrainingPlan& p) { return p.plan().options().l1_coef; });
+      .def_prop_ro("l1_coef", [](const PyTrainingPlan& p) { return p.plan().options().l1_coef; })
+      .def_prop_ro("dispatch", [](const PyTrainingPlan& p) { return p.plan().options().dispatch; });
 }
 
 }  // namespace twell::python

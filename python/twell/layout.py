@@ -18,19 +18,23 @@ def _aligned(nbytes):
     return (nbytes + 15) // 16 * 16
 
 
-def saved_bytes(rows, cols, tile, capacity, planes, dtype):
-    """Bytes of the saved TwELL layout (no backup rows) for `rows` rows of `cols` neurons, values
-    of `dtype` (anything with an itemsize: a torch or numpy dtype).
+def saved_bytes(rows, cols, tile, capacity, planes, dtype, dense=False):
+    """Bytes of the saved TwELL layout for `rows` rows of `cols` neurons, values of `dtype`
+    (anything with an itemsize: a torch or numpy dtype): the compact form (no backup rows) or,
+    with dense=True, the dense form (capacity 1, every row in the backup planes; CUDA only).
 
-    Arrays in order, each rounded up to 16 bytes: values [P, M, NT, C] dtype, backup (empty),
-    cols u16 [M, NT, C], counts u16 [M, NT], row_slot i32 [M], routed_rows i32 [M],
-    num_routed i32 [1]. `rows` may be a torch SymInt.
+    Arrays in order, each rounded up to 16 bytes: values [P, M, NT, C] dtype, backup [P, B, N]
+    dtype (B = 0 or M), cols u16 [M, NT, C], counts u16 [M, NT], row_slot i32 [M],
+    routed_rows i32 [M], num_routed i32 [1]. `rows` may be a torch SymInt.
     """
+    if dense:
+        capacity = 1
     tiles = (cols + tile - 1) // tile
     slots = rows * tiles * capacity
+    backup = planes * rows * cols if dense else 0
     return (
         _aligned(planes * slots * dtype.itemsize)
-        + _aligned(0)
+        + _aligned(backup * dtype.itemsize)
         + _aligned(slots * 2)
         + _aligned(rows * tiles * 2)
         + 2 * _aligned(rows * 4)

@@ -116,6 +116,9 @@ const TrainingOptions& TrainingPlan::options() const { return impl_->options; }
 TwellShape TrainingPlan::saved_shape(int64_t rows) const {
   return impl_->shape(rows, impl_->backend->wants_dense_layout(rows));
 }
+TwellShape TrainingPlan::saved_shape(int64_t rows, SavedForm form) const {
+  return impl_->shape(rows, form == SavedForm::dense);
+}
 size_t TrainingPlan::workspace_bytes(int64_t rows) const {
   return impl_->backend->workspace_bytes(rows);
 }

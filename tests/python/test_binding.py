@@ -130,6 +130,13 @@ def test_saved_layout_mirror(m, n, tile, capacity, gated):
     assert plan.saved_dtype() == twell.DType.f32  # the CPU backend saves float32
     want = layout.saved_bytes(m, n, plan.tile, plan.capacity, 1 + gated, np.dtype(np.float32))
     assert plan.saved_bytes(m) == shape.bytes(twell.DType.f32) == want
+    assert plan.saved_shape(m, twell.SavedForm.compact).bytes(twell.DType.f32) == want
+    # The dense form (the CUDA backend's; its shape does not depend on the backend).
+    dense = plan.saved_shape(m, twell.SavedForm.dense)
+    assert (dense.capacity, dense.backup_capacity) == ((1, m) if m else (plan.capacity, 0))
+    for dt, np_dt in ((twell.DType.f32, np.float32), (twell.DType.bf16, np.float16)):
+        assert dense.bytes(dt) == layout.saved_bytes(m, n, plan.tile, plan.capacity, 1 + gated,
+                                                     np.dtype(np_dt), dense=True)
 
 
 def test_inference_options_resolved():

@@ -74,12 +74,16 @@ def test_cuda_graph_inference(seed, dispatch, gated):
             torch.testing.assert_close(static_y, want, **exact)
 
 
-def test_cuda_graph_training_step(seed):
-    """Whole-step capture (forward, L1 term, backward, optimizer) replays like eager steps."""
+@pytest.mark.parametrize("dispatch", ["sparse", "auto"])
+def test_cuda_graph_training_step(seed, dispatch):
+    """Whole-step capture (forward, L1 term, backward, optimizer) replays like eager steps. "auto":
+    this problem's density (~8%) is above dense_above, so once a forward has finished (the
+    synchronisation below) both modules save the dense form, eager and captured alike."""
     skip_unless_trainable("cuda")
     p = problem(seed, 64, 64, 512, True)
-    eager = module_for(p, DTYPE, "cuda", tile=128, capacity=16, l1_coef=0.01).train()
-    graphed = module_for(p, DTYPE, "cuda", tile=128, capacity=16, l1_coef=0.01).train()
+    kw = {"tile": 128, "capacity": 16, "l1_coef": 0.01, "dispatch": dispatch}
+    eager = module_for(p, DTYPE, "cuda", **kw).train()
+    graphed = module_for(p, DTYPE, "cuda", **kw).train()
     x = torch.from_numpy(p.x).to("cuda", DTYPE)
     # lr small enough that the steps converge (0.1 diverges to inf within 5 steps, CPU and CUDA alike).
     opt_e = torch.optim.SGD(eager.parameters(), lr=1e-3)
@@ -91,6 +95,7 @@ def test_cuda_graph_training_step(seed):
             step(eager, opt_e, x)
             step(graphed, opt_g, x)
     torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()  # the plans' calibration sees the warm-up steps' densities
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_loss = step(graphed, opt_g, x)
@@ -101,6 +106,42 @@ def test_cuda_graph_training_step(seed):
         torch.testing.assert_close(static_loss, loss)
     for a, b in zip(graphed.parameters(), eager.parameters()):
         torch.testing.assert_close(a, b)
+
+
+def test_training_dispatch_moves_to_the_dense_form(seed):
+    """Eager training under "auto": the first forward saves the compact form; once it has finished,
+    a density above dense_above (this problem: ~8% against 4%) moves the saved state to the dense
+    form (the saved tensor's size tells), and every step's output and gradients are the compact
+    form's to bf16 rounding. Backward takes the form from the saved tensor, whatever the plan
+    would ask for by then."""
+    from twell import layout
+
+    skip_unless_trainable("cuda")
+    p = problem(seed, 96, 64, 512, True)
+    t = lambda a: torch.from_numpy(a).to("cuda", DTYPE)
+    x, gate, up, down = t(p.x), t(p.gate), t(p.up), t(p.down)
+    tile, capacity = 128, 16
+    sizes = {form: layout.saved_bytes(96, 512, tile, capacity, 2, DTYPE, dense=form == "dense")
+             for form in ("compact", "dense")}
+
+    def run(dispatch):
+        leaves = [a.clone().requires_grad_() for a in (x, gate, up, down)]
+        y, saved, stats = torch.ops.twell.ffn_train(*leaves, tile, capacity, dispatch, -1.0)
+        (y.float().square().mean() + 0.01 * stats[1]).backward()
+        torch.cuda.synchronize()  # the calibration polls finished forwards only
+        return saved.numel(), [y.detach()] + [a.grad for a in leaves]
+
+    tt.clear_plans()
+    size, want = run("sparse")
+    assert size == sizes["compact"]
+    seen = []
+    for _ in range(4):
+        size, got = run("auto")
+        seen.append(size)
+        for a, b in zip(got, want):
+            err = float((a.float() - b.float()).norm() / b.float().norm())
+            assert err <= 2e-2, f"{err:.3g}"
+    assert seen[0] == sizes["compact"] and set(seen[1:]) == {sizes["dense"]}, seen
 
 
 def step(model, opt, x):

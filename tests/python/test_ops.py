@@ -120,13 +120,16 @@ def test_opcheck_inference(device, dtype, gated):
 def test_opcheck_training(device, dtype, gated):
     skip_unless_trainable(device)
     args = sample_inputs(device, dtype, gated, requires_grad=True)
-    torch.library.opcheck(torch.ops.twell.ffn_train.default, (*args, 64, 8))
-    x, gate, up, down = (None if a is None else a.detach() for a in args)
-    _, saved, _ = torch.ops.twell.ffn_train(x, gate, up, down, 64, 8)
-    dy = torch.randn_like(x)
-    l1 = torch.tensor([0.5], device=device)
-    torch.library.opcheck(torch.ops.twell.ffn_train_backward.default,
-                          (dy, x, gate, up, down, saved, l1, 64, 8))
+    # "auto" may switch saved forms between runs (calibration), and its fake size is dynamic.
+    dispatches = ("sparse", "dense") if device == "cuda" else ("sparse",)
+    for dispatch in dispatches:
+        torch.library.opcheck(torch.ops.twell.ffn_train.default, (*args, 64, 8, dispatch, -1.0))
+        x, gate, up, down = (None if a is None else a.detach() for a in args)
+        _, saved, _ = torch.ops.twell.ffn_train(x, gate, up, down, 64, 8, dispatch, -1.0)
+        dy = torch.randn_like(x)
+        l1 = torch.tensor([0.5], device=device)
+        torch.library.opcheck(torch.ops.twell.ffn_train_backward.default,
+                              (dy, x, gate, up, down, saved, l1, 64, 8, dispatch, -1.0))
 
 
 @pytest.mark.parametrize("device", devices())
@@ -138,10 +141,12 @@ def test_fake_saved_size_matches(device, dtype, m):
     if device == "cuda" and dtype == torch.float32:
         pytest.skip("the CUDA backend runs float16/bfloat16 only")
     x, gate, up, down = sample_inputs(device, dtype, True, m=m)
-    _, saved, stats = torch.ops.twell.ffn_train(x, gate, up, down, 0, 0)
     tile, capacity = layout.resolve_tile(0, 0)
-    want = layout.saved_bytes(m, 64, tile, capacity, 2, tt.saved_dtype(device, dtype))
-    assert saved.numel() == want and saved.dtype == torch.uint8 and stats.shape == (2,)
+    for dispatch in ("sparse", "dense"):  # the CPU backend saves the compact form either way
+        _, saved, stats = torch.ops.twell.ffn_train(x, gate, up, down, 0, 0, dispatch, -1.0)
+        dense = dispatch == "dense" and device == "cuda"
+        want = layout.saved_bytes(m, 64, tile, capacity, 2, tt.saved_dtype(device, dtype), dense=dense)
+        assert saved.numel() == want and saved.dtype == torch.uint8 and stats.shape == (2,)
 
 
 def expect(argument, fn):
@@ -158,8 +163,11 @@ def test_bad_inputs():
     e = expect("x", lambda: ffn(x.double(), gate, up, down, 64, 8, "auto", -1.0))
     assert e.op == "InferencePlan::run" and "float64" in e.actual
     expect("x", lambda: ffn(x.t(), gate, up, down, 64, 8, "auto", -1.0))
-    expect("gate weight", lambda: train(x, gate.half(), up, down, 64, 8))
-    expect("options.capacity", lambda: train(x, gate, up, down, 64, 65))
+    expect("gate weight", lambda: train(x, gate.half(), up, down, 64, 8, "auto", -1.0))
+    expect("options.capacity", lambda: train(x, gate, up, down, 64, 65, "auto", -1.0))
+    expect("options.dense_above", lambda: train(x, gate, up, down, 64, 8, "auto", 2.0))
+    with pytest.raises(ValueError, match="dispatch"):
+        train(x, gate, up, down, 64, 8, "fastest", -1.0)
     with pytest.raises(ValueError, match="dispatch"):
         ffn(x, gate, up, down, 64, 8, "fastest", -1.0)
     mod = tt.SparseGatedMLP(16, 64)

@@ -8,6 +8,11 @@ captured in CUDA graphs.
   twell::ffn                 y, counters = FFN(x)   counters: int64 [2] {routed rows, active}
   twell::ffn_train           y, saved, stats        saved: uint8 state for backward,
                                                     stats: float32 [2] {L0, L1 value}
+ffn_train's dispatch picks the saved form: "sparse" the compact form (its size depends on the
+shapes alone, as torch.compile's fake tensors need: the modules pass it while compiling),
+"dense" the dense form (CUDA), "auto" the form the plan's timing dispatch asks for (CUDA: the
+compact form until measured, then the faster per density regime; a data-dependent size).
+Backward takes the form from the saved tensor's size.
   twell::ffn_train_backward  [dx, dgate, dup, ddown] (weights' gradients in float32; no dgate
                                                     for a plain FFN)
 
@@ -29,10 +34,10 @@ def saved_dtype(device_type, weight_dtype):
     return torch.float32 if device_type == "cpu" else weight_dtype
 
 
-def _saved_bytes(x, gate, up, tile, capacity):
+def _saved_bytes(x, gate, up, tile, capacity, dense=False):
     tile, capacity = layout.resolve_tile(tile, capacity)
     return layout.saved_bytes(x.shape[0], up.shape[0], tile, capacity, 2 if gate is not None else 1,
-                              saved_dtype(x.device.type, up.dtype))
+                              saved_dtype(x.device.type, up.dtype), dense=dense)
 
 
 @torch.library.custom_op("twell::ffn", mutates_args=())
@@ -63,9 +68,12 @@ def _workspace(plan, x):
 
 @torch.library.custom_op("twell::ffn_train", mutates_args=())
 def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile: int,
-              capacity: int) -> Tuple[Tensor, Tensor, Tensor]:
-    plan = _plans.training_plan(gate, up, down, tile, capacity)
-    nbytes, mirror = plan.saved_bytes(x.shape[0]), _saved_bytes(x, gate, up, tile, capacity)
+              capacity: int, dispatch: str, dense_above: float) -> Tuple[Tensor, Tensor, Tensor]:
+    plan = _plans.training_plan(gate, up, down, tile, capacity, dispatch, dense_above)
+    nbytes = plan.saved_bytes(x.shape[0])
+    mirror = _saved_bytes(x, gate, up, tile, capacity, dense=_dense_form(x, dispatch))
+    if dispatch == "auto" and nbytes != mirror:
+        mirror = _saved_bytes(x, gate, up, tile, capacity, dense=x.device.type == "cuda")
     if nbytes != mirror:  # the fake implementation would disagree with this one
         raise RuntimeError(f"twell.torch: the C++ plan saves {nbytes} bytes, twell.layout says "
                            f"{mirror}: update twell/layout.py or saved_dtype()")
@@ -79,16 +87,27 @@ def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile:
     return y, saved, stats
 
 
+def _dense_form(x, dispatch):
+    """Whether the saved form is the dense one when `dispatch` fixes it (CUDA "dense")."""
+    return dispatch == "dense" and x.device.type == "cuda"
+
+
 @ffn_train.register_fake
-def _(x, gate, up, down, tile, capacity):
-    saved = x.new_empty(_saved_bytes(x, gate, up, tile, capacity), dtype=torch.uint8)
+def _(x, gate, up, down, tile, capacity, dispatch, dense_above):
+    _plans.dispatch_value(dispatch)  # the real op's error for an unknown name
+    if dispatch == "auto" and x.device.type == "cuda":
+        nbytes = torch.library.get_ctx().new_dynamic_size()  # decided by the timing dispatch
+    else:
+        nbytes = _saved_bytes(x, gate, up, tile, capacity, dense=_dense_form(x, dispatch))
+    saved = x.new_empty(nbytes, dtype=torch.uint8)
     return x.new_empty(x.shape), saved, x.new_empty(2, dtype=torch.float32)
 
 
 @torch.library.custom_op("twell::ffn_train_backward", mutates_args=())
 def ffn_train_backward(dy: Tensor, x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor,
-                       saved: Tensor, l1_coef: Tensor, tile: int, capacity: int) -> List[Tensor]:
-    plan = _plans.training_plan(gate, up, down, tile, capacity)
+                       saved: Tensor, l1_coef: Tensor, tile: int, capacity: int, dispatch: str,
+                       dense_above: float) -> List[Tensor]:
+    plan = _plans.training_plan(gate, up, down, tile, capacity, dispatch, dense_above)
     dx = x.new_empty(x.shape)
     grads = [up.new_empty(up.shape, dtype=torch.float32) for _ in range(3 if gate is not None else 2)]
     dgate = grads[0] if gate is not None else None
@@ -99,29 +118,30 @@ def ffn_train_backward(dy: Tensor, x: Tensor, gate: Optional[Tensor], up: Tensor
 
 
 @ffn_train_backward.register_fake
-def _(dy, x, gate, up, down, saved, l1_coef, tile, capacity):
+def _(dy, x, gate, up, down, saved, l1_coef, tile, capacity, dispatch, dense_above):
     count = 3 if gate is not None else 2
     return [x.new_empty(x.shape)] + [up.new_empty(up.shape, dtype=torch.float32)
                                      for _ in range(count)]
 
 
 def _setup_train(ctx, inputs, output):
-    x, gate, up, down, tile, capacity = inputs
+    x, gate, up, down, tile, capacity, dispatch, dense_above = inputs
     ctx.save_for_backward(x, gate, up, down, output[1])
-    ctx.tile, ctx.capacity = tile, capacity
+    ctx.tile, ctx.capacity, ctx.dispatch, ctx.dense_above = tile, capacity, dispatch, dense_above
 
 
 def _backward_train(ctx, dy, dsaved, dstats):
     x, gate, up, down, saved = ctx.saved_tensors
     dy = torch.zeros_like(x) if dy is None else dy.contiguous()
     l1_coef = x.new_zeros(1, dtype=torch.float32) if dstats is None else dstats[1:2].contiguous()
-    grads = ffn_train_backward(dy, x, gate, up, down, saved, l1_coef, ctx.tile, ctx.capacity)
+    grads = ffn_train_backward(dy, x, gate, up, down, saved, l1_coef, ctx.tile, ctx.capacity,
+                               ctx.dispatch, ctx.dense_above)
     dx, weight_grads = grads[0], grads[1:]
     if gate is None:
         weight_grads = [None] + weight_grads
     dgate, dup, ddown = (None if g is None else g.to(w.dtype)
                          for g, w in zip(weight_grads, (gate, up, down)))
-    return dx, dgate, dup, ddown, None, None
+    return dx, dgate, dup, ddown, None, None, None, None
 
 
 ffn_train.register_autograd(_backward_train, setup_context=_setup_train)

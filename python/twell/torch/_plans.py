@@ -98,9 +98,11 @@ def inference_plan(gate, up, down, tile, capacity, dispatch, dense_above):
     return _get(twell.InferencePlan, gate, up, down, options)
 
 
-def training_plan(gate, up, down, tile, capacity):
+def training_plan(gate, up, down, tile, capacity, dispatch, dense_above):
     # The L1 coefficient comes with each backward call (the upstream gradient of the L1 value).
-    return _get(twell.TrainingPlan, gate, up, down, (tile, capacity), rebind_down=True)
+    options = (tile, capacity, 0.0, twell.Determinism.deterministic, dispatch_value(dispatch),
+               dense_above)
+    return _get(twell.TrainingPlan, gate, up, down, options, rebind_down=True)
 
 
 def clear():

@@ -6,6 +6,11 @@ runs the training op: it records `l0` (mean active units per token, detached) an
 `l1_loss` = l1_coef * (1/M) sum |h|, a differentiable term to add to the loss (the function
 `l1_loss(model)` sums them).
 Otherwise it runs the inference op and records `l0` only.
+
+`dispatch` ("auto", "sparse", "dense") applies to both: inference picks its path per call,
+training the form of the state saved for backward (CUDA, "auto": the plan's timing dispatch,
+compact at low density, dense cuBLAS above `dense_above` or where it measured faster). Inside
+torch.compile the training op saves the compact form, whose size the shapes alone decide.
 """
 import torch
 from torch import nn
@@ -60,7 +65,10 @@ class _SparseFFN(nn.Module):
         if torch.is_grad_enabled() and (x.requires_grad or any(
                 p.requires_grad for p in self.parameters())):
             down = self.down_proj.weight.t().contiguous()
-            y, _, stats = torch.ops.twell.ffn_train(x2, gate, up, down, self.tile, self.capacity)
+            # Compiled graphs size the saved state from shapes alone: the compact form.
+            dispatch = "sparse" if torch.compiler.is_compiling() else self.dispatch
+            y, _, stats = torch.ops.twell.ffn_train(x2, gate, up, down, self.tile, self.capacity,
+                                                    dispatch, self.dense_above)
             self.l0 = stats[0].detach()
             self.l1_loss = self.l1_coef * stats[1]
         else:
