@@ -538,6 +538,7 @@ TEST(CudaTrainingGraph, CaptureAndReplay) {
   c.tile = 64;
   c.capacity = 4;
   c.l1_from = L1From::tensor;
+  c.dispatch = Dispatch::automatic;  // saved_shape polls the calibration's events (below)
   DeviceStep d(spec_of(c, 1303), options_of(c), c.l1_from, kTensorL1);
   cudaStream_t s = nullptr;
   cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
@@ -549,6 +550,10 @@ TEST(CudaTrainingGraph, CaptureAndReplay) {
 
   cudaGraph_t graph = nullptr;
   cuda_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "begin capture");
+  // A framework asks for the saved shape inside its capture: the calibration's event polls must
+  // not invalidate a global-mode capture (either form is valid; this pattern is above dense_above).
+  const TwellShape during = d.plan->saved_shape(c.m);
+  EXPECT_TRUE(during.backup_capacity == 0 || during.backup_capacity == c.m);
   d.enqueue(d.view, s);
   cuda_ok(cudaStreamEndCapture(s, &graph), "end capture");
   size_t nodes = 0;

@@ -13,6 +13,22 @@ constexpr const char* kRunOp = "InferencePlan::run";
 constexpr const char* kTrainOp = "TrainingPlan";
 constexpr double kDensityBucketsPerOctave = 2.0;  // density regimes ~1.41x apart
 
+// Lets this thread poll events while some stream captures a CUDA graph. The events polled were
+// recorded by earlier, uncaptured runs, which is legal to query; but a capture begun in global
+// mode (PyTorch's default) forbids cudaEventQuery on every thread that has not relaxed its own
+// mode, and a forbidden call invalidates the capture. TrainingPlan::saved_shape, which polls,
+// takes no stream: a framework may well call it inside its capture.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;  // then the mode to restore
+};
+
 // Whether the event has completed; "not ready" is kept out of later launch checks.
 bool passed(cudaEvent_t e, const char* op) {
   const cudaError_t r = cudaEventQuery(e);
@@ -84,6 +100,7 @@ DispatchCalibration::DispatchCalibration()
     : begin_(cudaEventDefault, kOp), end_(cudaEventDefault, kOp), probe_(kRunOp) {}
 
 void DispatchCalibration::poll() {
+  const RelaxedCapture relaxed;
   if (!pending_ || !probe_.poll()) return;
   float ms = 0;
   check_cuda(cudaEventElapsedTime(&ms, begin_, end_), kRunOp, "calibration timing");
@@ -121,6 +138,7 @@ TrainingCalibration::TrainingCalibration()
       probe_(kTrainOp) {}
 
 void TrainingCalibration::poll() {
+  const RelaxedCapture relaxed;
   if (probe_.poll() && count_is_step_) step_density_ = probe_.density();
   // The step's time belongs to the regime of the density its forward ran at.
   if (stage_ == Stage::timed && step_density_ >= 0 && passed(b1_, kTrainOp) && passed(f1_, kTrainOp)) {
