@@ -124,8 +124,13 @@ def test_training_dispatch_moves_to_the_dense_form(seed):
     sizes = {form: layout.saved_bytes(96, 512, tile, capacity, 2, DTYPE, dense=form == "dense")
              for form in ("compact", "dense")}
 
+    # The same weight tensors every call: plans are cached on the weights' addresses, and the
+    # calibration is the plan's.
+    leaves = [a.clone().requires_grad_() for a in (x, gate, up, down)]
+
     def run(dispatch):
-        leaves = [a.clone().requires_grad_() for a in (x, gate, up, down)]
+        for a in leaves:
+            a.grad = None
         y, saved, stats = torch.ops.twell.ffn_train(*leaves, tile, capacity, dispatch, -1.0)
         (y.float().square().mean() + 0.01 * stats[1]).backward()
         torch.cuda.synchronize()  # the calibration polls finished forwards only
