@@ -46,9 +46,8 @@ struct HeldWeights {
 
 // A 16-byte aligned uint8 vector on `device` of at least shape.bytes(dtype) bytes, carved into the
 // TwELL layout.
-TwellView saved_view(const Array& saved, const TwellShape& shape, DType dtype, Device device,
+TwellView saved_view(const TensorView& v, const TwellShape& shape, DType dtype, Device device,
                      const char* op) {
-  const TensorView v = to_view(saved, op, "saved");
   const size_t need = shape.bytes(dtype);
   if (v.dtype != DType::u8 || v.rank != 1 || !v.is_contiguous())
     throw Error(op, "saved", "a contiguous uint8 vector", std::string(dtype_name(v.dtype)) + " " +
@@ -158,7 +157,7 @@ class PyTrainingPlan {
     const TensorView v = to_view(saved, op, "saved");
     const bool is_dense = v.rank == 1 && v.dtype == DType::u8 && size_t(v.shape[0]) == dense.bytes(dt) &&
                           size_t(v.shape[0]) != compact.bytes(dt);
-    return saved_view(saved, is_dense ? dense : compact, dt, held_.weights.up.device, op);
+    return saved_view(v, is_dense ? dense : compact, dt, held_.weights.up.device, op);
   }
 
   HeldWeights held_;

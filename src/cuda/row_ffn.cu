@@ -386,24 +386,23 @@ void launch_with(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const int64_t ctas = std::min<int64_t>(
       int64_t(dev.sm_count) * RowConfig::kCtasPerSm,
       (c.twell.shape.rows + RowConfig::kWarps - 1) / RowConfig::kWarps);
-  int32_t* const queues[4] = {a.control->row_queue, a.control->row_queue + RowConfig::kMaxPasses,
-                              a.control->row_queue + 2 * RowConfig::kMaxPasses,
-                              a.control->row_queue + 3 * RowConfig::kMaxPasses};
+  // Queue heads: row kernel dots (or fused) 0, axpys 1; long-row passes dots (or fused) 2, axpys 3.
+  auto queues = [&a](int set) { return a.control->row_queue + set * RowConfig::kMaxPasses; };
   const bool split = kKind == FfnKind::gated && c.twell.shape.cols >= 2 * RowConfig::kLongRow;
   const bool fused_long = row_kernel_routes(c.hidden);  // one range: long and routed rows fused
   // The long rows are listed by the first range's row kernel, so the long-row passes follow it.
   if constexpr (kKind == FfnKind::gated) {
     if (split) {
-      launch_passes<T, kKind, Phase::dots, false>(k, ctas, queues[0], s);
-      if (!fused_long) launch_passes<T, kKind, Phase::dots, true>(k, ctas, queues[2], s);
-      launch_passes<T, kKind, Phase::axpys, false>(k, ctas, queues[1], s);
-      if (!fused_long) launch_passes<T, kKind, Phase::axpys, true>(k, ctas, queues[3], s);
+      launch_passes<T, kKind, Phase::dots, false>(k, ctas, queues(0), s);
+      if (!fused_long) launch_passes<T, kKind, Phase::dots, true>(k, ctas, queues(2), s);
+      launch_passes<T, kKind, Phase::axpys, false>(k, ctas, queues(1), s);
+      if (!fused_long) launch_passes<T, kKind, Phase::axpys, true>(k, ctas, queues(3), s);
     } else {  // one range (row_kernel_supports)
-      launch_passes<T, kKind, Phase::fused, false>(k, ctas, queues[0], s);
+      launch_passes<T, kKind, Phase::fused, false>(k, ctas, queues(0), s);
     }
   } else {
-    launch_passes<T, kKind, Phase::fused, false>(k, ctas, queues[0], s);
-    if (!fused_long) launch_passes<T, kKind, Phase::fused, true>(k, ctas, queues[2], s);
+    launch_passes<T, kKind, Phase::fused, false>(k, ctas, queues(0), s);
+    if (!fused_long) launch_passes<T, kKind, Phase::fused, true>(k, ctas, queues(2), s);
   }
   if (fused_long) {
     warp_rows::with_chunks(int(c.hidden / RowConfig::kChunk), [&](auto chunks_c) {

@@ -71,12 +71,10 @@ def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile:
               capacity: int, dispatch: str, dense_above: float) -> Tuple[Tensor, Tensor, Tensor]:
     plan = _plans.training_plan(gate, up, down, tile, capacity, dispatch, dense_above)
     nbytes = plan.saved_bytes(x.shape[0])
-    mirror = _saved_bytes(x, gate, up, tile, capacity, dense=_dense_form(x, dispatch))
-    if dispatch == "auto" and nbytes != mirror:
-        mirror = _saved_bytes(x, gate, up, tile, capacity, dense=x.device.type == "cuda")
-    if nbytes != mirror:  # the fake implementation would disagree with this one
+    mirror = {_saved_bytes(x, gate, up, tile, capacity, dense=d) for d in _forms(x, dispatch)}
+    if nbytes not in mirror:  # the fake implementation would disagree with this one
         raise RuntimeError(f"twell.torch: the C++ plan saves {nbytes} bytes, twell.layout says "
-                           f"{mirror}: update twell/layout.py or saved_dtype()")
+                           f"{sorted(mirror)}: update twell/layout.py or saved_dtype()")
     y = x.new_empty(x.shape)
     # Zeroed: the layout leaves slots past each count unwritten, and an op's outputs must not
     # depend on what memory held before (eager and compiled runs must agree byte for byte).
@@ -87,18 +85,21 @@ def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile:
     return y, saved, stats
 
 
-def _dense_form(x, dispatch):
-    """Whether the saved form is the dense one when `dispatch` fixes it (CUDA "dense")."""
-    return dispatch == "dense" and x.device.type == "cuda"
+def _forms(x, dispatch):
+    """The saved forms `dispatch` may give (True: dense): the CPU backend saves the compact one."""
+    if x.device.type != "cuda":
+        return (False,)
+    return {"sparse": (False,), "dense": (True,), "auto": (False, True)}[dispatch]
 
 
 @ffn_train.register_fake
 def _(x, gate, up, down, tile, capacity, dispatch, dense_above):
     _plans.dispatch_value(dispatch)  # the real op's error for an unknown name
-    if dispatch == "auto" and x.device.type == "cuda":
+    forms = _forms(x, dispatch)
+    if len(forms) > 1:
         nbytes = torch.library.get_ctx().new_dynamic_size()  # decided by the timing dispatch
     else:
-        nbytes = _saved_bytes(x, gate, up, tile, capacity, dense=_dense_form(x, dispatch))
+        nbytes = _saved_bytes(x, gate, up, tile, capacity, dense=forms[0])
     saved = x.new_empty(nbytes, dtype=torch.uint8)
     return x.new_empty(x.shape), saved, x.new_empty(2, dtype=torch.float32)
 
