@@ -185,6 +185,14 @@ std::vector<Case> sparse_cases() {
                                 PatternDensity{Pattern::all_dense, 1.0}})
         for (const Shape& s : passes)
           out.push_back(problem_case<Case>(kind, dt, pd.pattern, pd.density, s.m, s.k, s.n));
+  // Compact rows over the dense-row threshold (N / RowConfig::kDenseRowDivisor, at least
+  // kLongRow = 96; ~205 entries at 10% of N = 2048, most within the capacity): written densely into
+  // G and run by the tensor-core backup, from the long-row kernel (one range) and from the first
+  // long-row pass (three ranges).
+  for (DType dt : {DType::bf16, DType::f16})
+    for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
+      for (int64_t k : {int64_t(2048), int64_t(5120)})
+        out.push_back(problem_case<Case>(kind, dt, Pattern::uniform, 0.1, 33, k, 2048));
   if (small) return out;
   // LLM-sized (hidden 2048, intermediate 5632): small M only, the oracle is slow there.
   struct Llm { FfnKind kind; DType dtype; Pattern pattern; double density; int64_t m; };

@@ -86,12 +86,17 @@ struct RowConfig {
                                               // accumulators live in registers; larger K runs
                                               // in passes over column ranges of K
   static constexpr int kMaxPasses = int(ShapeLimits::kMaxHidden / kMaxHidden);
-  // A routed row with more active neurons than this goes to the tensor-core backup instead: at
-  // ~1 ns per (row, neuron) from L2 the row kernel spends ~0.5 us on it, about what one row costs
-  // in the backup GEMM.
-  static constexpr int kHeavyRow = 512;
-  // Compact rows with more entries than this go to the long-row kernel, split over a CTA's warps.
+  // Compact rows with more entries than this go to the long-row kernels, split over a CTA's warps.
   static constexpr int kLongRow = 96;
+  // Rows with more active neurons than N / kDenseRowDivisor (at least kLongRow, at most
+  // kMaxDenseRow), compact or routed, go to the tensor-core backup, the compact ones written
+  // densely into G: the backup's cost per row grows with N, the long-row kernels' with the
+  // entries. Development runs of the harness on an H200 (M = 16384, heavy-tailed 0.5%, sparse
+  // forced): N = 5632 (K = 2048) 1.47x over dense at 160 entries, against 1.39x at 96, 1.43x at
+  // 256 and 1.36x at 512 (routed rows only); N = 11008 (K = 4096) 4.35 ms at 320 and 4.32 ms at
+  // 640, against 4.51 at 160 and 4.54 with routed rows only.
+  static constexpr int64_t kDenseRowDivisor = 35;
+  static constexpr int kMaxDenseRow = 512;  // also the long-row kernel's list of a routed row's neurons
 };
 
 }  // namespace twell::gpu

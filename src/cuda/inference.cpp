@@ -180,11 +180,11 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
   tw.num_routed = &b.control->num_routed;
 
   // K a multiple of 256: the warp-per-row kernels (in column ranges of 2048 for larger K); up to
-  // K = 2048 they also run the moderately dense routed rows from G and hand only the heavy ones to
-  // the tensor-core backup. Other K: one CTA per compact row. Every routed row the row kernels
-  // leave goes to the backup.
+  // K = 2048 they also run the moderately dense routed rows from G. They hand the rows over
+  // N / RowConfig::kDenseRowDivisor active neurons (compact or routed; for larger K every routed
+  // row) to the tensor-core backup in their heavy list. Other K: one CTA per compact row, and
+  // every routed row goes to the backup.
   const bool row_kernel = row_kernel_supports(dims_.kind, dims_.k, dims_.n);
-  const bool row_routes = row_kernel && row_kernel_routes(dims_.k);
   if (fused_gate_) {
     GatePackArgs gate;
     gate.x = args.x.data;
@@ -226,7 +226,7 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
 
   RoutedArgs routed =
       routed_args(dims_, weights_, args.x.data, args.y.data, b.hidden, rows,
-                  row_routes ? heavy : tw.routed_rows, row_routes ? &b.control->num_heavy : tw.num_routed);
+                  row_kernel ? heavy : tw.routed_rows, row_kernel ? &b.control->num_heavy : tw.num_routed);
   routed.split_k = {reinterpret_cast<float*>(b.base + b.layout.split_partials), b.control->split_tiles};
   launch_routed(routed, device_, s);
 }

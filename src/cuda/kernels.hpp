@@ -18,7 +18,7 @@ namespace twell::gpu {
 // Per-run device counters, zeroed by the plan before the first kernel of a run.
 struct RunCounters {
   int32_t num_routed = 0;       // rows routed to the dense backup (TwellView::num_routed)
-  int32_t num_heavy = 0;        // routed rows too dense for the row kernel (row_ffn.cu)
+  int32_t num_heavy = 0;        // rows the row kernels leave to the tensor-core backup (row_ffn.cu)
   unsigned long long active = 0;  // non-zero gate activations over all rows
   // The row kernels' work queue heads, one per kernel launch (row_ffn.cu): the row kernel's
   // dots (or fused) passes [0, kMaxPasses), its axpys passes, then the long-row passes' two sets.
@@ -91,10 +91,11 @@ void launch_compact_ffn(const CompactArgs& a, cudaStream_t s);
 // long_rows. K <= RowConfig::kMaxHidden: a second kernel gives each long row and each routed row
 // to a whole CTA (its warps split the row's neurons, partial sums meet in shared memory), so no
 // row 10-40x denser than the mean holds up the end of the run; routed rows are scanned straight
-// from G (all of their active neurons, uncapped), except those with more than
-// RowConfig::kHeavyRow, which go to heavy_rows / *num_heavy for the tensor-core backup. Larger K
-// runs in passes over column ranges of at most RowConfig::kMaxHidden, the long rows too (a CTA per
-// row), and leaves every routed row to the backup.
+// from G. Rows with more than N / RowConfig::kDenseRowDivisor active neurons (clamped), compact
+// (written densely into their G rows) or routed, go to heavy_rows / *num_heavy for the tensor-core
+// backup. Larger K runs in passes over column ranges of at most RowConfig::kMaxHidden, the long
+// rows too (a CTA per row); the first pass lists every routed row and those long rows for the
+// backup.
 struct RowArgs {
   CompactArgs compact;
   const void* hidden = nullptr;  // G [rows, N] (relu applied)

@@ -13,9 +13,13 @@
 //     rows: every warp walks the same sequence of neuron pairs and takes every kWarps-th. Routed
 //     rows: warp 0 gathers the row's active neurons from G into shared memory (kAhead vectors in
 //     flight per lane, a warp scan per 256 columns), then warp w consumes groups w, w + kWarps, ...
-//     of 32. Partial sums are added in shared memory in warp order (deterministic).
+//     of 32. Partial sums are added in shared memory in warp order (deterministic). Rows over
+//     a.dense_row active neurons go to the tensor-core backup instead (compact ones written densely
+//     into their G rows first).
 //   long-row passes (several ranges): the same split of a long compact row's neuron pairs over a
-//     CTA's warps, per phase and range; routed rows all go to the tensor-core backup.
+//     CTA's warps, per phase and range; the first lists every routed row and every long row over
+//     a.dense_row entries (written densely into its G row) for the tensor-core backup, which the
+//     other passes skip.
 //   thread: 8 consecutive columns of every 256-column chunk of its range (16-byte loads).
 #include <algorithm>
 #include <string>
@@ -171,7 +175,30 @@ struct KernelArgs {
   int32_t* head = nullptr;
   bool first = true;
   bool last = true;
+  // Rows with more active neurons than this go to the tensor-core backup (RowConfig::kDenseRowDivisor).
+  int dense_row = RowConfig::kMaxDenseRow;
 };
+
+// Writes compact row `row` densely into its G row (zeros, then its entries' g values) for the
+// tensor-core backup, with `threads` threads of index `tid` (a warp or the CTA) and `sync` their
+// barrier. The G row of a compact row is dead (the pack has read it; the fused gate never writes
+// it) and the row kernels leave rows this long to the backup, so nothing else touches it.
+template <typename T, typename Sync>
+__device__ void densify_row(const TwellView& tw, int64_t row, T* g_row, int tid, int threads, Sync&& sync) {
+  const int64_t cols = tw.shape.cols, tile = tw.shape.tile, capacity = tw.shape.capacity;
+  const int64_t num_tiles = (cols + tile - 1) / tile;
+  for (int64_t c = int64_t(tid) * kVecElems; c < cols; c += int64_t(threads) * kVecElems)
+    *reinterpret_cast<uint4*>(g_row + c) = make_uint4(0, 0, 0, 0);
+  sync();
+  const auto* values = static_cast<const T*>(tw.values);
+  const int lane = tid % kWarpSize;
+  for (int64_t t = tid / kWarpSize; t < num_tiles; t += threads / kWarpSize) {
+    const int64_t index = row * num_tiles + t;
+    const int count = tw.counts[index];
+    for (int e = lane; e < count; e += kWarpSize)
+      g_row[t * tile + tw.cols[index * capacity + e]] = values[index * capacity + e];
+  }
+}
 
 // One warp gathers the active neurons of a row of G into `list` (column order, as (neuron, g bits)
 // pairs) while counting them, and stops once the row has more than kLimit. Returns the count
@@ -267,13 +294,25 @@ __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) long_pass_kerne
   const TwellView& tw = a.tw;
   const auto* up = static_cast<const T*>(a.up) + a.col0;
   const auto* down = static_cast<const T*>(a.down) + a.col0;
+  // The run's first long-row pass also hands the backup its rows: the routed ones (items past
+  // the long rows) and the long rows over a.dense_row entries, which it writes densely into G.
+  const bool lists = a.first && kPhase != Phase::axpys;
   const int num_long = a.control->num_long;
+  const int items = lists ? num_long + *tw.num_routed : num_long;
   for (;;) {
     if (threadIdx.x == 0) item = atomicAdd(a.head, 1);
     __syncthreads();
     const int q = item;
-    if (q >= num_long) return;
-    const int64_t row = a.long_rows[q];
+    if (q >= items) return;
+    const int64_t row = q < num_long ? a.long_rows[q] : tw.routed_rows[q - num_long];
+    if (q >= num_long || warp_rows::row_entries(tw, row, lane) > a.dense_row) {
+      if (lists && q < num_long)
+        densify_row(tw, row, const_cast<T*>(static_cast<const T*>(a.hidden)) + row * tw.shape.cols,
+                    int(threadIdx.x), int(blockDim.x), [] { __syncthreads(); });
+      if (lists && threadIdx.x == 0) a.heavy_rows[atomicAdd(&a.control->num_heavy, 1)] = int32_t(row);
+      __syncthreads();  // item is rewritten for the next row
+      continue;
+    }
     RowState<T, kKind, kChunks, kPhase> st;
     st.stride = RowConfig::kWarps;
     st.offset = warp;
@@ -300,7 +339,7 @@ template <typename T, FfnKind kKind, int kChunks>
 __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) long_row_kernel(KernelArgs a) {
   constexpr int kCols = kChunks * RowConfig::kChunk;
   __shared__ float partial[RowConfig::kWarps][kCols];
-  __shared__ int2 list[RowConfig::kHeavyRow];
+  __shared__ int2 list[RowConfig::kMaxDenseRow];
   __shared__ int64_t item_row;
   __shared__ bool item_from_g;
   __shared__ int item_total;
@@ -319,19 +358,23 @@ __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) long_row_kernel
     const int64_t row = item_row;
     const bool from_g = item_from_g;
     if (row < 0) return;
-    if (from_g && warp == 0) {
-      const int total = gather_row<RowConfig::kHeavyRow>(
-          static_cast<const T*>(a.hidden) + row * tw.shape.cols, tw.shape.cols, list, lane);
+    if (warp == 0) {
+      const int total = from_g ? gather_row<RowConfig::kMaxDenseRow>(
+                                     static_cast<const T*>(a.hidden) + row * tw.shape.cols, tw.shape.cols, list, lane)
+                               : warp_rows::row_entries(tw, row, lane);
       if (lane == 0) {
         item_total = total;
-        if (total > RowConfig::kHeavyRow)  // the tensor-core backup's
+        if (total > a.dense_row)  // the tensor-core backup's
           a.heavy_rows[atomicAdd(&a.control->num_heavy, 1)] = int32_t(row);
       }
     }
     __syncthreads();  // the item and its list are complete; thread 0 may take the next item after
                       // the barrier below
     const int total = item_total;
-    if (from_g && total > RowConfig::kHeavyRow) {
+    if (total > a.dense_row) {
+      if (!from_g)
+        densify_row(tw, row, const_cast<T*>(static_cast<const T*>(a.hidden)) + row * tw.shape.cols,
+                    int(threadIdx.x), int(blockDim.x), [] { __syncthreads(); });
       __syncthreads();
       continue;
     }
@@ -381,8 +424,10 @@ void launch_passes(KernelArgs k, int64_t ctas, int32_t* queues, cudaStream_t s) 
 template <typename T, FfnKind kKind>
 void launch_with(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const CompactArgs& c = a.compact;
-  const KernelArgs k{c.x,           c.up,         c.down,      c.y,       c.hidden, c.twell,
-                     a.hidden,      a.heavy_rows, a.long_rows, a.control};
+  KernelArgs k{c.x,           c.up,         c.down,      c.y,       c.hidden, c.twell,
+               a.hidden,      a.heavy_rows, a.long_rows, a.control};
+  k.dense_row = int(std::clamp<int64_t>(c.twell.shape.cols / RowConfig::kDenseRowDivisor, RowConfig::kLongRow,
+                                        RowConfig::kMaxDenseRow));
   const int64_t ctas = std::min<int64_t>(
       int64_t(dev.sm_count) * RowConfig::kCtasPerSm,
       (c.twell.shape.rows + RowConfig::kWarps - 1) / RowConfig::kWarps);

@@ -157,7 +157,8 @@ __device__ void forward_warp_row(const WarpArgs& a, int64_t row, int lane, int f
 // Short compact rows, a warp each from a queue (control[0]; the axpys phase's control[2]); long
 // ones are listed (control[1]) for forward_long_kernel.
 template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase>
-__global__ void __launch_bounds__(TrainRowConfig::kWarpRowWarps * warp_rows::kWarpSize)
+__global__ void __launch_bounds__(TrainRowConfig::kWarpRowWarps * warp_rows::kWarpSize,
+                                  TrainRowConfig::kWarpRowCtasPerSm)
     forward_warp_kernel(WarpArgs a) {
   using warp_rows::Phase;
   constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;

@@ -21,9 +21,10 @@ CASES = [pytest.param(d, t, id=f"{d}-{str(t).removeprefix('torch.')}")
          for d in devices() for t in dtypes(d)]
 
 
-def within(got, ref, plain, dtype, what):
+def within(got, ref, plain, dtype, what, floor=None):
     err, base = rel_error(got, ref), rel_error(plain, ref)
-    assert err <= 2 * base + FLOOR[dtype], f"{what}: error {err:.3g}, plain {dtype}: {base:.3g}"
+    floor = FLOOR[dtype] if floor is None else floor
+    assert err <= 2 * base + floor, f"{what}: error {err:.3g}, plain {dtype}: {base:.3g}"
 
 
 @pytest.mark.parametrize("device,dtype", CASES)
@@ -66,7 +67,12 @@ def test_training(seed, device, dtype, gated, shape):
     y_ref, l1_ref, g_ref = dense_step(mod, x, dy, l1_scale, torch.float64)
     y_plain, l1_plain, g_plain = dense_step(mod, x, dy, l1_scale, dtype)
     within(y.detach(), y_ref, y_plain, dtype, "y")
-    within(mod.l1_loss.detach() / mod.l1_coef, l1_ref, l1_plain, dtype, "l1")
+    # The L1 value sums |h| over a row's few active neurons, each term rounded to the dtype (g and
+    # u, gated). The plain baseline rounds the sum itself too, which can land it on the reference
+    # by chance (bf16, 5 active neurons: plain 9e-6, the terms' rounding alone 1.3e-3), so the
+    # floor is the terms' rounding bound: two unit roundoffs.
+    within(mod.l1_loss.detach() / mod.l1_coef, l1_ref, l1_plain, dtype, "l1",
+           floor=max(FLOOR[dtype], torch.finfo(dtype).eps) if dtype != torch.float32 else None)
     grads = [x.grad] + [q.grad for q in mod.parameters()]
     names = ["x"] + [n for n, _ in mod.named_parameters()]
     for name, got, ref, plain in zip(names, grads, g_ref, g_plain):
