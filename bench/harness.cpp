@@ -101,7 +101,7 @@ std::vector<Row> run(const Options& o, std::ostream& progress) {
   std::unique_ptr<Runner> runner = cuda ? make_cuda_runner() : make_cpu_runner();
   runner->configure(o.plan, o.dispatch);
   const auto specs = suite_cases(o.suite, cuda, o.custom);
-  const int warmup = o.warmup < 0 ? 4 : o.warmup, reps = o.reps < 0 ? 10 : o.reps;
+  const int warmup = o.warmup < 0 ? 6 : o.warmup, reps = o.reps < 0 ? 10 : o.reps;
   std::vector<Row> rows;
   for (size_t i = 0; i < specs.size(); ++i) {
     Row r;

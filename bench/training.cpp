@@ -172,7 +172,7 @@ std::vector<TrainingRow> run_training(const Options& o, std::ostream& progress,
     c.seed = 4321;
     specs = {c};
   }
-  const int warmup = o.warmup < 0 ? 4 : o.warmup, reps = o.reps < 0 ? 10 : o.reps;
+  const int warmup = o.warmup < 0 ? 6 : o.warmup, reps = o.reps < 0 ? 10 : o.reps;
   std::vector<TrainingRow> rows;
   for (size_t i = 0; i < specs.size(); ++i) {
     progress << "[" << i + 1 << "/" << specs.size() << "] training " << specs[i].describe() << " ..."

@@ -311,6 +311,60 @@ INSTANTIATE_TEST_SUITE_P(Dispatch, CudaForward, ::testing::ValuesIn(dispatch_cas
 INSTANTIATE_TEST_SUITE_P(Portable, CudaForward, ::testing::ValuesIn(portable_cases()), case_name);
 
 // ---------------------------------------------------------------------------------------------
+// The backup's rows through cuBLAS: a plan learns how many rows to send there from its earlier
+// runs. The first run (nothing learned: the tensor-core kernel), a second on the same data (C
+// covers every backup row: cuBLAS), then data whose backup rows outnumber C (both, split at C).
+
+class CudaBackupRows : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaBackupRows, LearnedCublasShareMatchesOracle) {
+  TWELL_REQUIRE_DEVICE();
+  const Case& c = GetParam();
+  DeviceProblem d(spec_of(c, 111));
+  InferencePlan plan(d.weights(), options_of(c));
+  const Outcome first = run_once(plan, d);
+  expect_matches_oracle(d, first.y, "first run");
+  EXPECT_GT(first.counters[0], 0) << "the case should route some rows";
+  EXPECT_LT(first.counters[0], c.m / 2) << "the case should keep most rows compact";
+  const Outcome second = run_once(plan, d);
+  expect_matches_oracle(d, second.y, "second run (cuBLAS)");
+  EXPECT_EQ(second.counters, first.counters);
+
+  Case dense = c;
+  dense.pattern = Pattern::all_dense;
+  d.p = testing::make_problem(spec_of(dense, 112));
+  d.x.upload(d.p.x);
+  if (c.kind == FfnKind::gated) d.gate.upload(d.p.gate);
+  d.up.upload(d.p.up);
+  d.down.upload(d.p.down);
+  const Outcome third = run_once(plan, d);
+  expect_matches_oracle(d, third.y, "every row routed (cuBLAS, then the kernel)");
+  EXPECT_EQ(third.counters[0], c.m);
+}
+
+std::vector<Case> backup_cases() {
+  std::vector<Case> out;
+  for (const int64_t k : {136, 2048, 2560}) {  // compact kernel, row kernel, column ranges
+    for (const auto& [kind, dtype] : {std::pair{FfnKind::gated, DType::bf16}, std::pair{FfnKind::plain, DType::f16}}) {
+      Case c;
+      c.kind = kind;
+      c.dtype = dtype;
+      c.pattern = Pattern::edge_rows;
+      c.density = 0.01;  // few uniform rows overflow a tile; the dense edge rows do
+      c.m = 257;
+      c.k = k;
+      c.n = 1000;
+      c.tile = 64;
+      c.capacity = 4;
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Learned, CudaBackupRows, ::testing::ValuesIn(backup_cases()), case_name);
+
+// ---------------------------------------------------------------------------------------------
 // Counters: routed rows and active entries against the oracle's G (rounded to the dtype).
 
 struct Expected {
@@ -776,6 +830,10 @@ TEST(DispatchRule, AlternatesThenTakesTheFaster) {
   t.add(m, d, false, 2.5f);
   EXPECT_TRUE(t.prefer_dense(m, d, above));
   t.add(m, d, true, 4.0f);
+  EXPECT_FALSE(t.prefer_dense(m, d, above)) << "three trials of each path";
+  t.add(m, d, false, 2.6f);
+  EXPECT_TRUE(t.prefer_dense(m, d, above));
+  t.add(m, d, true, 4.1f);
   EXPECT_TRUE(t.prefer_dense(m, d, above)) << "best dense 2.0 ms < best sparse 2.5 ms";
   EXPECT_TRUE(t.prefer_dense(m + 1000, 0.0101, above)) << "the same regime";
   EXPECT_FALSE(t.prefer_dense(2 * m, d, above)) << "twice the rows: another regime";

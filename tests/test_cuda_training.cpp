@@ -492,7 +492,9 @@ TEST_P(CudaTrainingDeterminism, RerunsAreBitIdentical) {
   c.n = 1000;
   c.tile = 64;
   c.capacity = 4;
-  DeviceStep d(spec_of(c, 1202), options_of(c), L1From::options, 0.0f);
+  TrainingOptions o = options_of(c);
+  o.determinism = Determinism::deterministic;
+  DeviceStep d(spec_of(c, 1202), o, L1From::options, 0.0f);
   const StepOutputs first = run_step(d);
   expect_matches_oracle(d, first, "first step");
   EXPECT_GT(first.routed, 0) << "the case should route some rows";
@@ -522,6 +524,57 @@ TEST_P(CudaTrainingDeterminism, RerunsAreBitIdentical) {
   EXPECT_EQ(first.ddown, third.ddown);
 }
 
+// Determinism::fast: the routed rows' dense products go through cuBLAS for as many rows as the
+// plan learned from its earlier forwards. The first step (nothing learned: the tensor-core
+// kernels), a second on the same data (cuBLAS takes every routed row), then data whose routed
+// rows outnumber what was learned (both, split at C).
+class CudaTrainingRoutedBlas : public ::testing::TestWithParam<DeterminismCase> {};
+
+TEST_P(CudaTrainingRoutedBlas, LearnedCublasShareMatchesOracle) {
+  TWELL_REQUIRE_DEVICE();
+  for (const int64_t k : {136, 512}) {  // the CTA-per-row kernels, the warp-per-row ones
+    Case c;
+    c.kind = GetParam().kind;
+    c.dtype = GetParam().dtype;
+    c.pattern = Pattern::edge_rows;
+    c.density = 0.01;
+    c.m = 257;
+    c.k = k;
+    c.n = 1000;
+    c.tile = 64;
+    c.capacity = 4;
+    c.dispatch = Dispatch::force_sparse;
+    TrainingOptions o = options_of(c);
+    o.determinism = Determinism::fast;
+    DeviceStep d(spec_of(c, 1250), o, L1From::options, 0.0f);
+    const StepOutputs first = run_step(d);
+    expect_matches_oracle(d, first, "first step");
+    EXPECT_GT(first.routed, 0) << "the case should route some rows";
+    EXPECT_LT(first.routed, c.m / 2) << "the case should keep most rows compact";
+    const StepOutputs second = run_step(d);
+    expect_matches_oracle(d, second, "second step (cuBLAS)");
+    EXPECT_EQ(second.routed, first.routed);
+
+    Case dense = c;
+    dense.pattern = Pattern::all_dense;
+    d.p = testing::make_problem(spec_of(dense, 1251));
+    d.x.upload(d.p.x);
+    if (c.kind == FfnKind::gated) d.gate.upload(d.p.gate);
+    d.up.upload(d.p.up);
+    d.down.upload(d.p.down);
+    const StepOutputs third = run_step(d);
+    expect_matches_oracle(d, third, "every row routed (cuBLAS, then the kernels)");
+    EXPECT_EQ(third.routed, c.m);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, CudaTrainingRoutedBlas,
+                         ::testing::Values(DeterminismCase{FfnKind::gated, DType::bf16},
+                                           DeterminismCase{FfnKind::plain, DType::f16}),
+                         [](const ::testing::TestParamInfo<DeterminismCase>& i) {
+                           return std::string(ffn_kind_name(i.param.kind)) + "_" + dtype_name(i.param.dtype);
+                         });
+
 INSTANTIATE_TEST_SUITE_P(Kinds, CudaTrainingDeterminism,
                          ::testing::Values(DeterminismCase{FfnKind::gated, DType::bf16},
                                            DeterminismCase{FfnKind::plain, DType::f16}),
@@ -541,7 +594,9 @@ TEST(CudaTrainingGraph, CaptureAndReplay) {
   c.capacity = 4;
   c.l1_from = L1From::tensor;
   c.dispatch = Dispatch::automatic;  // saved_shape polls the calibration's events (below)
-  DeviceStep d(spec_of(c, 1303), options_of(c), c.l1_from, kTensorL1);
+  TrainingOptions o = options_of(c);
+  o.determinism = Determinism::deterministic;  // the replay is compared bit for bit
+  DeviceStep d(spec_of(c, 1303), o, c.l1_from, kTensorL1);
   cudaStream_t s = nullptr;
   cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
   d.poison_outputs();
@@ -661,7 +716,9 @@ TEST(CudaTrainingApi, PlanOwnedSavedStateMatchesCallerOwned) {
   c.m = 65;
   c.tile = 64;
   c.capacity = 4;
-  DeviceStep d(spec_of(c, 1505), options_of(c), L1From::options, 0.0f);
+  TrainingOptions o = options_of(c);
+  o.determinism = Determinism::deterministic;  // the second step is compared bit for bit
+  DeviceStep d(spec_of(c, 1505), o, L1From::options, 0.0f);
   const StepOutputs caller = run_step(d);
   d.poison_outputs();
   SavedActivations saved;
@@ -768,7 +825,7 @@ TEST(CudaTrainingApi, AutomaticDispatchTimesBothForms) {
   Case c = problem_case<Case>(FfnKind::gated, DType::bf16, Pattern::uniform, 0.05, 64, 64, 520);
   DeviceStep d(spec_of(c, 1803), o, L1From::options, 0.0f);
   std::vector<bool> dense;
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < 8; ++i) {
     const TwellShape shape = d.plan->saved_shape(c.m);
     dense.push_back(shape.backup_capacity == c.m);
     d.saved = DeviceBuffer(shape.bytes(d.plan->saved_dtype()));
@@ -776,7 +833,7 @@ TEST(CudaTrainingApi, AutomaticDispatchTimesBothForms) {
     ASSERT_EQ(d.view.shape.backup_capacity, shape.backup_capacity);
     expect_matches_oracle(d, run_step(d), "step " + std::to_string(i));  // run_step synchronises
   }
-  EXPECT_EQ(dense, (std::vector<bool>{false, true, false, true, dense[4], dense[4]}));
+  EXPECT_EQ(dense, (std::vector<bool>{false, true, false, true, false, true, dense[6], dense[6]}));
 }
 
 #endif  // TWELL_WITH_CUDA

@@ -55,6 +55,10 @@ struct InferenceOptions {
                                 // dense; <0 = backend default (CPU 0.035, CUDA 0.04). CUDA decides
                                 // from what finished runs measured (density, and the time of each
                                 // path per regime), so a decision never waits for the device.
+  // CUDA also learns from finished runs how many backup rows (routed, and dense compact ones) to
+  // send through cuBLAS instead of twell's tensor-core kernel, so after the first run those rows
+  // may round differently (each way exact to the dtype); runs then agree while the counts stay
+  // within what was learned. TrainingOptions::determinism is the training side's switch.
 };
 
 // counters (optional, int64 [2] on x's device): {rows routed to the dense backup, active entries}.

@@ -24,6 +24,12 @@
 
 namespace twell {
 
+// fast (CUDA): the dense products of the routed rows run through cuBLAS for as many rows as the
+// plan learned to expect from its earlier forwards (the rest, and all of them before anything is
+// learned, on twell's tensor-core kernel), so a routed row's rounding can differ between the first
+// steps and later ones. deterministic: every routed row on the kernel; reruns are bit-identical.
+// Either way no float atomics are used and every result is exact to the dtype's rounding. The CPU
+// backend is deterministic in both modes.
 enum class Determinism : uint8_t { fast, deterministic };
 
 // The two forms of the saved state (TrainingPlan::saved_shape): compact (TwELL slots, no backup
@@ -34,11 +40,11 @@ struct TrainingOptions {
   int32_t tile = 0;       // 0 = backend default
   int32_t capacity = 0;   // 0 = tile / 8
   double l1_coef = 0.0;
-  Determinism determinism = Determinism::deterministic;
+  Determinism determinism = Determinism::fast;
   // Which saved form saved_shape(M) asks for. automatic (CUDA): compact before any measurement;
   // dense while the density the last finished forward measured (polled, never waited for) is
   // above dense_above; below it, per regime (M to a power of two, density to a factor of ~1.4),
-  // each form for two timed steps (a forward and the backward of the same saved buffer), then the
+  // each form for three timed steps (a forward and the backward of the same saved buffer), then the
   // faster. force_sparse / force_dense: always compact / dense. The CPU backend always uses the
   // compact form.
   Dispatch dispatch = Dispatch::automatic;

@@ -259,7 +259,7 @@ void bind_plans(nb::module_& m) {
                  training_options(tile, capacity, l1_coef, determinism, dispatch, dense_above), borrow);
            },
            "gate"_a.none(), "up"_a, "down"_a, "tile"_a = 0, "capacity"_a = 0, "l1_coef"_a = 0.0,
-           "determinism"_a = Determinism::deterministic, "dispatch"_a = Dispatch::automatic,
+           "determinism"_a = Determinism::fast, "dispatch"_a = Dispatch::automatic,
            "dense_above"_a = -1.0, "borrow"_a = false)
       .def("saved_shape", [](const PyTrainingPlan& p, int64_t rows) { return p.plan().saved_shape(rows); },
            "rows"_a, "The form dispatch asks for now (backup_capacity 0: compact; M: dense).")

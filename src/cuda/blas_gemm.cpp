@@ -19,24 +19,39 @@ int blas_int(int64_t v, const char* what) {
 
 }  // namespace
 
-BlasWeightGrad::BlasWeightGrad(DType dtype) : type_(dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F) {
+BlasGemm::BlasGemm(DType dtype) : type_(dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F) {
   check_cublas(cublasCreate(&handle_), "TrainingPlan", "cuBLAS handle");
 }
 
-BlasWeightGrad::~BlasWeightGrad() {
+BlasGemm::~BlasGemm() {
   if (handle_ != nullptr) cublasDestroy(handle_);
 }
 
-void BlasWeightGrad::run(const void* a, int64_t lda, const void* b, int64_t rows, int64_t n, int64_t k,
-                         float* dw, cudaStream_t s, void* workspace, size_t workspace_bytes) {
+void BlasGemm::bind(cudaStream_t s, void* workspace, size_t workspace_bytes) {
   check_cublas(cublasSetStream(handle_, s), kOp, "cuBLAS stream");
   check_cublas(cublasSetWorkspace(handle_, workspace, workspace_bytes), kOp, "cuBLAS workspace");
-  const float alpha = 1.0f, beta = 0.0f;
+}
+
+void BlasGemm::weight_grad(const void* a, int64_t lda, const void* b, int64_t rows, int64_t n, int64_t k,
+                           float* dw, float beta, cudaStream_t s, void* workspace, size_t workspace_bytes) {
+  bind(s, workspace, workspace_bytes);
+  const float alpha = 1.0f;
   check_cublas(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_T, blas_int(k, "K"), blas_int(n, "N"),
                             blas_int(rows, "rows"), &alpha, b, type_, blas_int(k, "K"), a, type_,
                             blas_int(lda, "leading dimension"), &beta, dw, CUDA_R_32F, blas_int(k, "K"),
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                kOp, "cuBLAS weight-gradient GEMM");
+}
+
+void BlasGemm::matmul(const void* a, int64_t lda, const void* w, int64_t rows, int64_t n, int64_t k, float* d,
+                      float beta, cudaStream_t s, void* workspace, size_t workspace_bytes) {
+  bind(s, workspace, workspace_bytes);
+  const float alpha = 1.0f;
+  check_cublas(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, blas_int(k, "K"), blas_int(rows, "rows"),
+                            blas_int(n, "N"), &alpha, w, type_, blas_int(k, "K"), a, type_,
+                            blas_int(lda, "leading dimension"), &beta, d, CUDA_R_32F, blas_int(k, "K"),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               kOp, "cuBLAS routed input-gradient GEMM");
 }
 
 }  // namespace twell::gpu

@@ -1,7 +1,10 @@
-// Weight-gradient GEMMs of training's dense path through cuBLAS: dw [n, k] (f32, row-major) =
-// a^T b with a [rows, n] (leading dimension lda) and b [rows, k] (16-bit, row-major), fp32
-// accumulation. Row-major dw^T = b^T a is the column-major product [k, rows] x [rows, n]: b's
-// buffer is column-major [k, rows] (op N), a's is column-major [n, rows] (op T).
+// GEMMs with fp32 output through cuBLAS (16-bit operands, fp32 accumulation), described row-major:
+//   weight_grad: dw [n, k] = beta dw + a^T b, a [rows, n] (leading dimension lda), b [rows, k].
+//     Row-major dw^T = b^T a is the column-major product [k, rows] x [rows, n]: b's buffer is
+//     column-major [k, rows] (op N), a's is column-major [n, rows] (op T).
+//   matmul: d [rows, k] = beta d + a w, a [rows, n] (lda), w [n, k] (a neuron-major weight).
+//     Row-major d^T = w^T a^T: w's buffer is column-major [k, n] (op N), a's [n, rows] (op N).
+// Training's dense path (weight gradients) and its routed rows' share (routed_blas.cu).
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -13,18 +16,21 @@
 
 namespace twell::gpu {
 
-class BlasWeightGrad {
+class BlasGemm {
  public:
-  explicit BlasWeightGrad(DType dtype);
-  ~BlasWeightGrad();
-  BlasWeightGrad(const BlasWeightGrad&) = delete;
-  BlasWeightGrad& operator=(const BlasWeightGrad&) = delete;
+  explicit BlasGemm(DType dtype);
+  ~BlasGemm();
+  BlasGemm(const BlasGemm&) = delete;
+  BlasGemm& operator=(const BlasGemm&) = delete;
 
-  // Enqueues the product on s, using `workspace` (workspace_bytes) as cuBLAS's scratch.
-  void run(const void* a, int64_t lda, const void* b, int64_t rows, int64_t n, int64_t k, float* dw,
-           cudaStream_t s, void* workspace, size_t workspace_bytes);
+  // Enqueue the product on s, using `workspace` (workspace_bytes) as cuBLAS's scratch.
+  void weight_grad(const void* a, int64_t lda, const void* b, int64_t rows, int64_t n, int64_t k, float* dw,
+                   float beta, cudaStream_t s, void* workspace, size_t workspace_bytes);
+  void matmul(const void* a, int64_t lda, const void* w, int64_t rows, int64_t n, int64_t k, float* d,
+              float beta, cudaStream_t s, void* workspace, size_t workspace_bytes);
 
  private:
+  void bind(cudaStream_t s, void* workspace, size_t workspace_bytes);
   cudaDataType_t type_;
   cublasHandle_t handle_ = nullptr;
 };

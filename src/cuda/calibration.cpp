@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cuda/config.hpp"
 #include "cuda/cuda_check.hpp"
 
 namespace twell::gpu {
@@ -94,6 +95,40 @@ bool DensityProbe::poll() {
   density_ = elements_ > 0 ? double(*host_) / elements_ : 0.0;
   pending_ = false;
   return true;
+}
+
+RoutedCapacity::RoutedCapacity(const char* op) : op_(op), copied_(cudaEventDisableTiming, op) {
+  check_cuda(cudaMallocHost(&host_, sizeof *host_), op, "pinned routed count");
+}
+
+RoutedCapacity::~RoutedCapacity() {
+  if (host_ != nullptr) cudaFreeHost(host_);
+}
+
+void RoutedCapacity::record(const int32_t* device_count, int64_t rows, cudaStream_t s) {
+  if (pending_) return;  // one copy in flight at a time
+  check_cuda(cudaMemcpyAsync(host_, device_count, sizeof *host_, cudaMemcpyDeviceToHost, s), op_,
+             "routed count copy");
+  check_cuda(cudaEventRecord(copied_, s), op_, "calibration event");
+  pending_ = true;
+  pending_rows_ = rows;
+}
+
+int64_t RoutedCapacity::capacity(int64_t rows, int64_t limit, bool capturing) {
+  if (!capturing && pending_ && passed(copied_, op_)) {
+    count_ = *host_;
+    count_rows_ = pending_rows_;
+    pending_ = false;
+  }
+  if (count_ <= 0 || count_rows_ <= 0 || limit <= 0) return 0;
+  const double expected = double(count_) * double(rows) / double(count_rows_);
+  const int64_t want = int64_t(std::ceil(expected * RoutedBlasConfig::kHeadroom)) + RoutedBlasConfig::kSlack;
+  const int64_t step = RoutedBlasConfig::kRowMultiple;
+  const int64_t c = std::min({(want + step - 1) / step * step, limit, rows});
+  // Keep the last C while it holds the expected rows and is under twice what they need: each new
+  // C is a new cuBLASLt plan (host work), and counts vary a little from run to run.
+  if (!(capacity_ >= c && capacity_ < 2 * c && capacity_ <= std::min(limit, rows))) capacity_ = c;
+  return capacity_;
 }
 
 DispatchCalibration::DispatchCalibration()

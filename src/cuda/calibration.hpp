@@ -1,8 +1,9 @@
 // Automatic dispatch without a host synchronisation. Each eager run copies its activation count
 // into pinned memory behind an event and is timed with pairs of events; a later call polls them
 // (never waits). For every regime (M rounded to a power of two, density to a factor of ~1.4) the
-// first runs try each path twice (a first run also carries one-time host work, e.g. cuBLASLt's
-// algorithm choice, between its events), then the path with the smaller best time runs.
+// first runs try each path three times (PathTimes::kTrials: runs that carry one-time host work,
+// e.g. cuBLASLt's algorithm choice, between their events are among them), then the path with the
+// smaller best time runs.
 // Densities above the plan's dense_above run dense without a trial. A captured graph keeps the
 // decision made at capture.
 //   inference (DispatchCalibration): one run, one pair of events;
@@ -31,7 +32,10 @@ class PathTimes {
 
  private:
   using Regime = std::pair<int, int>;  // (log2 rows, density bucket)
-  static constexpr int kTrials = 2;    // timed runs of each path before choosing
+  // Timed runs of each path before choosing: a path's first run carries one-time host work
+  // (cuBLASLt's algorithm choice, lazy module loading), and so does the sparse path's run that
+  // first sends routed rows through cuBLAS (RoutedCapacity), usually its second.
+  static constexpr int kTrials = 3;
   struct Times {
     float best_ms[2] = {0, 0};  // per path: fastest measured
     int runs[2] = {0, 0};
@@ -76,6 +80,30 @@ class DensityProbe {
   bool pending_ = false;
   double elements_ = 0;
   double density_ = -1;
+};
+
+// How many routed rows a run sends through cuBLAS (RoutedBlasConfig): each eager run's routed
+// count is copied into pinned memory behind an event by record(); capacity() polls the last one
+// (never waiting) and sizes C from it. Before any count arrives, or after a run that routed none, 0.
+class RoutedCapacity {
+ public:
+  explicit RoutedCapacity(const char* op);
+  ~RoutedCapacity();
+  RoutedCapacity(const RoutedCapacity&) = delete;
+  RoutedCapacity& operator=(const RoutedCapacity&) = delete;
+
+  void record(const int32_t* device_count, int64_t rows, cudaStream_t s);
+  // C for a run of `rows` rows, at most `limit` (the buffers' rows). Polls unless capturing.
+  int64_t capacity(int64_t rows, int64_t limit, bool capturing);
+
+ private:
+  const char* op_;
+  OwnedEvent copied_;
+  int32_t* host_ = nullptr;  // pinned
+  bool pending_ = false;
+  int64_t pending_rows_ = 0;
+  int64_t count_ = 0, count_rows_ = 0;  // the last count that arrived, and its run's rows
+  int64_t capacity_ = 0;                // the last C handed out (kept while it still fits)
 };
 
 class DispatchCalibration {

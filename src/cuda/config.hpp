@@ -65,6 +65,18 @@ struct RoutedGemmConfig {
   static constexpr size_t kSplitPartialBytes = size_t(kMaxSplitItems) * kBlockM * kBlockN * sizeof(float);
 };
 
+// The routed rows' dense products through cuBLAS(Lt) (routed_blas.cu): the first C rows of a
+// routed list are gathered into a workspace region of kBytes and multiplied by cuBLAS; rows past C
+// take the tensor-core kernel above. C is learned from the routed counts of the plan's earlier
+// eager runs (polled, never waited for): kHeadroom x the last count (scaled to this run's M) plus
+// kSlack, rounded up to kRowMultiple, at most what kBytes holds.
+struct RoutedBlasConfig {
+  static constexpr size_t kBytes = size_t(16) << 20;
+  static constexpr int64_t kRowMultiple = 64;
+  static constexpr double kHeadroom = 1.25;
+  static constexpr int64_t kSlack = 16;
+};
+
 // The dense path's elementwise hidden kernel (dense_hidden.cu).
 struct ElementwiseConfig {
   static constexpr int kThreads = 256;   // threads per CTA

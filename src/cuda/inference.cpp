@@ -95,7 +95,7 @@ class CudaInference final : public detail::InferenceBackend {
                          b.hidden),
              s, b.lt);
   }
-  void run_sparse(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s);
+  void run_sparse(const InferenceArgs& args, int64_t rows, const Buffers& b, bool capturing, cudaStream_t s);
   void run_dense(const InferenceArgs& args, int64_t rows, const Buffers& b, bool count,
                  cudaStream_t s);
 
@@ -107,6 +107,7 @@ class CudaInference final : public detail::InferenceBackend {
   bool fused_gate_;  // the sparse path's gate GEMM packs TwELL in its epilogue (gate_pack.cu)
   std::unique_ptr<LtGemm> lt_;
   std::unique_ptr<DispatchCalibration> calibration_;
+  RoutedCapacity routed_capacity_{kRunOp};  // how many backup rows cuBLAS takes
   OwnedWorkspace own_;
   cudaEvent_t done_ = nullptr;          // recorded at the end of every uncaptured run
   cudaStream_t last_stream_ = nullptr;  // the stream of the last uncaptured run
@@ -151,7 +152,7 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
   if (dense)
     run_dense(args, rows, b, counters != nullptr || options_.dispatch == Dispatch::automatic, s);
   else
-    run_sparse(args, rows, b, s);
+    run_sparse(args, rows, b, capturing, s);
 
   if (counters != nullptr) launch_write_counters(b.control, counters, s);
   if (!capturing) {
@@ -163,7 +164,7 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
   return info;
 }
 
-void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Buffers& b,
+void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Buffers& b, bool capturing,
                                cudaStream_t s) {
   TwellView tw;
   tw.shape.rows = rows;
@@ -224,11 +225,16 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
     launch_compact_ffn(compact, s);
   }
 
-  RoutedArgs routed =
-      routed_args(dims_, weights_, args.x.data, args.y.data, b.hidden, rows,
-                  row_kernel ? heavy : tw.routed_rows, row_kernel ? &b.control->num_heavy : tw.num_routed);
+  // The backup: the first C rows through cuBLAS, C learned from earlier runs' counts; the rest
+  // (all of them until a count arrives) on the tensor-core kernel.
+  const int32_t* backup_count = row_kernel ? &b.control->num_heavy : tw.num_routed;
+  RoutedArgs routed = routed_args(dims_, weights_, args.x.data, args.y.data, b.hidden, rows,
+                                  row_kernel ? heavy : tw.routed_rows, backup_count);
   routed.split_k = {reinterpret_cast<float*>(b.base + b.layout.split_partials), b.control->split_tiles};
+  routed.first = routed_capacity_.capacity(rows, b.layout.blas_rows, capturing);
+  launch_routed_blas(*lt_, routed, routed.first, b.base + b.layout.routed_blas, b.lt, device_, s, kRunOp);
   launch_routed(routed, device_, s);
+  if (!capturing) routed_capacity_.record(backup_count, rows, s);
 }
 
 void CudaInference::run_dense(const InferenceArgs& args, int64_t rows, const Buffers& b,

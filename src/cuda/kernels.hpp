@@ -15,6 +15,8 @@
 
 namespace twell::gpu {
 
+class LtGemm;  // lt_gemm.hpp
+
 // Per-run device counters, zeroed by the plan before the first kernel of a run.
 struct RunCounters {
   int32_t num_routed = 0;       // rows routed to the dense backup (TwellView::num_routed)
@@ -125,9 +127,34 @@ struct RoutedArgs {
   int64_t n = 0;                      // N
   const int32_t* routed_rows = nullptr;
   const int32_t* num_routed = nullptr;
+  int64_t first = 0;                  // rows routed_rows[first .. *num_routed) (the ones before: cuBLAS)
   SplitK split_k;
 };
 void launch_routed(const RoutedArgs& a, const DeviceInfo& dev, cudaStream_t s);
+
+// routed_blas.cu: the first `cap` rows of a routed list (list[0 .. *count)) for cuBLAS.
+struct RowList {
+  const int32_t* list = nullptr;
+  const int32_t* count = nullptr;  // R, on the device
+  int64_t cap = 0;                 // C, chosen on the host
+};
+// The largest C (a multiple of RoutedBlasConfig::kRowMultiple, at most rows) whose buffers of
+// bytes_per_row each fit RoutedBlasConfig::kBytes.
+int64_t routed_blas_rows(int64_t rows, size_t bytes_per_row);
+// dst [cap, width] = src[list[i]] for i < min(cap, R), zero rows after (16-bit, width % 8 == 0).
+void launch_gather_rows(const void* src, int64_t width, const RowList& l, void* dst, const DeviceInfo& dev,
+                        cudaStream_t s, const char* op);
+// Gated: h = g * u, rounded once, for i < min(cap, R): into up[i] and hidden[list[i]] ([*, n]).
+void launch_routed_product(DType dtype, void* hidden, int64_t n, const RowList& l, void* up,
+                           const DeviceInfo& dev, cudaStream_t s, const char* op);
+// dst[list[i]] = src[i] for i < min(cap, R); src 16-bit, or fp32 (src_f32) rounded to dtype.
+void launch_scatter_rows(DType dtype, const void* src, bool src_f32, int64_t width, const RowList& l, void* dst,
+                         const DeviceInfo& dev, cudaStream_t s, const char* op);
+// launch_routed's products for rows [0, min(cap, R)) of a.routed_rows through cuBLASLt, in
+// `region` (cap x (K + N) values): x rows gathered, u = x Wu^T, h = g u (into G too), y = h Wd
+// scattered. lt_workspace: LtConfig::kWorkspaceBytes.
+void launch_routed_blas(LtGemm& lt, const RoutedArgs& a, int64_t cap, void* region, void* lt_workspace,
+                        const DeviceInfo& dev, cudaStream_t s, const char* op);
 
 // The backup of a run of `rows` rows over the rows listed in list[0 .. *count).
 inline RoutedArgs routed_args(const ProblemDims& d, const FfnWeights& w, const void* x, void* y,

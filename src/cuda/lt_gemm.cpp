@@ -65,7 +65,8 @@ void build(cublasLtHandle_t handle, cudaDataType_t type, const GemmCall& c, int 
   else
     check_cublas(cublasLtMatrixLayoutCreate(&p.a, type, n, k, int64_t(n)), kOp, "cuBLASLt layout");
   check_cublas(cublasLtMatrixLayoutCreate(&p.b, type, k, m, int64_t(k)), kOp, "cuBLASLt layout");
-  check_cublas(cublasLtMatrixLayoutCreate(&p.d, type, n, m, int64_t(n)), kOp, "cuBLASLt layout");
+  check_cublas(cublasLtMatrixLayoutCreate(&p.d, type, n, m, c.ldd > 0 ? c.ldd : int64_t(n)), kOp,
+               "cuBLASLt layout");
 
   // cuBLAS's A is our weight (b) and its B our activations (a).
   cublasLtMatmulPreference_t pref = nullptr;
@@ -114,11 +115,11 @@ void LtGemm::clear() {
 }
 
 const LtPlan& LtGemm::plan_for(const GemmCall& c) {
-  const Key key{c.id, c.m, alignment_of(c.a), alignment_of(c.b), alignment_of(c.d)};
+  const Key key{c.id, c.m, c.ldd, alignment_of(c.a), alignment_of(c.b), alignment_of(c.d)};
   if (auto it = plans_.find(key); it != plans_.end()) return it->second;
   LtPlan p;
   try {
-    build(handle_, type_, c, std::get<2>(key), std::get<3>(key), std::get<4>(key), p);
+    build(handle_, type_, c, std::get<3>(key), std::get<4>(key), std::get<5>(key), p);
   } catch (...) {
     destroy(p);
     throw;

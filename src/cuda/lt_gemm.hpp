@@ -28,6 +28,7 @@ struct GemmCall {
   const void* a = nullptr;       // [m, k] activations
   const void* b = nullptr;       // weight, see layout
   void* d = nullptr;             // [m, n] output
+  int64_t ldd = 0;               // D's row stride in elements (0: n)
 };
 
 // D [m, n] = act(A [m, k] B^T) for B [n, k] (nn.Linear's weight: the gate and up products).
@@ -72,7 +73,7 @@ class LtGemm {
   void run(const GemmCall& c, cudaStream_t s, void* workspace);
 
  private:
-  using Key = std::tuple<GemmId, int64_t, int, int, int>;  // id, m, alignments of a, b, d
+  using Key = std::tuple<GemmId, int64_t, int64_t, int, int, int>;  // id, m, ldd, alignments of a, b, d
   const LtPlan& plan_for(const GemmCall& c);
   void clear();
 

@@ -114,6 +114,8 @@ struct Params {
   int64_t depth = 0;                  // reduction length (ignored when routed == depth)
   Routed routed = Routed::rows;
   const int32_t* count = nullptr;
+  int64_t first = 0;                  // the routed extent is *count - first (the lists and dense
+                                      // buffers are already offset by `first` rows)
   SplitK split_k;                     // rows problems only (null: never split)
 };
 
@@ -297,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) routed_gemm_kernel(
   using S = Shared<T, kA, kB>;
   __shared__ S sm;
 
-  const int64_t routed = *p.count;
+  const int64_t routed = max(int64_t(0), int64_t(*p.count) - p.first);
   const Extent x{p.routed == Routed::rows ? routed : p.rows, p.routed == Routed::depth ? routed : p.depth};
   if (x.rows == 0 || x.depth == 0) return;
   const int64_t tiles_n = (p.cols + Cfg::kBlockN - 1) / Cfg::kBlockN;
@@ -448,11 +450,12 @@ void launch(const Params& p, DType dtype, int64_t max_rows, const DeviceInfo& de
 void launch_routed(const RoutedArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const char* op = "InferencePlan::run";
   Params p;
-  p.a_rows = a.routed_rows;
-  p.out_rows = a.routed_rows;
+  p.a_rows = a.routed_rows + a.first;
+  p.out_rows = a.routed_rows + a.first;
   p.rows = a.rows;
   p.routed = Routed::rows;
   p.count = a.num_routed;
+  p.first = a.first;
   p.split_k = a.split_k;
   if (a.kind == FfnKind::gated) {  // G[r] <- G[r] * (x[r] Wu^T)
     p.a = a.x;
@@ -483,11 +486,12 @@ void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cuda
   Params p;
   p.a = a.src;
   p.lda = a.k;
-  p.a_rows = a.order;
+  p.a_rows = a.order + a.first;
   p.b = a.weight;
   p.ldb = a.k;
-  p.out = a.out;
+  p.out = static_cast<char*>(a.out) + size_t(a.first * a.ldo) * dtype_size(a.dtype);
   p.ldo = a.ldo;
+  p.first = a.first;
   p.rows = a.max_rows;
   p.cols = a.n_out;
   p.depth = a.k;
@@ -504,15 +508,16 @@ void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cuda
 
 void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   Params p;
-  p.a = a.grad;
+  p.a = static_cast<const char*>(a.grad) + size_t(a.first_row * a.depth) * dtype_size(a.dtype);
   p.lda = a.depth;
+  p.first = a.first_row;
   p.b = a.first;
   p.ldb = a.k;
   p.b_second = a.second;
   p.b_split = a.split;
   p.out = a.dx;
   p.ldo = a.k;
-  p.out_rows = a.order;
+  p.out_rows = a.order + a.first_row;
   p.rows = a.max_rows;
   p.cols = a.k;
   p.depth = a.depth;
@@ -525,11 +530,12 @@ void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cud
 
 void launch_routed_weight_grad(const WeightGradGemmArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   Params p;
-  p.a = a.grad;
+  p.a = static_cast<const char*>(a.grad) + size_t(a.first * a.lda) * dtype_size(a.dtype);
   p.lda = a.lda;
+  p.first = a.first;
   p.b = a.src;
   p.ldb = a.k;
-  p.b_rows = a.order;
+  p.b_rows = a.order + a.first;
   p.out = a.dw;
   p.ldo = a.k;
   p.rows = a.n;

@@ -136,6 +136,7 @@ struct RecomputeArgs {
   int64_t max_rows = 0;              // M: the worst case R
   const int32_t* order = nullptr;
   const int32_t* count = nullptr;
+  int64_t first = 0;                 // only s >= first (the rows before: cuBLAS)
   SplitK split_k;
 };
 void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cudaStream_t s);
@@ -155,6 +156,7 @@ struct InputGradArgs {
   int64_t max_rows = 0;
   const int32_t* order = nullptr;
   const int32_t* count = nullptr;
+  int64_t first_row = 0;             // only s >= first_row (the rows before: cuBLAS)
   SplitK split_k;
 };
 void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cudaStream_t s);
@@ -171,6 +173,7 @@ struct WeightGradGemmArgs {
   int64_t k = 0;
   const int32_t* order = nullptr;
   const int32_t* count = nullptr;
+  int64_t first = 0;                 // only s >= first (the rows before: cuBLAS)
 };
 void launch_routed_weight_grad(const WeightGradGemmArgs& a, const DeviceInfo& dev, cudaStream_t s);
 

@@ -1,5 +1,7 @@
 #include "cuda/train_workspace.hpp"
 
+#include <algorithm>
+
 #include "cuda/config.hpp"
 #include "cuda/train_kernels.hpp"
 
@@ -39,6 +41,9 @@ TrainForwardLayout train_forward_layout(const ProblemDims& d, int64_t rows) {
   l.control = c.take(kRowQueueWords * sizeof(int32_t));
   l.long_rows = c.take(m * sizeof(int32_t));
   l.split_partials = c.take(RoutedGemmConfig::kSplitPartialBytes);
+  const size_t blas_row = size_t(d.k + d.n) * dtype_size(d.dtype);
+  l.blas_rows = routed_blas_rows(rows, blas_row);
+  l.routed_blas = c.take(size_t(l.blas_rows) * blas_row);
   l.bytes = c.bytes();
   return l;
 }
@@ -66,7 +71,13 @@ TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows) {
   l.control = c.take(kRowQueueWords * sizeof(int32_t));
   l.long_rows = c.take(m * sizeof(int32_t));
   l.split_counters = c.take(RoutedGemmConfig::kMaxSplitTiles * sizeof(int32_t));
-  l.split_partials = c.take(RoutedGemmConfig::kSplitPartialBytes);
+  // cuBLAS's scratch shares the split-K partials' bytes: both are scratch of one launch on the
+  // same stream.
+  l.split_partials = c.take(std::max(RoutedGemmConfig::kSplitPartialBytes, LtConfig::kWorkspaceBytes));
+  l.lt = l.split_partials;
+  const size_t blas_row = size_t(d.k) * (2 * es + sizeof(float));
+  l.blas_rows = routed_blas_rows(rows, blas_row);
+  l.routed_blas = c.take(size_t(l.blas_rows) * blas_row);
   l.bytes = c.bytes();
   return l;
 }

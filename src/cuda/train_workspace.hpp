@@ -20,6 +20,8 @@ struct TrainForwardLayout {
   size_t row_l1 = 0;    // f32 [M]: sum |h| per row
   size_t control = 0;   // int32 [kRowQueueWords]: the row pass's queues (train_kernels.hpp)
   size_t long_rows = 0; // int32 [M]: the row pass's long rows
+  size_t routed_blas = 0;  // [blas_rows, K + N]: the routed rows cuBLAS takes (launch_routed_blas)
+  int64_t blas_rows = 0;
   size_t bytes = 0;     // 0 when M = 0
 };
 TrainForwardLayout train_forward_layout(const ProblemDims& d, int64_t rows);
@@ -42,6 +44,9 @@ struct TrainBackwardLayout {
   size_t long_rows = 0;     // int32 [M]: the row pass's long rows
   size_t split_counters = 0;  // int32 [kMaxSplitTiles]: the routed GEMMs' split-K counters
   size_t split_partials = 0;  // the routed GEMMs' split-K partial tiles
+  size_t lt = 0;            // cuBLAS(Lt) scratch: the same bytes
+  size_t routed_blas = 0;   // the routed rows cuBLAS takes: x and dy rows [blas_rows, K] (dtype),
+  int64_t blas_rows = 0;    //   their dx rows [blas_rows, K] (f32)
   size_t bytes = 0;         // 0 when M = 0
 };
 TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows);

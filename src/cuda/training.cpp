@@ -89,7 +89,7 @@ class CudaTraining final : public detail::TrainingBackend {
     check_device_pointer(w.up.data, device_.index, kPlanOp, "up weight");
     check_device_pointer(w.down.data, device_.index, kPlanOp, "down weight");
     lt_ = std::make_unique<LtGemm>(dims_.dtype);
-    if (o.dispatch != Dispatch::force_sparse) blas_ = std::make_unique<BlasWeightGrad>(dims_.dtype);
+    blas_ = std::make_unique<BlasGemm>(dims_.dtype);
     check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), kPlanOp, "run event");
   }
 
@@ -113,7 +113,7 @@ class CudaTraining final : public detail::TrainingBackend {
 
   void forward(const TrainingForwardArgs& args, const TwellView& saved, Stream stream) override;
   void forward_sparse(const TrainingForwardArgs& args, const TwellView& saved, int64_t rows, char* base,
-                      cudaStream_t s);
+                      bool capturing, cudaStream_t s);
   void backward(const TrainingBackwardArgs& args, const TensorView& x, const TwellView& saved,
                 Stream stream) override;
 
@@ -163,7 +163,15 @@ class CudaTraining final : public detail::TrainingBackend {
     char* p = nullptr;
     char* q = nullptr;
     SplitK split_k;
+    int64_t blas_rows = 0;    // C: rows order[0 .. C) through cuBLAS
+    char* blas = nullptr;     // their x, dy (dtype) and dx (f32) rows, [C, K] each
+    void* lt = nullptr;       // cuBLAS(Lt) scratch, LtConfig::kWorkspaceBytes
   };
+  // C for a run of `rows` rows (0 in deterministic mode: every routed row on the tensor-core kernel).
+  int64_t blas_rows(int64_t rows, int64_t limit, bool capturing) {
+    if (options_.determinism != Determinism::fast) return 0;
+    return routed_capacity_.capacity(rows, limit, capturing);
+  }
   struct Grads {
     void* dx = nullptr;
     float* dfirst = nullptr;
@@ -187,7 +195,9 @@ class CudaTraining final : public detail::TrainingBackend {
   DeviceInfo device_;
   bool fused_gate_;  // the compact forward packs TwELL in the gate GEMM epilogue (gate_pack.cu)
   std::unique_ptr<LtGemm> lt_;
-  std::unique_ptr<BlasWeightGrad> blas_;  // the dense path's weight gradients
+  std::unique_ptr<BlasGemm> blas_;  // the dense path's weight gradients, the routed rows' share
+  // Determinism::fast: the routed rows' first C through cuBLAS, C learned from earlier forwards.
+  RoutedCapacity routed_capacity_{kForwardOp};
   TrainingCalibration calibration_;  // automatic dispatch: timed steps of either saved form
   OwnedWorkspace own_;
   cudaEvent_t done_ = nullptr;          // recorded at the end of every uncaptured run
@@ -225,14 +235,14 @@ void CudaTraining::forward(const TrainingForwardArgs& args, const TwellView& sav
   if (saved.shape.backup_capacity == rows)
     forward_dense(args, saved, rows, base, s);
   else
-    forward_sparse(args, saved, rows, base, s);
+    forward_sparse(args, saved, rows, base, capturing, s);
   if (calibrate)
     calibration_.forward_finish(active, rows, dims_.n, saved.shape.backup_capacity == rows, s);
   end(s, capturing, kForwardOp);
 }
 
 void CudaTraining::forward_sparse(const TrainingForwardArgs& args, const TwellView& saved, int64_t rows,
-                                  char* base, cudaStream_t s) {
+                                  char* base, bool capturing, cudaStream_t s) {
   const TrainForwardLayout l = train_forward_layout(dims_, rows);
   auto* active = at<unsigned long long>(base, l.active);
   void* hidden = base + l.hidden;
@@ -277,8 +287,11 @@ void CudaTraining::forward_sparse(const TrainingForwardArgs& args, const TwellVi
   RoutedArgs routed = routed_args(dims_, weights_, args.x.data, args.y.data, hidden, rows,
                                   saved.routed_rows, saved.num_routed);
   routed.split_k = {at<float>(base, l.split_partials), at<int32_t>(base, l.split_counters)};
+  routed.first = blas_rows(rows, l.blas_rows, capturing);
+  launch_routed_blas(*lt_, routed, routed.first, base + l.routed_blas, base + l.lt, device_, s, kForwardOp);
   launch_routed(routed, device_, s);
   launch_routed_renumber(saved, s);
+  if (!capturing && options_.determinism == Determinism::fast) routed_capacity_.record(saved.num_routed, rows, s);
 
   launch_statistics(saved, hidden, active, row_l1, stats, rows, s);
 }
@@ -336,11 +349,14 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   char* base = begin(rows, args.workspace, s, capturing, kBackwardOp);
   const bool calibrate = !capturing && options_.dispatch == Dispatch::automatic;
   if (calibrate) calibration_.backward_start(saved.values, s);
+  auto finish = [&] {
+    if (calibrate) calibration_.backward_finish(s);
+    end(s, capturing, kBackwardOp);
+  };
   const L1Coef l1{l1_device, float(options_.l1_coef)};
   if (saved.shape.backup_capacity == rows) {
     backward_dense(args, x, saved, g, rows, base, l1, s);
-    if (calibrate) calibration_.backward_finish(s);
-    end(s, capturing, kBackwardOp);
+    finish();
     return;
   }
   const TrainBackwardLayout l = train_backward_layout(dims_, rows);
@@ -350,6 +366,9 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   rb.p = base + l.p;
   rb.q = base + l.q;
   rb.split_k = {at<float>(base, l.split_partials), at<int32_t>(base, l.split_counters)};
+  rb.blas_rows = blas_rows(rows, l.blas_rows, capturing);
+  rb.blas = base + l.routed_blas;
+  rb.lt = base + l.lt;
   check_cuda(cudaMemsetAsync(rb.split_k.counters, 0, RoutedGemmConfig::kMaxSplitTiles * sizeof(int32_t), s),
              kBackwardOp, "split-K counters");
   auto* dh = at<float>(base, l.dh);
@@ -397,8 +416,7 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   launch_weight_grads(wg, device_, s);
 
   backward_routed(x.data, args.dy.data, g, rb, rows, l1, s);
-  if (calibrate) calibration_.backward_finish(s);
-  end(s, capturing, kBackwardOp);
+  finish();
 }
 
 void CudaTraining::backward_routed(const void* x, const void* dy, const Grads& g,
@@ -407,9 +425,29 @@ void CudaTraining::backward_routed(const void* x, const void* dy, const Grads& g
   const bool gated = dims_.kind == FfnKind::gated;
   const int64_t n = dims_.n, k = dims_.k;
   const int64_t q_cols = gated ? 2 * n : n;
-  char* q_second = b.q + size_t(n) * dtype_size(dims_.dtype);  // gated: columns N .. 2N-1 of q
+  const size_t es = dtype_size(dims_.dtype);
+  char* q_second = b.q + size_t(n) * es;  // gated: columns N .. 2N-1 of q
+  // Rows order[0 .. C) through cuBLAS, from gathered x and dy rows (zero past R); the rest on the
+  // tensor-core kernel, each launch starting at row C.
+  const int64_t c = b.blas_rows;
+  const RowList list{b.order, b.count, c};
+  char* x_rows = b.blas;
+  char* dy_rows = x_rows + size_t(c * k) * es;
+  auto* dx_rows = reinterpret_cast<float*>(dy_rows + size_t(c * k) * es);
 
   // g = relu(x W1^T) -> p;  gated: u = x Wu^T -> q[:, :N];  dh = dy Wd^T -> q[:, N:] (plain: q)
+  if (c > 0) {
+    launch_gather_rows(x, k, list, x_rows, device_, s, kBackwardOp);
+    launch_gather_rows(dy, k, list, dy_rows, device_, s, kBackwardOp);
+    lt_->run(linear_call(GemmId::gate, Activation::relu, c, n, k, x_rows, first_weight(), b.p), s, b.lt);
+    GemmCall call = linear_call(GemmId::up, Activation::none, c, n, k, x_rows, weights_.up.data, b.q);
+    call.ldd = q_cols;
+    if (gated) lt_->run(call, s, b.lt);
+    call = linear_call(GemmId::grad_hidden, Activation::none, c, n, k, dy_rows, weights_.down.data,
+                       gated ? q_second : b.q);
+    call.ldd = q_cols;
+    lt_->run(call, s, b.lt);
+  }
   RecomputeArgs r;
   r.dtype = dims_.dtype;
   r.n_out = n;
@@ -417,6 +455,7 @@ void CudaTraining::backward_routed(const void* x, const void* dy, const Grads& g
   r.max_rows = rows;
   r.order = b.order;
   r.count = b.count;
+  r.first = c;
   r.split_k = b.split_k;
   r.act = Activation::relu;
   r.src = x;
@@ -448,6 +487,12 @@ void CudaTraining::backward_routed(const void* x, const void* dy, const Grads& g
   launch_routed_hidden(h, device_, s);
 
   // dx rows = [dg | du] [W1; Wu]  (plain: dg W1)
+  if (c > 0) {
+    const size_t ws = LtConfig::kWorkspaceBytes;
+    blas_->matmul(b.q, q_cols, first_weight(), c, n, k, dx_rows, 0.0f, s, b.lt, ws);
+    if (gated) blas_->matmul(q_second, q_cols, weights_.up.data, c, n, k, dx_rows, 1.0f, s, b.lt, ws);
+    launch_scatter_rows(dims_.dtype, dx_rows, true, k, list, g.dx, device_, s, kBackwardOp);
+  }
   InputGradArgs in;
   in.dtype = dims_.dtype;
   in.grad = b.q;
@@ -460,16 +505,24 @@ void CudaTraining::backward_routed(const void* x, const void* dy, const Grads& g
   in.max_rows = rows;
   in.order = b.order;
   in.count = b.count;
+  in.first_row = c;
   in.split_k = b.split_k;
   launch_routed_input_grad(in, device_, s);
 
-  // dW1 += dg^T x;  gated: dWu += du^T x;  dWd += h^T dy
+  // dW1 += dg^T x;  gated: dWu += du^T x;  dWd += h^T dy (cuBLAS's rows first, then the kernel's)
+  if (c > 0) {
+    const size_t ws = LtConfig::kWorkspaceBytes;
+    blas_->weight_grad(b.q, q_cols, x_rows, c, n, k, g.dfirst, 1.0f, s, b.lt, ws);
+    if (gated) blas_->weight_grad(q_second, q_cols, x_rows, c, n, k, g.dup, 1.0f, s, b.lt, ws);
+    blas_->weight_grad(b.p, n, dy_rows, c, n, k, g.ddown, 1.0f, s, b.lt, ws);
+  }
   WeightGradGemmArgs w;
   w.dtype = dims_.dtype;
   w.n = n;
   w.k = k;
   w.order = b.order;
   w.count = b.count;
+  w.first = c;
   w.grad = b.q;
   w.lda = q_cols;
   w.src = x;
@@ -568,9 +621,9 @@ void CudaTraining::backward_dense(const TrainingBackwardArgs& args, const Tensor
   // dW1 = dg^T x;  gated: dWu = du^T x;  dWd = h^T dy
   const int64_t ldq = gated ? 2 * n : n;
   void* ws = base + l.lt;
-  blas_->run(q, ldq, x.data, rows, n, k, g.dfirst, s, ws, LtConfig::kWorkspaceBytes);
-  if (gated) blas_->run(q + size_t(n) * es, ldq, x.data, rows, n, k, g.dup, s, ws, LtConfig::kWorkspaceBytes);
-  blas_->run(h, n, args.dy.data, rows, n, k, g.ddown, s, ws, LtConfig::kWorkspaceBytes);
+  blas_->weight_grad(q, ldq, x.data, rows, n, k, g.dfirst, 0.0f, s, ws, LtConfig::kWorkspaceBytes);
+  if (gated) blas_->weight_grad(q + size_t(n) * es, ldq, x.data, rows, n, k, g.dup, 0.0f, s, ws, LtConfig::kWorkspaceBytes);
+  blas_->weight_grad(h, n, args.dy.data, rows, n, k, g.ddown, 0.0f, s, ws, LtConfig::kWorkspaceBytes);
 }
 
 }  // namespace

@@ -43,6 +43,8 @@ struct WorkspaceLayout {
   size_t heavy_rows = 0;   // routed rows sent to the tensor-core backup [M] int32
   size_t long_rows = 0;    // compact rows sent to the long-row kernel [M] int32
   size_t split_partials = 0;  // the routed GEMMs' split-K partial tiles (their counters: RunCounters)
+  size_t routed_blas = 0;  // [blas_rows, K + N]: the routed rows cuBLAS takes (routed_blas.cu)
+  int64_t blas_rows = 0;   // at most this many (RoutedBlasConfig)
   size_t bytes = 0;        // 0 when M = 0 (a run of no rows touches nothing)
 };
 WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths);

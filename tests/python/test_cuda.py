@@ -41,6 +41,10 @@ def test_inference_does_not_synchronise(seed):
 def test_side_stream_matches_default_stream(seed):
     mod, x = frozen_module(seed, dispatch="sparse")
     with torch.no_grad():
+        # The plan learns from its first run how many backup rows to send through cuBLAS (their
+        # rounding may differ from the first run's kernel); later runs on the same data agree.
+        mod(x)
+        torch.cuda.synchronize()
         want = mod(x)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())

@@ -100,8 +100,10 @@ def inference_plan(gate, up, down, tile, capacity, dispatch, dense_above):
 
 def training_plan(gate, up, down, tile, capacity, dispatch, dense_above):
     # The L1 coefficient comes with each backward call (the upstream gradient of the L1 value).
-    options = (tile, capacity, 0.0, twell.Determinism.deterministic, dispatch_value(dispatch),
-               dense_above)
+    # Bit-identical reruns when PyTorch's deterministic algorithms are on; else the faster mode.
+    determinism = (twell.Determinism.deterministic if torch.are_deterministic_algorithms_enabled()
+                   else twell.Determinism.fast)
+    options = (tile, capacity, 0.0, determinism, dispatch_value(dispatch), dense_above)
     return _get(twell.TrainingPlan, gate, up, down, options, rebind_down=True)
 
 
