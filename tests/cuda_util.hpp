@@ -140,4 +140,16 @@ inline FfnWeights device_weights(DType dt, int64_t n, int64_t k, DeviceBuffer& s
   return w;
 }
 
+// Replaces a device fixture's problem (D: x, gate, up, down buffers and the host Problem p) with
+// one of the same shapes, uploading its x and weights into the same buffers (plans keep pointing
+// at them).
+template <typename D>
+void load_problem(D& d, testing::Problem p) {
+  d.p = std::move(p);
+  d.x.upload(d.p.x);
+  if (d.p.spec.kind == FfnKind::gated) d.gate.upload(d.p.gate);
+  d.up.upload(d.p.up);
+  d.down.upload(d.p.down);
+}
+
 }  // namespace twell::test

@@ -332,11 +332,7 @@ TEST_P(CudaBackupRows, LearnedCublasShareMatchesOracle) {
 
   Case dense = c;
   dense.pattern = Pattern::all_dense;
-  d.p = testing::make_problem(spec_of(dense, 112));
-  d.x.upload(d.p.x);
-  if (c.kind == FfnKind::gated) d.gate.upload(d.p.gate);
-  d.up.upload(d.p.up);
-  d.down.upload(d.p.down);
+  load_problem(d, testing::make_problem(spec_of(dense, 112)));
   const Outcome third = run_once(plan, d);
   expect_matches_oracle(d, third.y, "every row routed (cuBLAS, then the kernel)");
   EXPECT_EQ(third.counters[0], c.m);

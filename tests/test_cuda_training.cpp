@@ -557,11 +557,7 @@ TEST_P(CudaTrainingRoutedBlas, LearnedCublasShareMatchesOracle) {
 
     Case dense = c;
     dense.pattern = Pattern::all_dense;
-    d.p = testing::make_problem(spec_of(dense, 1251));
-    d.x.upload(d.p.x);
-    if (c.kind == FfnKind::gated) d.gate.upload(d.p.gate);
-    d.up.upload(d.p.up);
-    d.down.upload(d.p.down);
+    load_problem(d, testing::make_problem(spec_of(dense, 1251)));
     const StepOutputs third = run_step(d);
     expect_matches_oracle(d, third, "every row routed (cuBLAS, then the kernels)");
     EXPECT_EQ(third.routed, c.m);

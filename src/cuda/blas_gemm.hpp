@@ -30,7 +30,10 @@ class BlasGemm {
               float beta, cudaStream_t s, void* workspace, size_t workspace_bytes);
 
  private:
-  void bind(cudaStream_t s, void* workspace, size_t workspace_bytes);
+  // Column-major out [k, cols] = beta out + first [k, depth] (ld k) x op(second) (ld ld_second).
+  void gemm(cublasOperation_t op_second, int64_t k, int64_t cols, int64_t depth, const void* first,
+            const void* second, int64_t ld_second, float* out, float beta, cudaStream_t s, void* workspace,
+            size_t workspace_bytes, const char* what);
   cudaDataType_t type_;
   cublasHandle_t handle_ = nullptr;
 };

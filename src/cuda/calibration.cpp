@@ -73,60 +73,63 @@ OwnedEvent::~OwnedEvent() {
   if (event_ != nullptr) cudaEventDestroy(event_);
 }
 
-DensityProbe::DensityProbe(const char* op) : op_(op), copied_(cudaEventDisableTiming, op) {
-  check_cuda(cudaMallocHost(&host_, sizeof *host_), op, "pinned activation count");
+template <typename T>
+PinnedCount<T>::PinnedCount(const char* op) : op_(op), copied_(cudaEventDisableTiming, op) {
+  check_cuda(cudaMallocHost(&host_, sizeof *host_), op, "pinned count");
 }
 
-DensityProbe::~DensityProbe() {
+template <typename T>
+PinnedCount<T>::~PinnedCount() {
   if (host_ != nullptr) cudaFreeHost(host_);
 }
 
-void DensityProbe::record(const unsigned long long* device_active, int64_t rows, int64_t cols,
-                          cudaStream_t s) {
-  check_cuda(cudaMemcpyAsync(host_, device_active, sizeof *host_, cudaMemcpyDeviceToHost, s), op_,
-             "activation count copy");
+template <typename T>
+void PinnedCount<T>::record(const T* device_count, cudaStream_t s) {
+  check_cuda(cudaMemcpyAsync(host_, device_count, sizeof *host_, cudaMemcpyDeviceToHost, s), op_, "count copy");
   check_cuda(cudaEventRecord(copied_, s), op_, "calibration event");
   pending_ = true;
-  elements_ = double(rows) * double(cols);
 }
 
-bool DensityProbe::poll() {
+template <typename T>
+bool PinnedCount<T>::poll() {
   if (!pending_ || !passed(copied_, op_)) return false;
-  density_ = elements_ > 0 ? double(*host_) / elements_ : 0.0;
   pending_ = false;
   return true;
 }
 
-RoutedCapacity::RoutedCapacity(const char* op) : op_(op), copied_(cudaEventDisableTiming, op) {
-  check_cuda(cudaMallocHost(&host_, sizeof *host_), op, "pinned routed count");
+template class PinnedCount<unsigned long long>;
+template class PinnedCount<int32_t>;
+
+void DensityProbe::record(const unsigned long long* device_active, int64_t rows, int64_t cols,
+                          cudaStream_t s) {
+  count_.record(device_active, s);
+  elements_ = double(rows) * double(cols);
 }
 
-RoutedCapacity::~RoutedCapacity() {
-  if (host_ != nullptr) cudaFreeHost(host_);
+bool DensityProbe::poll() {
+  if (!count_.poll()) return false;
+  density_ = elements_ > 0 ? double(count_.value()) / elements_ : 0.0;
+  return true;
 }
 
 void RoutedCapacity::record(const int32_t* device_count, int64_t rows, cudaStream_t s) {
-  if (pending_) return;  // one copy in flight at a time
-  check_cuda(cudaMemcpyAsync(host_, device_count, sizeof *host_, cudaMemcpyDeviceToHost, s), op_,
-             "routed count copy");
-  check_cuda(cudaEventRecord(copied_, s), op_, "calibration event");
-  pending_ = true;
+  count_.record(device_count, s);
   pending_rows_ = rows;
 }
 
 int64_t RoutedCapacity::capacity(int64_t rows, int64_t limit, bool capturing) {
-  if (!capturing && pending_ && passed(copied_, op_)) {
-    count_ = *host_;
-    count_rows_ = pending_rows_;
-    pending_ = false;
+  if (!capturing && count_.poll()) {
+    last_ = count_.value();
+    last_rows_ = pending_rows_;
   }
-  if (count_ <= 0 || count_rows_ <= 0 || limit <= 0) return 0;
-  const double expected = double(count_) * double(rows) / double(count_rows_);
+  if (last_ <= 0 || last_rows_ <= 0 || limit <= 0) return 0;
+  const double expected = double(last_) * double(rows) / double(last_rows_);
   const int64_t want = int64_t(std::ceil(expected * RoutedBlasConfig::kHeadroom)) + RoutedBlasConfig::kSlack;
   const int64_t step = RoutedBlasConfig::kRowMultiple;
   const int64_t c = std::min({(want + step - 1) / step * step, limit, rows});
   // Keep the last C while it holds the expected rows and is under twice what they need: each new
   // C is a new cuBLASLt plan (host work), and counts vary a little from run to run.
+  // (and within this run's buffers and rows).
   if (!(capacity_ >= c && capacity_ < 2 * c && capacity_ <= std::min(limit, rows))) capacity_ = c;
   return capacity_;
 }

@@ -58,51 +58,62 @@ class OwnedEvent {
   cudaEvent_t event_ = nullptr;
 };
 
-// A run's activation count, copied into pinned memory behind an event by record(); poll() reads the
-// last one once its event has passed, never waiting (a later record overwrites an earlier one).
+// A device count (T: unsigned long long or int32_t) copied into pinned memory behind an event by
+// record(); poll() reads the last one once its event has passed, never waiting (a later record
+// overwrites an earlier one).
+template <typename T>
+class PinnedCount {
+ public:
+  explicit PinnedCount(const char* op);
+  ~PinnedCount();
+  PinnedCount(const PinnedCount&) = delete;
+  PinnedCount& operator=(const PinnedCount&) = delete;
+
+  void record(const T* device_count, cudaStream_t s);
+  bool pending() const { return pending_; }
+  // Whether the recorded count arrived in this call (then value() is it).
+  bool poll();
+  T value() const { return *host_; }
+
+ private:
+  const char* op_;
+  OwnedEvent copied_;
+  T* host_ = nullptr;  // pinned
+  bool pending_ = false;
+};
+
+// A run's activation count, as a density of its rows x cols.
 class DensityProbe {
  public:
-  explicit DensityProbe(const char* op);
-  ~DensityProbe();
-  DensityProbe(const DensityProbe&) = delete;
-  DensityProbe& operator=(const DensityProbe&) = delete;
+  explicit DensityProbe(const char* op) : count_(op) {}
 
   void record(const unsigned long long* device_active, int64_t rows, int64_t cols, cudaStream_t s);
-  bool pending() const { return pending_; }
+  bool pending() const { return count_.pending(); }
   // Whether the recorded count arrived in this call (then density() is its density).
   bool poll();
   double density() const { return density_; }  // the last arrived count's; -1: none yet
 
  private:
-  const char* op_;
-  OwnedEvent copied_;
-  unsigned long long* host_ = nullptr;  // pinned
-  bool pending_ = false;
+  PinnedCount<unsigned long long> count_;
   double elements_ = 0;
   double density_ = -1;
 };
 
 // How many routed rows a run sends through cuBLAS (RoutedBlasConfig): each eager run's routed
-// count is copied into pinned memory behind an event by record(); capacity() polls the last one
-// (never waiting) and sizes C from it. Before any count arrives, or after a run that routed none, 0.
+// count is recorded; capacity() polls the last one and sizes C from it. Before any count arrives,
+// or after a run that routed none, 0.
 class RoutedCapacity {
  public:
-  explicit RoutedCapacity(const char* op);
-  ~RoutedCapacity();
-  RoutedCapacity(const RoutedCapacity&) = delete;
-  RoutedCapacity& operator=(const RoutedCapacity&) = delete;
+  explicit RoutedCapacity(const char* op) : count_(op) {}
 
   void record(const int32_t* device_count, int64_t rows, cudaStream_t s);
   // C for a run of `rows` rows, at most `limit` (the buffers' rows). Polls unless capturing.
   int64_t capacity(int64_t rows, int64_t limit, bool capturing);
 
  private:
-  const char* op_;
-  OwnedEvent copied_;
-  int32_t* host_ = nullptr;  // pinned
-  bool pending_ = false;
-  int64_t pending_rows_ = 0;
-  int64_t count_ = 0, count_rows_ = 0;  // the last count that arrived, and its run's rows
+  PinnedCount<int32_t> count_;
+  int64_t pending_rows_ = 0;            // the rows of the run whose count is in flight
+  int64_t last_ = 0, last_rows_ = 0;    // the last count that arrived, and its run's rows
   int64_t capacity_ = 0;                // the last C handed out (kept while it still fits)
 };
 
