@@ -300,6 +300,25 @@ void expect_matches_oracle(DeviceStep& d, const StepOutputs& o, const std::strin
   if (s.pattern == Pattern::all_zero) EXPECT_EQ(o.routed, 0) << where;
   const int32_t tile = d.plan->options().tile, capacity = d.plan->options().capacity;
   if (s.pattern == Pattern::all_dense && capacity < std::min<int64_t>(tile, s.n)) EXPECT_EQ(o.routed, s.m) << where;
+  if (capacity >= std::min<int64_t>(tile, s.n)) {  // no tile overflows: only long rows route, and only in fast
+    if (d.plan->options().determinism == Determinism::deterministic) {
+      EXPECT_EQ(o.routed, 0) << where;
+      return;
+    }
+    // Rows of more entries than the threshold (TrainRowConfig); a gate value within rounding of
+    // zero may flip between the oracle and the GPU, hence the margin of 2 entries either way.
+    const int64_t above = std::clamp<int64_t>(s.n / gpu::TrainRowConfig::kRouteRowDivisor,
+                                              gpu::TrainRowConfig::kRouteRowMin, gpu::TrainRowConfig::kRouteRowMax);
+    int64_t surely = 0, maybe = 0;
+    for (int64_t r = 0; r < s.m; ++r) {
+      int64_t entries = 0;
+      for (int64_t c = 0; c < s.n; ++c) entries += f.gate_pre.at(r, c) > 0;
+      surely += entries > above + 2;
+      maybe += entries > above - 2;
+    }
+    EXPECT_GE(o.routed, surely) << "long rows routed, " << where;
+    EXPECT_LE(o.routed, maybe) << "long rows routed, " << where;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -316,6 +335,7 @@ struct Case {
   Dispatch dispatch = Dispatch::force_sparse;
   GateKernel gate = GateKernel::automatic;  // fused on sm_90a devices
   bool heavy_neurons = false;  // the case must have neurons over the weight gradients' split threshold
+  Determinism determinism = Determinism::fast;  // deterministic: long rows stay compact
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -323,7 +343,8 @@ void PrintTo(const Case& c, std::ostream* os) {
       << " " << c.density << " M=" << c.m << " K=" << c.k << " N=" << c.n << " tile=" << c.tile
       << " capacity=" << c.capacity << " l1=" << (c.l1_from == L1From::tensor ? "tensor" : "options")
       << (c.dispatch == Dispatch::force_dense ? " dense" : "")
-      << (c.gate == GateKernel::portable ? " portable gate" : "");
+      << (c.gate == GateKernel::portable ? " portable gate" : "")
+      << (c.determinism == Determinism::deterministic ? " deterministic" : "");
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -336,6 +357,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   if (c.dispatch == Dispatch::force_dense) s += "_dense";
   if (c.gate == GateKernel::portable) s += "_portable";
   if (c.heavy_neurons) s += "_heavy_neurons";
+  if (c.determinism == Determinism::deterministic) s += "_deterministic";
   return s;
 }
 
@@ -349,6 +371,7 @@ TrainingOptions options_of(const Case& c) {
   o.l1_coef = kOptionsL1;
   o.dispatch = c.dispatch;
   o.gate = c.gate;
+  o.determinism = c.determinism;
   return o;
 }
 
@@ -385,11 +408,21 @@ std::vector<Case> sweep_cases() {
             257, 136, 1000, tc.tile, tc.capacity));
       }
   // The warp-per-row kernels (K a multiple of 256): short rows, and rows over
-  // TrainRowConfig::kLongRow entries split over a CTA (capacity = tile keeps them compact).
+  // TrainRowConfig::kLongRow entries split over a CTA (capacity = tile keeps them compact;
+  // deterministic, or fast would route them); fast: rows over kRouteRow* entries routed (every row
+  // of the uniform cases, some of the heavy-tailed ones; a CTA-row K too).
   for (DType dt : {DType::bf16, DType::f16})
     for (FfnKind kind : {FfnKind::gated, FfnKind::plain}) {
       out.push_back(problem_case<Case>(kind, dt, Pattern::heavy_tailed, 0.03, 257, 512, 1000));
-      out.push_back(problem_case<Case>(kind, dt, Pattern::uniform, 0.4, 65, 256, 1000, 256, 256));
+      Case c = problem_case<Case>(kind, dt, Pattern::uniform, 0.4, 65, 256, 1000, 256, 256);
+      out.push_back(c);
+      c.determinism = Determinism::deterministic;
+      out.push_back(c);
+      c = problem_case<Case>(kind, dt, Pattern::heavy_tailed, 0.05, 257, 512, 1000, 256, 256);
+      out.push_back(c);
+      c.determinism = Determinism::deterministic;
+      out.push_back(c);
+      out.push_back(problem_case<Case>(kind, dt, Pattern::uniform, 0.2, 33, 136, 1000, 256, 256));
     }
   // Neurons firing for far more tokens than the mean: their weight gradients are split over a
   // CTA (WeightGradConfig), in 64-column quarters (K = 136: a partial last quarter). M = 2048: the

@@ -7,8 +7,9 @@
 // What forward saves (docs/format.md, "Hybrid training layout") takes one of two forms, and the
 // form of the saved view passed to forward decides the path:
 //   compact (backup_capacity 0): a TwELL matrix (gated: planes {relu(x Wg^T), x Wu^T}; plain:
-//     plane {h}) whose routed rows (a tile over capacity) are only listed; backward recomputes
-//     those rows densely from x. The sparse path.
+//     plane {h}) whose routed rows (a tile over capacity; on CUDA under Determinism::fast also
+//     rows of many entries) are only listed; backward recomputes those rows densely from x. The
+//     sparse path.
 //   dense (backup_capacity = M, capacity 1, CUDA only): every row routed to its own backup row,
 //     which holds the dense planes; forward and backward run dense cuBLAS GEMMs. For early training, when
 //     activations are not sparse yet and the sparse path would be slower.
@@ -27,7 +28,9 @@ namespace twell {
 // fast (CUDA): the dense products of the routed rows run through cuBLAS for as many rows as the
 // plan learned to expect from its earlier forwards (the rest, and all of them before anything is
 // learned, on twell's tensor-core kernel), so a routed row's rounding can differ between the first
-// steps and later ones. deterministic: every routed row on the kernel; reruns are bit-identical.
+// steps and later ones; rows of more than N / 44 entries (at least 96, at most 512) are routed
+// too, as cuBLAS computes them faster than the compact-row kernels. deterministic: only rows
+// over a tile's capacity are routed, every one on the kernel; reruns are bit-identical.
 // Either way no float atomics are used and every result is exact to the dtype's rounding. The CPU
 // backend is deterministic in both modes.
 enum class Determinism : uint8_t { fast, deterministic };

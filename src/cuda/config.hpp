@@ -71,7 +71,10 @@ struct RoutedGemmConfig {
 // eager runs (polled, never waited for): kHeadroom x the last count (scaled to this run's M) plus
 // kSlack, rounded up to kRowMultiple, at most what kBytes holds.
 struct RoutedBlasConfig {
-  static constexpr size_t kBytes = size_t(16) << 20;
+  // 4096 rows of training's backward at K = 2048 (x and dy rows, fp32 dx rows). Development runs
+  // (H200, training, heavy-tailed 1%, 1559 routed rows): 3.59 ms with 64 MB against 4.37 with
+  // 16 MB (1024 rows through cuBLAS, the rest on the kernel).
+  static constexpr size_t kBytes = size_t(64) << 20;
   static constexpr int64_t kRowMultiple = 64;
   static constexpr double kHeadroom = 1.25;
   static constexpr int64_t kSlack = 16;
@@ -101,13 +104,15 @@ struct RowConfig {
   // Compact rows with more entries than this go to the long-row kernels, split over a CTA's warps.
   static constexpr int kLongRow = 96;
   // Rows with more active neurons than N / kDenseRowDivisor (at least kLongRow, at most
-  // kMaxDenseRow), compact or routed, go to the tensor-core backup, the compact ones written
-  // densely into G: the backup's cost per row grows with N, the long-row kernels' with the
-  // entries. Development runs of the harness on an H200 (M = 16384, heavy-tailed 0.5%, sparse
-  // forced): N = 5632 (K = 2048) 1.47x over dense at 160 entries, against 1.39x at 96, 1.43x at
-  // 256 and 1.36x at 512 (routed rows only); N = 11008 (K = 4096) 4.35 ms at 320 and 4.32 ms at
-  // 640, against 4.51 at 160 and 4.54 with routed rows only.
-  static constexpr int64_t kDenseRowDivisor = 35;
+  // kMaxDenseRow), compact or routed, go to the dense backup, the compact ones written densely
+  // into G: the backup's cost per row grows with N, the long-row kernels' with the entries.
+  // Development runs of the harness on an H200 (M = 16384, heavy-tailed, sparse forced), with the
+  // backup's rows on the tensor-core kernel alone: N = 5632 (K = 2048) 1.47x over dense at 160
+  // entries (N / 35), against 1.39x at 96, 1.43x at 256 and 1.36x at 512 (routed rows only);
+  // N = 11008 (K = 4096) 4.35 ms at 320 and 4.32 ms at 640, against 4.51 at 160 and 4.54 with
+  // routed rows only. With them through cuBLAS (automatic dispatch): N = 5632 0.5% 0.971 ms at
+  // 128 against 1.015 at 160, 1% 1.237 against 1.269-1.280.
+  static constexpr int64_t kDenseRowDivisor = 44;
   static constexpr int kMaxDenseRow = 512;  // also the long-row kernel's list of a routed row's neurons
 };
 

@@ -405,7 +405,7 @@ void launch_gate_pack(const GatePackArgs& a, const DeviceInfo& dev, cudaStream_t
         throw Error(op, "options.tile", "64, 128 or 256", std::to_string(a.out.shape.tile));
     }
   });
-  launch_route_overflow(a.out, a.hidden, dev, s, op);
+  launch_route_overflow(a.out, a.hidden, dev, s, op, a.route_above);
 }
 
 }  // namespace twell::gpu

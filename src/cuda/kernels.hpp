@@ -62,6 +62,7 @@ struct GatePackArgs {
   TwellView out;
   void* hidden = nullptr;
   unsigned long long* active = nullptr;
+  int32_t route_above = -1;      // >= 0: also route compact rows of more entries (launch_route_overflow)
 };
 constexpr uint16_t kOverflowCount = 0xffffu;
 constexpr int32_t kOverflowRow = -2;
@@ -71,9 +72,11 @@ void launch_gate_pack(const GatePackArgs& a, const DeviceInfo& dev, cudaStream_t
 
 // pack.cu: after the fused kernel, every row marked kOverflowRow becomes routed (a routed_rows
 // entry and slot, zero counts) and its G row in `hidden` is completed from its compact tiles, so
-// the layout is the one launch_pack gives.
+// the layout is the one launch_pack gives. With route_above >= 0, so does every compact row with
+// more than route_above entries (training routes long rows to the dense backup, which computes
+// them faster than the row kernels); after launch_pack, that is all it does (G is complete there).
 void launch_route_overflow(const TwellView& out, void* hidden, const DeviceInfo& dev, cudaStream_t s,
-                           const char* op);
+                           const char* op, int32_t route_above = -1);
 
 // compact_ffn.cu: y[m] = sum over the TwELL entries (n, g) of compact row m of h * Wd[n], with
 // h = g * dot(x[m], Wu[n]) (gated) or h = g (plain). Rows with row_slot >= 0 are left untouched.

@@ -143,10 +143,11 @@ __global__ void __launch_bounds__(kThreads, PackConfig::kCtasPerSm)
   if (lane == 0 && seen != 0) atomicAdd(active, seen);
 }
 
-// One warp per row marked kOverflowRow by the fused gate kernel: takes a routed slot, writes the
-// row's compact tiles back into its G row (overflowed tiles are there already) and zeroes counts.
+// One warp per row marked kOverflowRow by the fused gate kernel, or (route_above >= 0) compact
+// with more than route_above entries: takes a routed slot, writes the row's compact tiles back into
+// its G row (overflowed tiles are there already) and zeroes counts.
 __global__ void __launch_bounds__(kThreads)
-    route_overflow_kernel(TwellView out, uint16_t* __restrict__ hidden) {
+    route_overflow_kernel(TwellView out, uint16_t* __restrict__ hidden, int32_t route_above) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t warps = int64_t(gridDim.x) * PackConfig::kWarps;
   const int64_t cols = out.shape.cols, tile = out.shape.tile, capacity = out.shape.capacity;
@@ -154,7 +155,13 @@ __global__ void __launch_bounds__(kThreads)
   const auto* values = static_cast<const uint16_t*>(out.values);
   for (int64_t row = int64_t(blockIdx.x) * PackConfig::kWarps + threadIdx.x / kWarpSize;
        row < out.shape.rows; row += warps) {
-    if (out.row_slot[row] != kOverflowRow) continue;
+    const int32_t mark = out.row_slot[row];
+    if (mark != kOverflowRow) {
+      if (mark != -1 || route_above < 0) continue;
+      int entries = 0;
+      for (int64_t t = lane; t < num_tiles; t += kWarpSize) entries += out.counts[row * num_tiles + t];
+      if (__reduce_add_sync(kFullMask, unsigned(entries)) <= unsigned(route_above)) continue;
+    }
     if (lane == 0) {
       const int32_t slot = atomicAdd(out.num_routed, 1);
       out.routed_rows[slot] = int32_t(row);
@@ -197,12 +204,12 @@ void launch_pack(const PackArgs& a, const DeviceInfo& dev, cudaStream_t s) {
 }
 
 void launch_route_overflow(const TwellView& out, void* hidden, const DeviceInfo& dev, cudaStream_t s,
-                           const char* op) {
+                           const char* op, int32_t route_above) {
   const int64_t rows = out.shape.rows;
   if (rows == 0) return;
   const int64_t grid = std::min<int64_t>((rows + PackConfig::kWarps - 1) / PackConfig::kWarps,
                                          int64_t(dev.sm_count) * PackConfig::kCtasPerSm);
-  route_overflow_kernel<<<unsigned(grid), kThreads, 0, s>>>(out, static_cast<uint16_t*>(hidden));
+  route_overflow_kernel<<<unsigned(grid), kThreads, 0, s>>>(out, static_cast<uint16_t*>(hidden), route_above);
   check_launch(op, "TwELL overflow routing kernel");
 }
 

@@ -19,6 +19,17 @@ struct TrainRowConfig {
   // and 2 loads; on an H200 the uniform 0.5% step went 2.33 -> 2.25 ms, development runs)
   static constexpr int kWarpRowCtasPerSm = 3;
   static constexpr int kLongRow = 256;          // entries above which a row goes to the long-row kernel
+  // Determinism::fast: a compact row with more entries than N / kRouteRowDivisor (clamped to
+  // [kRouteRowMin, kRouteRowMax]; 128 at N = 5632) is routed by the forward
+  // (launch_route_overflow): the routed rows' dense products run through cuBLAS, whose cost per
+  // row grows with N, the row kernels' with the entries (and a row several times the mean holds
+  // up the end of the warp kernels' queue). Development runs of the harness on an H200
+  // (M = 16384, K = 2048, N = 5632, heavy-tailed 0.5%): 2.86 ms with no row routed this way,
+  // 2.42-2.51 at 96 entries, 2.37-2.39 at 128, 2.59-2.60 at 160, 2.54 at 256; heavy-tailed 1%:
+  // 3.65, 3.59 and 3.70 ms at 96, 128 and 160 (4.38 ms with none).
+  static constexpr int64_t kRouteRowDivisor = 44;
+  static constexpr int64_t kRouteRowMin = 96;
+  static constexpr int64_t kRouteRowMax = 512;
   static constexpr int kLongRowWarps = 4;       // long-row kernel: warps splitting one row's entry groups
   static constexpr int kLongRowCtasPerSm = 4;   // long-row kernel: CTAs per SM, grid-stride over the list
   static constexpr int kBatch = 8;              // entries per step; their dots share one barrier

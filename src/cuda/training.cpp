@@ -13,8 +13,10 @@
 //             h = G U and the activation count -> y = h Wd -> layout (every row routed) -> stats
 //   backward: dh = dy Wd^T -> [dg | du], h (elementwise) -> dx = [dg | du] [Wg; Wu] (cuBLASLt,
 //             depth 2N) -> dWg, dWu, dWd (cuBLAS, fp32 out)
-// Nothing depends on the order of an atomic or a float reduction across CTAs: both Determinism
-// modes give bit-identical results run to run (fast has nothing faster to trade for it yet).
+// Nothing depends on the order of an atomic or a float reduction across CTAs. Determinism::fast
+// (the default) runs the first C routed rows' dense products through cuBLAS, C learned from earlier
+// steps' counts, and routes compact rows of many entries too (route_above): a routed row's
+// rounding can change once C does. Determinism::deterministic keeps both off: bit-identical reruns.
 // W1 is the gate weight (gated) or the up weight (plain). docs/kernels.md has the reasoning.
 #include <algorithm>
 #include <cstdint>
@@ -31,6 +33,7 @@
 #include "cuda/device.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/lt_gemm.hpp"
+#include "cuda/train_config.hpp"
 #include "cuda/train_kernels.hpp"
 #include "cuda/train_workspace.hpp"
 #include "cuda/workspace.hpp"
@@ -172,6 +175,12 @@ class CudaTraining final : public detail::TrainingBackend {
     if (options_.determinism != Determinism::fast) return 0;
     return routed_capacity_.capacity(rows, limit, capturing);
   }
+  // Determinism::fast: compact rows of more entries than this are routed (TrainRowConfig); -1: none.
+  int32_t route_above() const {
+    if (options_.determinism != Determinism::fast) return -1;
+    return int32_t(std::clamp<int64_t>(dims_.n / TrainRowConfig::kRouteRowDivisor, TrainRowConfig::kRouteRowMin,
+                                       TrainRowConfig::kRouteRowMax));
+  }
   struct Grads {
     void* dx = nullptr;
     float* dfirst = nullptr;
@@ -258,6 +267,7 @@ void CudaTraining::forward_sparse(const TrainingForwardArgs& args, const TwellVi
     fused.out = saved;
     fused.hidden = hidden;
     fused.active = active;
+    fused.route_above = route_above();
     launch_gate_pack(fused, device_, s);
   } else {
     lt_->run(linear_call(GemmId::gate, Activation::relu, rows, dims_.n, dims_.k, args.x.data, first_weight(),
@@ -269,6 +279,7 @@ void CudaTraining::forward_sparse(const TrainingForwardArgs& args, const TwellVi
     pack.out = saved;
     pack.active = active;
     launch_pack(pack, device_, s);
+    if (route_above() >= 0) launch_route_overflow(saved, hidden, device_, s, kForwardOp, route_above());
   }
 
   ForwardRowsArgs compact;

@@ -161,13 +161,38 @@ def step(model, opt, x):
     return loss.detach()
 
 
+def _mlp_against_fp64(mlp, x, dy):
+    """Relative errors of one MLP's y, dx, dWg, dWu, dWd against an fp64 evaluation of the same
+    module (its weights, x and dy as given); the module's own .grad fields are left alone."""
+    wg, wu, wd = (p.detach().double() for p in (mlp.gate_proj.weight, mlp.up_proj.weight,
+                                                  mlp.down_proj.weight))
+    x64, dy64 = x.double(), dy.double()
+    g, u = x64 @ wg.t(), x64 @ wu.t()
+    h = g.clamp_min(0) * u
+    dh = dy64 @ wd
+    dg, du = dh * u * (g > 0), dh * g.clamp_min(0)
+    want = [h @ wd.t(), dg @ wg + du @ wu, dg.t() @ x64, du.t() @ x64, dy64.t() @ h]
+    xi = x.clone().requires_grad_(True)
+    y = mlp(xi)
+    params = [mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight]
+    got = [y] + list(torch.autograd.grad(y, [xi] + params, dy))
+    return [float((a.double() - b).norm() / b.norm().clamp_min(1e-30)) for a, b in zip(got, want)]
+
+
 def test_patched_llama_forward_backward_match_dense(seed):
-    """A transformers Llama patched with twell runs forward and backward on the GPU: its logits and
-    gradients are about as close to a float32 run of the same model as the bf16 dense model's are.
-    Over all of them at most twice as far; each one at most three times (plus two bf16 units): a
-    single tiny model's small gradients (layer norms, cancelling sums) scatter around that."""
+    """A transformers Llama patched with twell runs forward and backward on the GPU.
+    Each patched MLP, fed the input and output gradient its layer saw in the bf16 dense model, is
+    within 2x the dense MLP's error from an fp64 evaluation (y, dx and each weight gradient), in
+    the compact saved form and as automatic dispatch runs it. The whole model: logits within 2x
+    the dense model's distance from a float32 run; gradients only loosely (each within 0.5 of the
+    float32 run, their sum within 4x the dense model's), which catches wiring errors: in this model
+    of 2 layers and 24 tokens some gate values lie within rounding of zero, and a ReLU that an
+    upstream layer's rounding flips moves a small gradient (layer 1's gate weight) by several times
+    bf16's error. Development runs on an H200: per-tensor checks at 3x failed 5 seeds of 61 while
+    each patched layer stayed as close to fp64 as the dense one; over 500 seeds the sum ratio had
+    median 1.00 and maximum 2.54, the largest gradient error 0.21, the logits ratio at most 0.32."""
     pytest.importorskip("transformers", reason="transformers is not installed")
-    from test_patch import tiny, tokens
+    from test_patch import mlps, tiny, tokens
 
     skip_unless_trainable("cuda")
     model = tiny("Llama", hidden_act="relu").to("cuda", DTYPE).train()
@@ -175,9 +200,18 @@ def test_patched_llama_forward_backward_match_dense(seed):
     exact = copy.deepcopy(model).float()
     assert tt.patch_model(model) == 2
     ids = tokens(seed).to("cuda")
+    seen = {}
+    hooks = []
+    for i, mlp in enumerate(mlps(dense)):
+        hooks.append(mlp.register_forward_hook(
+            lambda m, args, out, i=i: seen.__setitem__(("x", i), args[0].detach().clone())))
+        hooks.append(mlp.register_full_backward_hook(
+            lambda m, gin, gout, i=i: seen.__setitem__(("dy", i), gout[0].detach().clone())))
     outs = [m(ids, labels=ids) for m in (model, dense, exact)]
     for o in outs:
         o.loss.backward()
+    for h in hooks:
+        h.remove()
 
     def rel(a, b):
         return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
@@ -187,6 +221,23 @@ def test_patched_llama_forward_backward_match_dense(seed):
         pairs.append((name, p.grad, q.grad, r.grad))
     ours = [rel(a, ref) for _, a, _, ref in pairs]
     theirs = [rel(b, ref) for _, _, b, ref in pairs]
-    for (name, *_), err, base in zip(pairs, ours, theirs):
-        assert err <= 3 * base + 2**-7, f"{name}: twell {err:.3g}, dense bf16 {base:.3g} from float32"
-    assert sum(ours) <= 2 * sum(theirs), f"twell {sum(ours):.3g}, dense bf16 {sum(theirs):.3g} in all"
+    assert ours[0] <= 2 * theirs[0] + 2**-9, f"logits: twell {ours[0]:.3g}, dense bf16 {theirs[0]:.3g}"
+    assert sum(ours) <= 4 * sum(theirs), f"twell {sum(ours):.3g}, dense bf16 {sum(theirs):.3g} in all"
+    for (name, *_), err in zip(pairs, ours):
+        assert err <= 0.5, f"{name}: twell {err:.3g} from float32"
+
+    names = ("y", "dx", "dWg", "dWu", "dWd")
+    patched = [m for _, m in tt.sparse_modules(model)]
+    for i, (ours_mlp, dense_mlp) in enumerate(zip(patched, mlps(dense))):
+        x = seen[("x", i)].reshape(-1, ours_mlp.hidden_size)
+        dy = seen[("dy", i)].reshape(-1, ours_mlp.hidden_size)
+        base = _mlp_against_fp64(dense_mlp, x, dy)
+        for dispatch in ("sparse", ours_mlp.dispatch):
+            ours_mlp.dispatch, kept = dispatch, ours_mlp.dispatch
+            try:
+                errs = _mlp_against_fp64(ours_mlp, x, dy)
+            finally:
+                ours_mlp.dispatch = kept
+            for n, err, b in zip(names, errs, base):
+                assert err <= 2 * b + 2**-12, \
+                    f"layer {i} {n} ({dispatch}): twell {err:.3g}, dense bf16 {b:.3g}"
