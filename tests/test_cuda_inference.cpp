@@ -338,6 +338,25 @@ TEST_P(CudaBackupRows, LearnedCublasShareMatchesOracle) {
   EXPECT_EQ(third.counters[0], c.m);
 }
 
+// Determinism::deterministic: every backup row on the kernel in every run, so reruns (after
+// which fast would have sent them through cuBLAS) are bit-identical.
+TEST_P(CudaBackupRows, DeterministicRerunsAreBitIdentical) {
+  TWELL_REQUIRE_DEVICE();
+  const Case& c = GetParam();
+  DeviceProblem d(spec_of(c, 113));
+  InferenceOptions o = options_of(c);
+  o.determinism = Determinism::deterministic;
+  InferencePlan plan(d.weights(), o);
+  const Outcome first = run_once(plan, d);
+  expect_matches_oracle(d, first.y, "first run");
+  EXPECT_GT(first.counters[0], 0) << "the case should route some rows";
+  for (int run = 2; run <= 3; ++run) {
+    const Outcome again = run_once(plan, d);
+    EXPECT_EQ(again.y, first.y) << "run " << run;
+    EXPECT_EQ(again.counters, first.counters) << "run " << run;
+  }
+}
+
 std::vector<Case> backup_cases() {
   std::vector<Case> out;
   for (const int64_t k : {136, 2048, 2560}) {  // compact kernel, row kernel, column ranges

@@ -46,6 +46,15 @@ enum class GateKernel : uint8_t {
   portable,   // cuBLASLt GEMM with a ReLU epilogue, then a pack kernel over G (any sm_80+ device)
 };
 
+// fast (CUDA): the dense products of the backup rows (routed rows, and compact rows of many
+// entries) run through cuBLAS for as many rows as the plan learned to expect from its earlier runs
+// (the rest, and all of them before anything is learned, on twell's tensor-core kernel), so a
+// backup row's rounding can differ between the first runs and later ones (each way exact to the
+// dtype's rounding); runs then agree while the counts stay within what was learned.
+// deterministic: every backup row on the kernel; reruns are bit-identical. Either way no float
+// atomics are used. The CPU backend is deterministic in both modes.
+enum class Determinism : uint8_t { fast, deterministic };
+
 struct InferenceOptions {
   int32_t tile = 0;             // TwELL tile width; 0 = backend default (CPU 256, CUDA 256)
   int32_t capacity = 0;         // slots per (row, tile); 0 = tile / 8
@@ -55,10 +64,7 @@ struct InferenceOptions {
                                 // dense; <0 = backend default (CPU 0.035, CUDA 0.04). CUDA decides
                                 // from what finished runs measured (density, and the time of each
                                 // path per regime), so a decision never waits for the device.
-  // CUDA also learns from finished runs how many backup rows (routed, and dense compact ones) to
-  // send through cuBLAS instead of twell's tensor-core kernel, so after the first run those rows
-  // may round differently (each way exact to the dtype); runs then agree while the counts stay
-  // within what was learned. TrainingOptions::determinism is the training side's switch.
+  Determinism determinism = Determinism::fast;
 };
 
 // counters (optional, int64 [2] on x's device): {rows routed to the dense backup, active entries}.

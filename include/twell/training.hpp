@@ -25,15 +25,6 @@
 
 namespace twell {
 
-// fast (CUDA): the dense products of the routed rows run through cuBLAS for as many rows as the
-// plan learned to expect from its earlier forwards (the rest, and all of them before anything is
-// learned, on twell's tensor-core kernel), so a routed row's rounding can differ between the first
-// steps and later ones; rows of more than N / 44 entries (at least 96, at most 512) are routed
-// too, as cuBLAS computes them faster than the compact-row kernels. deterministic: only rows
-// over a tile's capacity are routed, every one on the kernel; reruns are bit-identical.
-// Either way no float atomics are used and every result is exact to the dtype's rounding. The CPU
-// backend is deterministic in both modes.
-enum class Determinism : uint8_t { fast, deterministic };
 
 // The two forms of the saved state (TrainingPlan::saved_shape): compact (TwELL slots, no backup
 // rows; heavy rows routed and recomputed in backward) or dense (every row in the backup planes).
@@ -43,6 +34,9 @@ struct TrainingOptions {
   int32_t tile = 0;       // 0 = backend default
   int32_t capacity = 0;   // 0 = tile / 8
   double l1_coef = 0.0;
+  // Determinism (ffn.hpp). fast on CUDA also routes rows of more than N / 44 entries (at least
+  // 96, at most 512): cuBLAS computes them faster than the compact-row kernels; deterministic
+  // routes only rows over a tile's capacity.
   Determinism determinism = Determinism::fast;
   // Which saved form saved_shape(M) asks for. automatic (CUDA): compact before any measurement;
   // dense while the density the last finished forward measured (polled, never waited for) is

@@ -165,12 +165,13 @@ class PyTrainingPlan {
 };
 
 InferenceOptions inference_options(int32_t tile, int32_t capacity, Dispatch dispatch,
-                                   double dense_above) {
+                                   double dense_above, Determinism determinism) {
   InferenceOptions o;
   o.tile = tile;
   o.capacity = capacity;
   o.dispatch = dispatch;
   o.dense_above = dense_above;
+  o.determinism = determinism;
   return o;
 }
 
@@ -227,13 +228,15 @@ void bind_plans(nb::module_& m) {
                               "(down_proj.weight.t()); gate=None for a plain FFN.")
       .def("__init__",
            [](PyInferencePlan* self, const OptArray& gate, const Array& up, const Array& down,
-              int32_t tile, int32_t capacity, Dispatch dispatch, double dense_above, bool borrow) {
-             new (self) PyInferencePlan(gate, up, down,
-                                        inference_options(tile, capacity, dispatch, dense_above),
-                                        borrow);
+              int32_t tile, int32_t capacity, Dispatch dispatch, double dense_above,
+              Determinism determinism, bool borrow) {
+             new (self) PyInferencePlan(
+                 gate, up, down, inference_options(tile, capacity, dispatch, dense_above, determinism),
+                 borrow);
            },
            "gate"_a.none(), "up"_a, "down"_a, "tile"_a = 0, "capacity"_a = 0,
-           "dispatch"_a = Dispatch::automatic, "dense_above"_a = -1.0, "borrow"_a = false)
+           "dispatch"_a = Dispatch::automatic, "dense_above"_a = -1.0,
+           "determinism"_a = Determinism::fast, "borrow"_a = false)
       .def("run", &PyInferencePlan::run, "x"_a, "y"_a, "counters"_a = nb::none(),
            "workspace"_a = nb::none(), "stream"_a = 0,
            "y = FFN(x). counters: optional int64 [2] {routed rows, active}; workspace: optional "
@@ -243,7 +246,9 @@ void bind_plans(nb::module_& m) {
       .def("last_run", [](const PyInferencePlan& p) { return p.plan().last_run(); })
       .def_prop_ro("tile", [](const PyInferencePlan& p) { return p.plan().options().tile; })
       .def_prop_ro("capacity", [](const PyInferencePlan& p) { return p.plan().options().capacity; })
-      .def_prop_ro("dispatch", [](const PyInferencePlan& p) { return p.plan().options().dispatch; });
+      .def_prop_ro("dispatch", [](const PyInferencePlan& p) { return p.plan().options().dispatch; })
+      .def_prop_ro("determinism",
+                   [](const PyInferencePlan& p) { return p.plan().options().determinism; });
 
   nb::class_<PyTrainingPlan>(m, "TrainingPlan",
                              "Sparse FFN training with caller-owned saved state (a uint8 buffer of "

@@ -231,10 +231,11 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
   RoutedArgs routed = routed_args(dims_, weights_, args.x.data, args.y.data, b.hidden, rows,
                                   row_kernel ? heavy : tw.routed_rows, backup_count);
   routed.split_k = {reinterpret_cast<float*>(b.base + b.layout.split_partials), b.control->split_tiles};
-  routed.first = routed_capacity_.capacity(rows, b.layout.blas_rows, capturing);
+  const bool fast = options_.determinism == Determinism::fast;
+  routed.first = fast ? routed_capacity_.capacity(rows, b.layout.blas_rows, capturing) : 0;
   launch_routed_blas(*lt_, routed, routed.first, b.base + b.layout.routed_blas, b.lt, device_, s, kRunOp);
   launch_routed(routed, device_, s);
-  if (!capturing) routed_capacity_.record(backup_count, rows, s);
+  if (fast && !capturing) routed_capacity_.record(backup_count, rows, s);
 }
 
 void CudaInference::run_dense(const InferenceArgs& args, int64_t rows, const Buffers& b,

@@ -144,6 +144,9 @@ def test_inference_options_resolved():
     plan = twell.InferencePlan(w, w, w)
     assert (plan.tile, plan.capacity) == layout.resolve_tile(0, 0) == (256, 32)
     assert plan.dispatch == twell.Dispatch.automatic
+    assert plan.determinism == twell.Determinism.fast
+    plan = twell.InferencePlan(w, w, w, determinism=twell.Determinism.deterministic)
+    assert plan.determinism == twell.Determinism.deterministic
 
 
 def test_zero_copy_views():

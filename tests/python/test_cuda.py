@@ -24,6 +24,26 @@ def frozen_module(seed, gated=True, m=64, k=64, n=512, **kwargs):
     return mod, torch.from_numpy(p.x).to("cuda", DTYPE)
 
 
+def test_deterministic_algorithms_give_bit_identical_inference(seed):
+    """Under torch.use_deterministic_algorithms the layer's plan keeps every backup row on twell's
+    kernel, so reruns match bit for bit (fast mode sends them through cuBLAS once it has learned
+    how many there are); a capacity of 2 routes some rows (and the problem's all-active row)."""
+    p = problem(seed, 64, 64, 512, True)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        tt.clear_plans()
+        mod = module_for(p, DTYPE, "cuda", tile=64, capacity=2, dispatch="sparse").eval().freeze()
+        x = torch.from_numpy(p.x).to("cuda", DTYPE)
+        with torch.no_grad():
+            runs = [mod(x).clone() for _ in range(3)]
+        torch.cuda.synchronize()
+    finally:
+        torch.use_deterministic_algorithms(was)
+        tt.clear_plans()
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+
+
 def test_inference_does_not_synchronise(seed):
     mod, x = frozen_module(seed)
     with torch.no_grad():

@@ -93,17 +93,20 @@ def _get(cls, gate, up, down, options, rebind_down=False):
     return plan
 
 
+def _determinism():
+    # Bit-identical reruns when PyTorch's deterministic algorithms are on; else the faster mode.
+    return (twell.Determinism.deterministic if torch.are_deterministic_algorithms_enabled()
+            else twell.Determinism.fast)
+
+
 def inference_plan(gate, up, down, tile, capacity, dispatch, dense_above):
-    options = (tile, capacity, dispatch_value(dispatch), dense_above)
+    options = (tile, capacity, dispatch_value(dispatch), dense_above, _determinism())
     return _get(twell.InferencePlan, gate, up, down, options)
 
 
 def training_plan(gate, up, down, tile, capacity, dispatch, dense_above):
     # The L1 coefficient comes with each backward call (the upstream gradient of the L1 value).
-    # Bit-identical reruns when PyTorch's deterministic algorithms are on; else the faster mode.
-    determinism = (twell.Determinism.deterministic if torch.are_deterministic_algorithms_enabled()
-                   else twell.Determinism.fast)
-    options = (tile, capacity, 0.0, determinism, dispatch_value(dispatch), dense_above)
+    options = (tile, capacity, 0.0, _determinism(), dispatch_value(dispatch), dense_above)
     return _get(twell.TrainingPlan, gate, up, down, options, rebind_down=True)
 
 

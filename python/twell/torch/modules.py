@@ -11,6 +11,9 @@ Otherwise it runs the inference op and records `l0` only.
 training the form of the state saved for backward (CUDA, "auto": the plan's timing dispatch,
 compact at low density, dense cuBLAS above `dense_above` or where it measured faster). Inside
 torch.compile the training op saves the compact form, whose size the shapes alone decide.
+With `torch.use_deterministic_algorithms(True)` both ops run with twell.Determinism.deterministic
+(reruns bit-identical); otherwise fast, whose backup rows may round differently once the plan has
+learned to send them through cuBLAS (exact to the dtype either way).
 """
 import torch
 from torch import nn
