@@ -361,17 +361,8 @@ std::vector<Case> backup_cases() {
   std::vector<Case> out;
   for (const int64_t k : {136, 2048, 2560}) {  // compact kernel, row kernel, column ranges
     for (const auto& [kind, dtype] : {std::pair{FfnKind::gated, DType::bf16}, std::pair{FfnKind::plain, DType::f16}}) {
-      Case c;
-      c.kind = kind;
-      c.dtype = dtype;
-      c.pattern = Pattern::edge_rows;
-      c.density = 0.01;  // few uniform rows overflow a tile; the dense edge rows do
-      c.m = 257;
-      c.k = k;
-      c.n = 1000;
-      c.tile = 64;
-      c.capacity = 4;
-      out.push_back(c);
+      // few uniform rows overflow a tile; the dense edge rows do
+      out.push_back(problem_case<Case>(kind, dtype, Pattern::edge_rows, 0.01, 257, k, 1000, 64, 4));
     }
   }
   return out;

@@ -566,16 +566,7 @@ class CudaTrainingRoutedBlas : public ::testing::TestWithParam<DeterminismCase> 
 TEST_P(CudaTrainingRoutedBlas, LearnedCublasShareMatchesOracle) {
   TWELL_REQUIRE_DEVICE();
   for (const int64_t k : {136, 512}) {  // the CTA-per-row kernels, the warp-per-row ones
-    Case c;
-    c.kind = GetParam().kind;
-    c.dtype = GetParam().dtype;
-    c.pattern = Pattern::edge_rows;
-    c.density = 0.01;
-    c.m = 257;
-    c.k = k;
-    c.n = 1000;
-    c.tile = 64;
-    c.capacity = 4;
+    Case c = problem_case<Case>(GetParam().kind, GetParam().dtype, Pattern::edge_rows, 0.01, 257, k, 1000, 64, 4);
     c.dispatch = Dispatch::force_sparse;
     TrainingOptions o = options_of(c);
     o.determinism = Determinism::fast;

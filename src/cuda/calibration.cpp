@@ -112,12 +112,14 @@ bool DensityProbe::poll() {
   return true;
 }
 
-void RoutedCapacity::record(const int32_t* device_count, int64_t rows, cudaStream_t s) {
+void RoutedCapacity::record(const int32_t* device_count, int64_t rows, bool capturing, cudaStream_t s) {
+  if (!enabled_ || capturing) return;
   count_.record(device_count, s);
   pending_rows_ = rows;
 }
 
 int64_t RoutedCapacity::capacity(int64_t rows, int64_t limit, bool capturing) {
+  if (!enabled_) return 0;
   if (!capturing && count_.poll()) {
     last_ = count_.value();
     last_rows_ = pending_rows_;

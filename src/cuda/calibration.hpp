@@ -18,6 +18,8 @@
 #include <map>
 #include <utility>
 
+#include "twell/ffn.hpp"
+
 namespace twell::gpu {
 
 // The best measured time of each path (0 sparse or compact, 1 dense) per regime, and the choice.
@@ -101,17 +103,21 @@ class DensityProbe {
 
 // How many routed rows a run sends through cuBLAS (RoutedBlasConfig): each eager run's routed
 // count is recorded; capacity() polls the last one and sizes C from it. Before any count arrives,
-// or after a run that routed none, 0.
+// after a run that routed none, and always under Determinism::deterministic (every routed row on
+// the tensor-core kernel: bit-identical reruns), 0.
 class RoutedCapacity {
  public:
-  explicit RoutedCapacity(const char* op) : count_(op) {}
+  RoutedCapacity(const char* op, Determinism determinism)
+      : count_(op), enabled_(determinism == Determinism::fast) {}
 
-  void record(const int32_t* device_count, int64_t rows, cudaStream_t s);
+  // Records the run's count (device memory; nothing while capturing or deterministic).
+  void record(const int32_t* device_count, int64_t rows, bool capturing, cudaStream_t s);
   // C for a run of `rows` rows, at most `limit` (the buffers' rows). Polls unless capturing.
   int64_t capacity(int64_t rows, int64_t limit, bool capturing);
 
  private:
   PinnedCount<int32_t> count_;
+  bool enabled_;
   int64_t pending_rows_ = 0;            // the rows of the run whose count is in flight
   int64_t last_ = 0, last_rows_ = 0;    // the last count that arrived, and its run's rows
   int64_t capacity_ = 0;                // the last C handed out (kept while it still fits)

@@ -107,7 +107,7 @@ class CudaInference final : public detail::InferenceBackend {
   bool fused_gate_;  // the sparse path's gate GEMM packs TwELL in its epilogue (gate_pack.cu)
   std::unique_ptr<LtGemm> lt_;
   std::unique_ptr<DispatchCalibration> calibration_;
-  RoutedCapacity routed_capacity_{kRunOp};  // how many backup rows cuBLAS takes
+  RoutedCapacity routed_capacity_{kRunOp, options_.determinism};  // how many backup rows cuBLAS takes
   OwnedWorkspace own_;
   cudaEvent_t done_ = nullptr;          // recorded at the end of every uncaptured run
   cudaStream_t last_stream_ = nullptr;  // the stream of the last uncaptured run
@@ -231,11 +231,10 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
   RoutedArgs routed = routed_args(dims_, weights_, args.x.data, args.y.data, b.hidden, rows,
                                   row_kernel ? heavy : tw.routed_rows, backup_count);
   routed.split_k = {reinterpret_cast<float*>(b.base + b.layout.split_partials), b.control->split_tiles};
-  const bool fast = options_.determinism == Determinism::fast;
-  routed.first = fast ? routed_capacity_.capacity(rows, b.layout.blas_rows, capturing) : 0;
+  routed.first = routed_capacity_.capacity(rows, b.layout.blas_rows, capturing);
   launch_routed_blas(*lt_, routed, routed.first, b.base + b.layout.routed_blas, b.lt, device_, s, kRunOp);
   launch_routed(routed, device_, s);
-  if (fast && !capturing) routed_capacity_.record(backup_count, rows, s);
+  routed_capacity_.record(backup_count, rows, capturing, s);
 }
 
 void CudaInference::run_dense(const InferenceArgs& args, int64_t rows, const Buffers& b,

@@ -170,11 +170,6 @@ class CudaTraining final : public detail::TrainingBackend {
     char* blas = nullptr;     // their x, dy (dtype) and dx (f32) rows, [C, K] each
     void* lt = nullptr;       // cuBLAS(Lt) scratch, LtConfig::kWorkspaceBytes
   };
-  // C for a run of `rows` rows (0 in deterministic mode: every routed row on the tensor-core kernel).
-  int64_t blas_rows(int64_t rows, int64_t limit, bool capturing) {
-    if (options_.determinism != Determinism::fast) return 0;
-    return routed_capacity_.capacity(rows, limit, capturing);
-  }
   // Determinism::fast: compact rows of more entries than this are routed (TrainRowConfig); -1: none.
   int32_t route_above() const {
     if (options_.determinism != Determinism::fast) return -1;
@@ -206,7 +201,7 @@ class CudaTraining final : public detail::TrainingBackend {
   std::unique_ptr<LtGemm> lt_;
   std::unique_ptr<BlasGemm> blas_;  // the dense path's weight gradients, the routed rows' share
   // Determinism::fast: the routed rows' first C through cuBLAS, C learned from earlier forwards.
-  RoutedCapacity routed_capacity_{kForwardOp};
+  RoutedCapacity routed_capacity_{kForwardOp, options_.determinism};
   TrainingCalibration calibration_;  // automatic dispatch: timed steps of either saved form
   OwnedWorkspace own_;
   cudaEvent_t done_ = nullptr;          // recorded at the end of every uncaptured run
@@ -279,7 +274,8 @@ void CudaTraining::forward_sparse(const TrainingForwardArgs& args, const TwellVi
     pack.out = saved;
     pack.active = active;
     launch_pack(pack, device_, s);
-    if (route_above() >= 0) launch_route_overflow(saved, hidden, device_, s, kForwardOp, route_above());
+    if (const int32_t above = route_above(); above >= 0)
+      launch_route_overflow(saved, hidden, device_, s, kForwardOp, above);
   }
 
   ForwardRowsArgs compact;
@@ -298,11 +294,11 @@ void CudaTraining::forward_sparse(const TrainingForwardArgs& args, const TwellVi
   RoutedArgs routed = routed_args(dims_, weights_, args.x.data, args.y.data, hidden, rows,
                                   saved.routed_rows, saved.num_routed);
   routed.split_k = {at<float>(base, l.split_partials), at<int32_t>(base, l.split_counters)};
-  routed.first = blas_rows(rows, l.blas_rows, capturing);
+  routed.first = routed_capacity_.capacity(rows, l.blas_rows, capturing);
   launch_routed_blas(*lt_, routed, routed.first, base + l.routed_blas, base + l.lt, device_, s, kForwardOp);
   launch_routed(routed, device_, s);
   launch_routed_renumber(saved, s);
-  if (!capturing && options_.determinism == Determinism::fast) routed_capacity_.record(saved.num_routed, rows, s);
+  routed_capacity_.record(saved.num_routed, rows, capturing, s);
 
   launch_statistics(saved, hidden, active, row_l1, stats, rows, s);
 }
@@ -377,7 +373,7 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   rb.p = base + l.p;
   rb.q = base + l.q;
   rb.split_k = {at<float>(base, l.split_partials), at<int32_t>(base, l.split_counters)};
-  rb.blas_rows = blas_rows(rows, l.blas_rows, capturing);
+  rb.blas_rows = routed_capacity_.capacity(rows, l.blas_rows, capturing);
   rb.blas = base + l.routed_blas;
   rb.lt = base + l.lt;
   check_cuda(cudaMemsetAsync(rb.split_k.counters, 0, RoutedGemmConfig::kMaxSplitTiles * sizeof(int32_t), s),
