@@ -390,7 +390,7 @@ std::vector<Case> sweep_cases() {
   for (DType dt : {DType::bf16, DType::f16})
     for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
       for (const PatternDensity& pd : patterns) {
-        std::vector<Shape> shapes = {{1, 64, 520}, {7, 64, 520}, {257, 64, 520}, {7, 136, 1000}};
+        std::vector<Shape> shapes = {{1, 64, 520}, {7, 64, 520}, {257, 64, 520}, {7, 136, 1000}, {7, 256, 520}};
         // The larger M x N only where rows differ from each other (the oracle dominates the time).
         if (pd.pattern == Pattern::edge_rows || pd.pattern == Pattern::heavy_tailed)
           shapes.push_back({257, 136, 1000});
@@ -425,15 +425,17 @@ std::vector<Case> sweep_cases() {
       out.push_back(problem_case<Case>(kind, dt, Pattern::uniform, 0.2, 33, 136, 1000, 256, 256));
     }
   // Neurons firing for far more tokens than the mean: their weight gradients are split over a
-  // CTA (WeightGradConfig), in 64-column quarters (K = 136: a partial last quarter). M = 2048: the
-  // case needs a neuron active in more than 2 x max(128, 4 x mean) rows, 16% of them (at M = 1024,
-  // 25%, which some seeds' per-neuron rates missed).
+  // CTA (WeightGradConfig), in 64-column quarters (K = 136: a partial last quarter, CTA-row
+  // kernels; K = 256: the warp-row kernels). M = 2048: the case needs a
+  // neuron active in more than 2 x max(128, 4 x mean) rows, 16% of them (at M = 1024, 25%, which
+  // some seeds' per-neuron rates missed).
   for (DType dt : {DType::bf16, DType::f16})
-    for (FfnKind kind : {FfnKind::gated, FfnKind::plain}) {
-      Case c = problem_case<Case>(kind, dt, Pattern::heavy_tailed, 0.02, 2048, 136, 520);
-      c.heavy_neurons = true;
-      out.push_back(c);
-    }
+    for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
+      for (int64_t k : {136, 256}) {
+        Case c = problem_case<Case>(kind, dt, Pattern::heavy_tailed, 0.02, 2048, k, 520);
+        c.heavy_neurons = true;
+        out.push_back(c);
+      }
   // The portable gate (cuBLASLt + pack kernel) where the fused sm_90a kernel runs by default.
   for (DType dt : {DType::bf16, DType::f16})
     for (FfnKind kind : {FfnKind::gated, FfnKind::plain}) {
@@ -512,49 +514,56 @@ struct DeterminismCase {
   DType dtype;
 };
 
-class CudaTrainingDeterminism : public ::testing::TestWithParam<DeterminismCase> {};
+class CudaTrainingDeterminism : public ::testing::TestWithParam<DeterminismCase> {
+ protected:
+  void check_reruns_bit_identical(int64_t k) {
+    SCOPED_TRACE("K = " + std::to_string(k));
+    Case c;
+    c.kind = GetParam().kind;
+    c.dtype = GetParam().dtype;
+    c.pattern = Pattern::edge_rows;
+    c.m = 257;
+    c.k = k;
+    c.n = 1000;
+    c.tile = 64;
+    c.capacity = 4;
+    TrainingOptions o = options_of(c);
+    o.determinism = Determinism::deterministic;
+    DeviceStep d(spec_of(c, 1202), o, L1From::options, 0.0f);
+    const StepOutputs first = run_step(d);
+    expect_matches_oracle(d, first, "first step");
+    EXPECT_GT(first.routed, 0) << "the case should route some rows";
+    EXPECT_LT(first.routed, c.m) << "the case should keep some rows compact";
+
+    DeviceBuffer other(d.saved.bytes());
+    const TwellView second_view = d.new_view(other);
+    d.poison_outputs();
+    d.enqueue(second_view, nullptr);
+    cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "second step");
+    const StepOutputs second = download(d, second_view);
+    EXPECT_EQ(first.y, second.y);
+    EXPECT_EQ(first.dx, second.dx);
+    EXPECT_EQ(first.dgate, second.dgate);
+    EXPECT_EQ(first.dup, second.dup);
+    EXPECT_EQ(first.ddown, second.ddown);
+    EXPECT_EQ(first.stats, second.stats);
+    EXPECT_EQ(first.routed, second.routed);
+
+    for (DeviceBuffer* b : {&d.dx, &d.dgate, &d.dup, &d.ddown}) b->poison();
+    d.plan->backward(d.backward_args(), d.x_view(), second_view, nullptr);
+    cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "third backward");
+    const StepOutputs third = download(d, second_view);
+    EXPECT_EQ(first.dx, third.dx);
+    EXPECT_EQ(first.dgate, third.dgate);
+    EXPECT_EQ(first.dup, third.dup);
+    EXPECT_EQ(first.ddown, third.ddown);
+  }
+};
 
 TEST_P(CudaTrainingDeterminism, RerunsAreBitIdentical) {
   TWELL_REQUIRE_DEVICE();
-  Case c;
-  c.kind = GetParam().kind;
-  c.dtype = GetParam().dtype;
-  c.pattern = Pattern::edge_rows;
-  c.m = 257;
-  c.k = 136;
-  c.n = 1000;
-  c.tile = 64;
-  c.capacity = 4;
-  TrainingOptions o = options_of(c);
-  o.determinism = Determinism::deterministic;
-  DeviceStep d(spec_of(c, 1202), o, L1From::options, 0.0f);
-  const StepOutputs first = run_step(d);
-  expect_matches_oracle(d, first, "first step");
-  EXPECT_GT(first.routed, 0) << "the case should route some rows";
-  EXPECT_LT(first.routed, c.m) << "the case should keep some rows compact";
-
-  DeviceBuffer other(d.saved.bytes());
-  const TwellView second_view = d.new_view(other);
-  d.poison_outputs();
-  d.enqueue(second_view, nullptr);
-  cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "second step");
-  const StepOutputs second = download(d, second_view);
-  EXPECT_EQ(first.y, second.y);
-  EXPECT_EQ(first.dx, second.dx);
-  EXPECT_EQ(first.dgate, second.dgate);
-  EXPECT_EQ(first.dup, second.dup);
-  EXPECT_EQ(first.ddown, second.ddown);
-  EXPECT_EQ(first.stats, second.stats);
-  EXPECT_EQ(first.routed, second.routed);
-
-  for (DeviceBuffer* b : {&d.dx, &d.dgate, &d.dup, &d.ddown}) b->poison();
-  d.plan->backward(d.backward_args(), d.x_view(), second_view, nullptr);
-  cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "third backward");
-  const StepOutputs third = download(d, second_view);
-  EXPECT_EQ(first.dx, third.dx);
-  EXPECT_EQ(first.dgate, third.dgate);
-  EXPECT_EQ(first.dup, third.dup);
-  EXPECT_EQ(first.ddown, third.ddown);
+  for (const int64_t k : {136, 512})  // the CTA-per-row kernels, the warp-per-row ones
+    check_reruns_bit_identical(k);
 }
 
 // Determinism::fast: the routed rows' dense products go through cuBLAS for as many rows as the

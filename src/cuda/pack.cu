@@ -20,6 +20,7 @@ namespace {
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kThreads = PackConfig::kWarps * kWarpSize;
+constexpr int kScatterBatch = 8;  // route_overflow_kernel: entries whose loads a lane issues at once
 
 static_assert(kThreads <= 1024, "a pack CTA must fit the CTA size limit");
 
@@ -145,7 +146,9 @@ __global__ void __launch_bounds__(kThreads, PackConfig::kCtasPerSm)
 
 // One warp per row marked kOverflowRow by the fused gate kernel, or (route_above >= 0) compact
 // with more than route_above entries: takes a routed slot, writes the row's compact tiles back into
-// its G row (overflowed tiles are there already) and zeroes counts.
+// its G row (overflowed tiles are there already) and zeroes counts. (It used to walk the tiles in
+// order, the whole warp on each, one chain of dependent loads per tile: 68 us for the 716 rows
+// training routes at heavy-tailed 0.5%, ncu on an H200.)
 __global__ void __launch_bounds__(kThreads)
     route_overflow_kernel(TwellView out, uint16_t* __restrict__ hidden, int32_t route_above) {
   const int lane = threadIdx.x % kWarpSize;
@@ -167,20 +170,32 @@ __global__ void __launch_bounds__(kThreads)
       out.routed_rows[slot] = int32_t(row);
       out.row_slot[row] = slot;
     }
-    for (int64_t t = 0; t < num_tiles; ++t) {
+    // Lane t rewrites tiles t, t + 32, ... alone (zeros, then its entries over them: one thread's
+    // stores to an address stay in order), so nothing waits on another lane and the loads of a
+    // tile's entries are issued kScatterBatch at a time, not one dependent round trip per tile.
+    for (int64_t t = lane; t < num_tiles; t += kWarpSize) {
       const int64_t index = row * num_tiles + t;
       const int count = out.counts[index];
-      __syncwarp();
-      if (count != kOverflowCount) {
+      if (count != kOverflowCount) {  // an overflowed tile is in G already
         uint16_t* g = hidden + row * cols + t * tile;
-        const int64_t width = cols - t * tile < tile ? cols - t * tile : tile;
-        for (int64_t c = lane; c < width; c += kWarpSize) g[c] = 0;
-        __syncwarp();
-        for (int e = lane; e < count; e += kWarpSize)
-          g[out.cols[index * capacity + e]] = values[index * capacity + e];
+        const int64_t width = cols - t * tile < tile ? cols - t * tile : tile;  // a multiple of 8
+        for (int64_t v = 0; v < width / kVecElems; ++v) reinterpret_cast<uint4*>(g)[v] = make_uint4(0, 0, 0, 0);
+        const uint16_t* entry_cols = out.cols + index * capacity;
+        const uint16_t* entry_values = values + index * capacity;
+        for (int e0 = 0; e0 < count; e0 += kScatterBatch) {
+          uint16_t c[kScatterBatch], v[kScatterBatch];
+#pragma unroll
+          for (int j = 0; j < kScatterBatch; ++j)
+            if (e0 + j < count) {
+              c[j] = __ldg(entry_cols + e0 + j);
+              v[j] = __ldg(entry_values + e0 + j);
+            }
+#pragma unroll
+          for (int j = 0; j < kScatterBatch; ++j)
+            if (e0 + j < count) g[c[j]] = v[j];
+        }
       }
-      __syncwarp();
-      if (lane == 0) out.counts[index] = 0;
+      out.counts[index] = 0;
     }
   }
 }
