@@ -514,19 +514,16 @@ struct DeterminismCase {
   DType dtype;
 };
 
+// Edge rows at tile 64, capacity 4: some rows overflow a tile and are routed, the rest stay compact.
+Case routed_mix_case(const DeterminismCase& p, double density, int64_t k) {
+  return problem_case<Case>(p.kind, p.dtype, Pattern::edge_rows, density, 257, k, 1000, 64, 4);
+}
+
 class CudaTrainingDeterminism : public ::testing::TestWithParam<DeterminismCase> {
  protected:
   void check_reruns_bit_identical(int64_t k) {
     SCOPED_TRACE("K = " + std::to_string(k));
-    Case c;
-    c.kind = GetParam().kind;
-    c.dtype = GetParam().dtype;
-    c.pattern = Pattern::edge_rows;
-    c.m = 257;
-    c.k = k;
-    c.n = 1000;
-    c.tile = 64;
-    c.capacity = 4;
+    const Case c = routed_mix_case(GetParam(), 0.05, k);
     TrainingOptions o = options_of(c);
     o.determinism = Determinism::deterministic;
     DeviceStep d(spec_of(c, 1202), o, L1From::options, 0.0f);
@@ -575,8 +572,7 @@ class CudaTrainingRoutedBlas : public ::testing::TestWithParam<DeterminismCase> 
 TEST_P(CudaTrainingRoutedBlas, LearnedCublasShareMatchesOracle) {
   TWELL_REQUIRE_DEVICE();
   for (const int64_t k : {136, 512}) {  // the CTA-per-row kernels, the warp-per-row ones
-    Case c = problem_case<Case>(GetParam().kind, GetParam().dtype, Pattern::edge_rows, 0.01, 257, k, 1000, 64, 4);
-    c.dispatch = Dispatch::force_sparse;
+    const Case c = routed_mix_case(GetParam(), 0.01, k);  // force_sparse, Case's default
     TrainingOptions o = options_of(c);
     o.determinism = Determinism::fast;
     DeviceStep d(spec_of(c, 1250), o, L1From::options, 0.0f);

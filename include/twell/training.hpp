@@ -25,7 +25,6 @@
 
 namespace twell {
 
-
 // The two forms of the saved state (TrainingPlan::saved_shape): compact (TwELL slots, no backup
 // rows; heavy rows routed and recomputed in backward) or dense (every row in the backup planes).
 enum class SavedForm : uint8_t { compact, dense };

@@ -129,9 +129,9 @@ int64_t RoutedCapacity::capacity(int64_t rows, int64_t limit, bool capturing) {
   const int64_t want = int64_t(std::ceil(expected * RoutedBlasConfig::kHeadroom)) + RoutedBlasConfig::kSlack;
   const int64_t step = RoutedBlasConfig::kRowMultiple;
   const int64_t c = std::min({(want + step - 1) / step * step, limit, rows});
-  // Keep the last C while it holds the expected rows and is under twice what they need: each new
-  // C is a new cuBLASLt plan (host work), and counts vary a little from run to run.
-  // (and within this run's buffers and rows).
+  // Keep the last C while it holds the expected rows, is under twice what they need and fits this
+  // run's buffers and rows: each new C is a new cuBLASLt plan (host work), and counts vary a
+  // little from run to run.
   if (!(capacity_ >= c && capacity_ < 2 * c && capacity_ <= std::min(limit, rows))) capacity_ = c;
   return capacity_;
 }

@@ -41,9 +41,8 @@ TrainForwardLayout train_forward_layout(const ProblemDims& d, int64_t rows) {
   l.control = c.take(kRowQueueWords * sizeof(int32_t));
   l.long_rows = c.take(m * sizeof(int32_t));
   l.split_partials = c.take(RoutedGemmConfig::kSplitPartialBytes);
-  const size_t blas_row = size_t(d.k + d.n) * dtype_size(d.dtype);
-  l.blas_rows = routed_blas_rows(rows, blas_row);
-  l.routed_blas = c.take(size_t(l.blas_rows) * blas_row);
+  l.blas_rows = routed_blas_rows(rows, routed_blas_row_bytes(d));
+  l.routed_blas = c.take(size_t(l.blas_rows) * routed_blas_row_bytes(d));
   l.bytes = c.bytes();
   return l;
 }

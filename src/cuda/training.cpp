@@ -433,6 +433,7 @@ void CudaTraining::backward_routed(const void* x, const void* dy, const Grads& g
   const int64_t n = dims_.n, k = dims_.k;
   const int64_t q_cols = gated ? 2 * n : n;
   const size_t es = dtype_size(dims_.dtype);
+  const size_t ws = LtConfig::kWorkspaceBytes;  // b.lt's bytes
   char* q_second = b.q + size_t(n) * es;  // gated: columns N .. 2N-1 of q
   // Rows order[0 .. C) through cuBLAS, from gathered x and dy rows (zero past R); the rest on the
   // tensor-core kernel, each launch starting at row C.
@@ -495,7 +496,6 @@ void CudaTraining::backward_routed(const void* x, const void* dy, const Grads& g
 
   // dx rows = [dg | du] [W1; Wu]  (plain: dg W1)
   if (c > 0) {
-    const size_t ws = LtConfig::kWorkspaceBytes;
     blas_->matmul(b.q, q_cols, first_weight(), c, n, k, dx_rows, 0.0f, s, b.lt, ws);
     if (gated) blas_->matmul(q_second, q_cols, weights_.up.data, c, n, k, dx_rows, 1.0f, s, b.lt, ws);
     launch_scatter_rows(dims_.dtype, dx_rows, true, k, list, g.dx, device_, s, kBackwardOp);
@@ -518,7 +518,6 @@ void CudaTraining::backward_routed(const void* x, const void* dy, const Grads& g
 
   // dW1 += dg^T x;  gated: dWu += du^T x;  dWd += h^T dy (cuBLAS's rows first, then the kernel's)
   if (c > 0) {
-    const size_t ws = LtConfig::kWorkspaceBytes;
     blas_->weight_grad(b.q, q_cols, x_rows, c, n, k, g.dfirst, 1.0f, s, b.lt, ws);
     if (gated) blas_->weight_grad(q_second, q_cols, x_rows, c, n, k, g.dup, 1.0f, s, b.lt, ws);
     blas_->weight_grad(b.p, n, dy_rows, c, n, k, g.ddown, 1.0f, s, b.lt, ws);

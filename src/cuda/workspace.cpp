@@ -87,9 +87,8 @@ WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths
     l.heavy_rows = take(m * sizeof(int32_t));
     l.long_rows = take(m * sizeof(int32_t));
     l.split_partials = take(RoutedGemmConfig::kSplitPartialBytes);
-    const size_t blas_row = size_t(d.k + d.n) * es;
-    l.blas_rows = routed_blas_rows(rows, blas_row);
-    l.routed_blas = take(size_t(l.blas_rows) * blas_row);
+    l.blas_rows = routed_blas_rows(rows, routed_blas_row_bytes(d));
+    l.routed_blas = take(size_t(l.blas_rows) * routed_blas_row_bytes(d));
     end = std::max(end, at);
   }
   l.bytes = end + WorkspaceLayout::kAlign;  // slack for aligning an arbitrary caller pointer
