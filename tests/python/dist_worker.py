@@ -66,6 +66,10 @@ def run(rank, mode, init_file, out):
         step(wrapped, x[shard].to(device, dtype), target[shard].to(device, dtype))
         grads = {n: full(p.grad).detach().float().cpu() for n, p in model.named_parameters()}
         torch.save(grads, f"{out}/rank{rank}.pt")
+        # Both ranks done with every collective before either tears its group down: a rank that
+        # destroyed its gloo group while the other still talked to it once aborted in CI
+        # ("terminate called without an active exception", exit -6).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
