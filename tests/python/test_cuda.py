@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 import twell  # noqa: E402
 import twell.torch as tt  # noqa: E402
 
-from torch_cases import module_for, problem, skip_unless_trainable  # noqa: E402
+from torch_cases import module_for, problem, rel_error, skip_unless_trainable  # noqa: E402
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device visible to PyTorch", allow_module_level=True)
@@ -89,13 +89,17 @@ def test_cuda_graph_inference(seed, dispatch, gated):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             static_y = mod(static_x)
-        # "auto" keeps the path chosen at capture; eager runs may calibrate to the other one.
-        exact = {} if dispatch == "auto" else {"rtol": 0, "atol": 0}
         for scale in (1.0, -0.5, 2.0):
             static_x.copy_(x * scale)
             graph.replay()
             want = mod(static_x)
-            torch.testing.assert_close(static_y, want, **exact)
+            if dispatch == "auto":
+                # The graph keeps the path chosen at capture; eager runs may calibrate to the other,
+                # which rounds h once more (dense) or not: the two agree to bf16 rounding, not
+                # elementwise (a near-zero output's relative difference can be large).
+                assert rel_error(static_y, want) < 1e-2
+            else:
+                torch.testing.assert_close(static_y, want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dispatch", ["sparse", "auto"])
