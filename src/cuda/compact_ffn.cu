@@ -10,6 +10,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/element.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/launch.cuh"
 
 namespace twell::gpu {
 
@@ -63,6 +64,7 @@ template <typename T, FfnKind kKind, int kVecs>
 __global__ void __launch_bounds__(CompactConfig::kMaxThreads)
     compact_ffn_kernel(const T* __restrict__ x, const T* __restrict__ up,
                        const T* __restrict__ down, T* __restrict__ y, int64_t k, TwellView tw) {
+  chain_entry();
   __shared__ uint16_t counts[CompactConfig::kMaxTiles];
   __shared__ float partial[2][CompactConfig::kMaxWarps][kBatch];
 
@@ -155,9 +157,9 @@ __global__ void __launch_bounds__(CompactConfig::kMaxThreads)
 
 template <typename T, FfnKind kKind, int kVecs>
 void launch_with(const CompactArgs& a, int threads, cudaStream_t s) {
-  compact_ffn_kernel<T, kKind, kVecs><<<unsigned(a.twell.shape.rows), unsigned(threads), 0, s>>>(
-      static_cast<const T*>(a.x), static_cast<const T*>(a.up), static_cast<const T*>(a.down),
-      static_cast<T*>(a.y), a.hidden, a.twell);
+  launch(compact_ffn_kernel<T, kKind, kVecs>, dim3(unsigned(a.twell.shape.rows)), dim3(unsigned(threads)), 0,
+         s, static_cast<const T*>(a.x), static_cast<const T*>(a.up), static_cast<const T*>(a.down),
+         static_cast<T*>(a.y), a.hidden, a.twell);
 }
 
 template <typename T, FfnKind kKind>

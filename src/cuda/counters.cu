@@ -3,12 +3,14 @@
 //   CTA / warp / thread: a single thread; two stores.
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/launch.cuh"
 
 namespace twell::gpu {
 
 namespace {
 
 __global__ void write_counters_kernel(const RunCounters* __restrict__ c, int64_t* __restrict__ out) {
+  chain_entry();
   out[0] = c->num_routed;
   out[1] = static_cast<int64_t>(c->active);
 }
@@ -16,7 +18,7 @@ __global__ void write_counters_kernel(const RunCounters* __restrict__ c, int64_t
 }  // namespace
 
 void launch_write_counters(const RunCounters* c, int64_t* counters, cudaStream_t s) {
-  write_counters_kernel<<<1, 1, 0, s>>>(c, counters);
+  launch(write_counters_kernel, dim3(1), dim3(1), 0, s, c, counters);
   check_launch("InferencePlan::run", "counters kernel");
 }
 

@@ -10,6 +10,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/element.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/launch.cuh"
 
 namespace twell::gpu {
 
@@ -25,6 +26,7 @@ template <typename T, FfnKind kKind>
 __global__ void __launch_bounds__(kThreads)
     dense_hidden_kernel(const T* hidden, const T* __restrict__ up, T* out, int64_t vectors,
                         unsigned long long* active) {
+  chain_entry();
   unsigned long long seen = 0;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors; v += stride) {
@@ -57,9 +59,11 @@ void launch_dense_hidden(const DenseHiddenArgs& a, const DeviceInfo& dev, cudaSt
     const auto* u = static_cast<const T*>(a.up);
     auto* out = a.out != nullptr ? static_cast<T*>(a.out) : g;
     if (a.kind == FfnKind::gated)
-      dense_hidden_kernel<T, FfnKind::gated><<<unsigned(grid), kThreads, 0, s>>>(g, u, out, vectors, a.active);
+      launch(dense_hidden_kernel<T, FfnKind::gated>, dim3(unsigned(grid)), dim3(kThreads), 0, s, g, u, out,
+             vectors, a.active);
     else
-      dense_hidden_kernel<T, FfnKind::plain><<<unsigned(grid), kThreads, 0, s>>>(g, u, out, vectors, a.active);
+      launch(dense_hidden_kernel<T, FfnKind::plain>, dim3(unsigned(grid)), dim3(kThreads), 0, s, g, u, out,
+             vectors, a.active);
   });
   check_launch("InferencePlan::run", "dense hidden kernel");
 }

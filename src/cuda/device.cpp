@@ -1,6 +1,8 @@
 #include "cuda/device.hpp"
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/config.hpp"
@@ -40,6 +42,33 @@ DeviceGuard::DeviceGuard(int index, const char* op) : index_(index) {
 
 DeviceGuard::~DeviceGuard() {
   if (previous_ >= 0 && previous_ != index_) cudaSetDevice(previous_);
+}
+
+bool chained_launches() {
+  static const bool allowed = [] {
+    const char* v = std::getenv("TWELL_NO_PDL");
+    return v == nullptr || v[0] == '\0' || (v[0] == '0' && v[1] == '\0');
+  }();
+  if (!allowed) return false;
+  // Per device: 0 unknown, 1 no, 2 yes.
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  int state = device < kMaxDevices ? known[device].load(std::memory_order_relaxed) : 0;
+  if (state == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      major = 0;
+    }
+    state = major >= 9 ? 2 : 1;
+    if (device < kMaxDevices) known[device].store(state, std::memory_order_relaxed);
+  }
+  return state == 2;
 }
 
 bool is_capturing(cudaStream_t s, const char* op) {

@@ -35,6 +35,10 @@ inline cudaStream_t resolve_stream(Stream s) {
   return s == nullptr ? cudaStreamPerThread : static_cast<cudaStream_t>(s);
 }
 
+// True when kernel launches on the current device may overlap through programmatic dependent
+// launch (compute capability 9.0 or newer, and TWELL_NO_PDL unset or "0"); see launch.cuh.
+bool chained_launches();
+
 // True while `s` is being captured into a CUDA graph (no allocation, query or host copy then).
 bool is_capturing(cudaStream_t s, const char* op);
 

@@ -26,6 +26,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/element.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/launch.cuh"
 #include "cuda/sm90.cuh"
 
 namespace twell::gpu {
@@ -161,6 +162,7 @@ template <typename T, int kTile>
 __global__ void __launch_bounds__(kThreads, 1)
     gate_pack_kernel(const __grid_constant__ CUtensorMap x_map,
                      const __grid_constant__ CUtensorMap w_map, const Params p) {
+  chain_entry();
 #if TWELL_SM90A_DEVICE
   using namespace sm90;
   extern __shared__ uint8_t dynamic_smem[];

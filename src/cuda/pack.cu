@@ -12,6 +12,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/element.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/launch.cuh"
 
 namespace twell::gpu {
 
@@ -75,6 +76,7 @@ __device__ __forceinline__ uint32_t nonzero_mask(const uint32_t (&w)[kPerLane / 
 template <int kTile>
 __global__ void __launch_bounds__(kThreads, PackConfig::kCtasPerSm)
     pack_kernel(const uint16_t* __restrict__ hidden, TwellView out, unsigned long long* active) {
+  chain_entry();
   constexpr int kPerLane = kTile / kWarpSize;
   static_assert(kTile % kWarpSize == 0 && kPerLane >= 2 && kPerLane <= kVecElems,
                 "a tile must split into 2, 4 or 8 values per lane");
@@ -151,6 +153,7 @@ __global__ void __launch_bounds__(kThreads, PackConfig::kCtasPerSm)
 // training routes at heavy-tailed 0.5%, ncu on an H200.)
 __global__ void __launch_bounds__(kThreads)
     route_overflow_kernel(TwellView out, uint16_t* __restrict__ hidden, int32_t route_above) {
+  chain_entry();
   const int lane = threadIdx.x % kWarpSize;
   const int64_t warps = int64_t(gridDim.x) * PackConfig::kWarps;
   const int64_t cols = out.shape.cols, tile = out.shape.tile, capacity = out.shape.capacity;
@@ -208,9 +211,15 @@ void launch_pack(const PackArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const int64_t grid = std::min<int64_t>(rows, int64_t(dev.sm_count) * PackConfig::kCtasPerSm);
   const auto* g = static_cast<const uint16_t*>(a.hidden);
   switch (a.out.shape.tile) {
-    case 64: pack_kernel<64><<<unsigned(grid), kThreads, 0, s>>>(g, a.out, a.active); break;
-    case 128: pack_kernel<128><<<unsigned(grid), kThreads, 0, s>>>(g, a.out, a.active); break;
-    case 256: pack_kernel<256><<<unsigned(grid), kThreads, 0, s>>>(g, a.out, a.active); break;
+    case 64:
+      launch(pack_kernel<64>, dim3(unsigned(grid)), dim3(kThreads), 0, s, g, a.out, a.active);
+      break;
+    case 128:
+      launch(pack_kernel<128>, dim3(unsigned(grid)), dim3(kThreads), 0, s, g, a.out, a.active);
+      break;
+    case 256:
+      launch(pack_kernel<256>, dim3(unsigned(grid)), dim3(kThreads), 0, s, g, a.out, a.active);
+      break;
     default:
       throw Error("InferencePlan::run", "options.tile", "64, 128 or 256",
                   std::to_string(a.out.shape.tile));
@@ -224,7 +233,8 @@ void launch_route_overflow(const TwellView& out, void* hidden, const DeviceInfo&
   if (rows == 0) return;
   const int64_t grid = std::min<int64_t>((rows + PackConfig::kWarps - 1) / PackConfig::kWarps,
                                          int64_t(dev.sm_count) * PackConfig::kCtasPerSm);
-  route_overflow_kernel<<<unsigned(grid), kThreads, 0, s>>>(out, static_cast<uint16_t*>(hidden), route_above);
+  launch(route_overflow_kernel, dim3(unsigned(grid)), dim3(kThreads), 0, s, out,
+         static_cast<uint16_t*>(hidden), route_above);
   check_launch(op, "TwELL overflow routing kernel");
 }
 

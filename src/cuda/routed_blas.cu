@@ -10,6 +10,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/element.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/launch.cuh"
 #include "cuda/lt_gemm.hpp"
 
 namespace twell::gpu {
@@ -23,6 +24,7 @@ __device__ __forceinline__ int64_t listed(const RowList& l) { return min(l.cap, 
 // dst[i] = src[list[i]] for i < min(cap, R); zeros for i in [R, cap).
 __global__ void __launch_bounds__(kThreads)
     gather_rows_kernel(const uint4* __restrict__ src, int64_t vectors_per_row, RowList l, uint4* dst) {
+  chain_entry();
   const int64_t live = listed(l);
   const int64_t total = l.cap * vectors_per_row;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -36,6 +38,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     routed_product_kernel(T* hidden, int64_t vectors_per_row, RowList l, T* up) {
+  chain_entry();
   const int64_t total = listed(l) * vectors_per_row;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < total; v += stride) {
@@ -57,6 +60,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, typename S>
 __global__ void __launch_bounds__(kThreads)
     scatter_rows_kernel(const S* __restrict__ src, int64_t vectors_per_row, RowList l, T* dst) {
+  chain_entry();
   const int64_t total = listed(l) * vectors_per_row;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < total; v += stride) {
@@ -91,8 +95,8 @@ void launch_gather_rows(const void* src, int64_t width, const RowList& l, void* 
                         cudaStream_t s, const char* op) {
   const int64_t per_row = width / kVecElems;
   if (l.cap == 0 || per_row == 0) return;
-  gather_rows_kernel<<<grid_for(l.cap * per_row, dev), kThreads, 0, s>>>(static_cast<const uint4*>(src), per_row,
-                                                                         l, static_cast<uint4*>(dst));
+  launch(gather_rows_kernel, dim3(grid_for(l.cap * per_row, dev)), dim3(kThreads), 0, s,
+         static_cast<const uint4*>(src), per_row, l, static_cast<uint4*>(dst));
   check_launch(op, "routed-row gather");
 }
 
@@ -102,8 +106,8 @@ void launch_routed_product(DType dtype, void* hidden, int64_t n, const RowList& 
   if (l.cap == 0 || per_row == 0) return;
   with_element_type(dtype, op, [&](auto tag) {
     using T = decltype(tag);
-    routed_product_kernel<T><<<grid_for(l.cap * per_row, dev), kThreads, 0, s>>>(static_cast<T*>(hidden), per_row,
-                                                                                  l, static_cast<T*>(up));
+    launch(routed_product_kernel<T>, dim3(grid_for(l.cap * per_row, dev)), dim3(kThreads), 0, s,
+           static_cast<T*>(hidden), per_row, l, static_cast<T*>(up));
   });
   check_launch(op, "routed-row product");
 }
@@ -116,11 +120,11 @@ void launch_scatter_rows(DType dtype, const void* src, bool src_f32, int64_t wid
   with_element_type(dtype, op, [&](auto tag) {
     using T = decltype(tag);
     if (src_f32)
-      scatter_rows_kernel<T, float><<<grid, kThreads, 0, s>>>(static_cast<const float*>(src), per_row, l,
-                                                              static_cast<T*>(dst));
+      launch(scatter_rows_kernel<T, float>, dim3(grid), dim3(kThreads), 0, s, static_cast<const float*>(src),
+             per_row, l, static_cast<T*>(dst));
     else
-      scatter_rows_kernel<T, T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(src), per_row, l,
-                                                          static_cast<T*>(dst));
+      launch(scatter_rows_kernel<T, T>, dim3(grid), dim3(kThreads), 0, s, static_cast<const T*>(src), per_row,
+             l, static_cast<T*>(dst));
   });
   check_launch(op, "routed-row scatter");
 }

@@ -19,11 +19,12 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "cuda/config.hpp"
 #include "cuda/cp_async.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/element.cuh"
-#include "cuda/config.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/launch.cuh"
 #include "cuda/train_kernels.hpp"
 
 namespace twell::gpu {
@@ -296,6 +297,7 @@ __device__ __forceinline__ bool tile_has_nonzero(const Shared<T, kA, kB>& sm, co
 
 template <typename T, ALayout kA, BLayout kB, Epilogue kE>
 __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) routed_gemm_kernel(Params p) {
+  chain_entry();
   using S = Shared<T, kA, kB>;
   __shared__ S sm;
 
@@ -440,7 +442,7 @@ void launch(const Params& p, DType dtype, int64_t max_rows, const DeviceInfo& de
                                          int64_t(dev.sm_count) * Cfg::kCtasPerSm);
   with_element_type(dtype, op, [&](auto tag) {
     using T = decltype(tag);
-    routed_gemm_kernel<T, kA, kB, kE><<<unsigned(grid), kThreads, 0, s>>>(p);
+    gpu::launch(routed_gemm_kernel<T, kA, kB, kE>, dim3(unsigned(grid)), dim3(kThreads), 0, s, p);
   });
   check_launch(op, what);
 }

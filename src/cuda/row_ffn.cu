@@ -28,6 +28,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/element.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/launch.cuh"
 #include "cuda/warp_rows.cuh"
 
 namespace twell::gpu {
@@ -256,6 +257,7 @@ __device__ void consume_list(RowState<T, kKind, kChunks>& st, const int2* list, 
 // it, the fused gate never writes it): kLongRow floats need N >= 2 kLongRow.
 template <typename T, FfnKind kKind, int kChunks, Phase kPhase>
 __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) row_ffn_kernel(KernelArgs a) {
+  chain_entry();
   const int lane = threadIdx.x % kWarpSize;
   const TwellView& tw = a.tw;
   const auto* up = static_cast<const T*>(a.up) + a.col0;  // row n of the range: + n * k
@@ -286,6 +288,7 @@ __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) row_ffn_kernel(
 // of the range's y columns meet in shared memory in warp order (deterministic).
 template <typename T, FfnKind kKind, int kChunks, Phase kPhase>
 __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) long_pass_kernel(KernelArgs a) {
+  chain_entry();
   constexpr bool kAxpys = kPhase != Phase::dots;
   constexpr int kCols = kChunks * RowConfig::kChunk;
   __shared__ float partial[kAxpys ? RowConfig::kWarps : 1][kAxpys ? kCols : 1];
@@ -337,6 +340,7 @@ __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) long_pass_kerne
 // memory in warp order (deterministic).
 template <typename T, FfnKind kKind, int kChunks>
 __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) long_row_kernel(KernelArgs a) {
+  chain_entry();
   constexpr int kCols = kChunks * RowConfig::kChunk;
   __shared__ float partial[RowConfig::kWarps][kCols];
   __shared__ int2 list[RowConfig::kMaxDenseRow];
@@ -414,9 +418,9 @@ void launch_passes(KernelArgs k, int64_t ctas, int32_t* queues, cudaStream_t s) 
       constexpr int kChunks = decltype(chunks_c)::value;
       constexpr int kThreads = RowConfig::kWarps * kWarpSize;
       if constexpr (kLong)
-        long_pass_kernel<T, kKind, kChunks, kPhase><<<unsigned(ctas), kThreads, 0, s>>>(k);
+        launch(long_pass_kernel<T, kKind, kChunks, kPhase>, dim3(unsigned(ctas)), dim3(kThreads), 0, s, k);
       else
-        row_ffn_kernel<T, kKind, kChunks, kPhase><<<unsigned(ctas), kThreads, 0, s>>>(k);
+        launch(row_ffn_kernel<T, kKind, kChunks, kPhase>, dim3(unsigned(ctas)), dim3(kThreads), 0, s, k);
     });
   }
 }
@@ -452,7 +456,8 @@ void launch_with(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   if (fused_long) {
     warp_rows::with_chunks(int(c.hidden / RowConfig::kChunk), [&](auto chunks_c) {
       constexpr int kChunks = decltype(chunks_c)::value;
-      long_row_kernel<T, kKind, kChunks><<<unsigned(ctas), RowConfig::kWarps * kWarpSize, 0, s>>>(k);
+      launch(long_row_kernel<T, kKind, kChunks>, dim3(unsigned(ctas)), dim3(RowConfig::kWarps * kWarpSize), 0,
+             s, k);
     });
   }
 }

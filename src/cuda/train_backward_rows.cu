@@ -12,6 +12,7 @@
 //     kBatch down-dots is reduced across warps in shared memory.
 // A routed row is skipped by both (the dense routed-row path writes it).
 #include "cuda/cuda_check.hpp"
+#include "cuda/launch.cuh"
 #include "cuda/train_kernels.hpp"
 #include "cuda/train_rows.cuh"
 #include "cuda/warp_rows.cuh"
@@ -78,6 +79,7 @@ __global__ void __launch_bounds__(TrainRowConfig::kMaxThreads)
     backward_rows_kernel(const T* __restrict__ dy, const T* __restrict__ first,
                          const T* __restrict__ up, const T* __restrict__ down, T* __restrict__ dx,
                          float* __restrict__ dh_out, L1Coef l1, int64_t k, TwellView tw) {
+  chain_entry();
   __shared__ rows::RowShared sm;
   const int64_t row = blockIdx.x;
   if (tw.row_slot[row] < 0) backward_row<T, kKind, kVecs>(dy, first, up, down, dx, dh_out, l1, k, tw, row, sm);
@@ -161,6 +163,7 @@ template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase>
 __global__ void __launch_bounds__(TrainRowConfig::kWarpRowWarps * warp_rows::kWarpSize,
                                   TrainRowConfig::kWarpRowCtasPerSm)
     backward_warp_kernel(WarpArgs a) {
+  chain_entry();
   using warp_rows::Phase;
   constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
   const int lane = threadIdx.x % warp_rows::kWarpSize;
@@ -184,6 +187,7 @@ __global__ void __launch_bounds__(TrainRowConfig::kWarpRowWarps * warp_rows::kWa
 template <typename T, FfnKind kKind, int kChunks>
 __global__ void __launch_bounds__(TrainRowConfig::kLongRowWarps * warp_rows::kWarpSize)
     backward_long_kernel(WarpArgs a) {
+  chain_entry();
   constexpr int kWarps = TrainRowConfig::kLongRowWarps;
   constexpr int kCols = kChunks * RowConfig::kChunk;
   __shared__ float partial[kWarps][kCols];
@@ -215,18 +219,21 @@ void launch_backward_rows(const BackwardRowsArgs& a, const DeviceInfo& dev, cuda
       constexpr FfnKind kKind = decltype(kind)::value;
       constexpr int kChunks = decltype(chunks)::value;
       using warp_rows::Phase;
-      backward_warp_kernel<T, kKind, kChunks, Phase::dots><<<grid.warp_ctas, grid.warp_threads, 0, s>>>(w);
-      backward_warp_kernel<T, kKind, kChunks, Phase::axpys><<<grid.warp_ctas, grid.warp_threads, 0, s>>>(w);
-      backward_long_kernel<T, kKind, kChunks><<<grid.long_ctas, grid.long_threads, 0, s>>>(w);
+      launch(backward_warp_kernel<T, kKind, kChunks, Phase::dots>, dim3(grid.warp_ctas),
+             dim3(grid.warp_threads), 0, s, w);
+      launch(backward_warp_kernel<T, kKind, kChunks, Phase::axpys>, dim3(grid.warp_ctas),
+             dim3(grid.warp_threads), 0, s, w);
+      launch(backward_long_kernel<T, kKind, kChunks>, dim3(grid.long_ctas), dim3(grid.long_threads), 0, s, w);
     });
     check_launch(op, "training backward warp-row kernels");
     return;
   }
   rows::dispatch_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto vecs, int threads) {
     using T = decltype(tag);
-    backward_rows_kernel<T, decltype(kind)::value, decltype(vecs)::value><<<unsigned(rows), unsigned(threads), 0, s>>>(
-        static_cast<const T*>(a.dy), static_cast<const T*>(a.first), static_cast<const T*>(a.up),
-        static_cast<const T*>(a.down), static_cast<T*>(a.dx), a.dh, a.l1, a.k, a.saved);
+    launch(backward_rows_kernel<T, decltype(kind)::value, decltype(vecs)::value>, dim3(unsigned(rows)),
+           dim3(unsigned(threads)), 0, s, static_cast<const T*>(a.dy), static_cast<const T*>(a.first),
+           static_cast<const T*>(a.up), static_cast<const T*>(a.down), static_cast<T*>(a.dx), a.dh, a.l1, a.k,
+           a.saved);
   });
   check_launch(op, "training backward rows kernel");
 }

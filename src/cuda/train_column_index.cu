@@ -17,9 +17,10 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/element.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/train_config.hpp"
-#include "cuda/train_kernels.hpp"
 #include "cuda/train_device.cuh"
+#include "cuda/train_kernels.hpp"
 #include "cuda/train_scan.cuh"
 
 namespace twell::gpu {
@@ -47,6 +48,7 @@ __device__ __forceinline__ RowRange block_rows(int64_t b, int64_t rows) {
 
 __global__ void __launch_bounds__(Cfg::kThreads)
     count_kernel(TwellView tw, int32_t* __restrict__ block_counts) {
+  chain_entry();
   __shared__ int32_t count[kMaxTileWidth];
   const int tile = blockIdx.y;
   const int tiles = tiles_of(tw.shape);
@@ -73,6 +75,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 __global__ void __launch_bounds__(Cfg::kOffsetThreads)
     offsets_kernel(int32_t* __restrict__ block_counts, int64_t blocks, int64_t cols,
                    int32_t* __restrict__ col_totals) {
+  chain_entry();
   constexpr int kBatch = Cfg::kOffsetBatch;
   const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= cols) return;
@@ -98,6 +101,7 @@ static_assert((int64_t(1) << kFlagBits) > ShapeLimits::kMaxIntermediate, "the he
 __global__ void __launch_bounds__(Cfg::kScanThreads)
     col_ptr_kernel(const int32_t* __restrict__ col_totals, int64_t cols, int64_t* __restrict__ col_ptr,
                    int32_t* __restrict__ heavy) {
+  chain_entry();
   using WG = WeightGradConfig;
   __shared__ scan::ScanShared sm;
   // The mean needs only the sum: every thread adds its own neurons (loads all in flight), one scan.
@@ -133,6 +137,7 @@ template <typename T, bool kGated>
 __global__ void __launch_bounds__(Cfg::kThreads)
     place_kernel(TwellView tw, const float* __restrict__ dh, const int32_t* __restrict__ block_counts,
                  const int64_t* __restrict__ col_ptr, EntryRecord* __restrict__ records) {
+  chain_entry();
   __shared__ int64_t next[kMaxTileWidth];             // next free position of each neuron
   __shared__ unsigned long long mask[kMaxTileWidth];  // bit i: row i of the chunk has the neuron
   __shared__ int32_t row_entries[Cfg::kChunkRows];    // the chunk's entry counts (0: routed / past M)
@@ -195,20 +200,23 @@ void launch_column_index(const ColumnIndexArgs& a, cudaStream_t s) {
   const int64_t blocks = column_index_blocks(shape.rows);
   if (blocks == 0) return;
   const dim3 grid(unsigned(blocks), unsigned(shape.num_tiles()));
-  count_kernel<<<grid, Cfg::kThreads, 0, s>>>(a.saved, a.block_counts);
+  launch(count_kernel, dim3(grid), dim3(Cfg::kThreads), 0, s, a.saved, a.block_counts);
   check_launch(op, "column index count kernel");
   const int64_t offset_ctas = (shape.cols + Cfg::kOffsetThreads - 1) / Cfg::kOffsetThreads;
-  offsets_kernel<<<unsigned(offset_ctas), Cfg::kOffsetThreads, 0, s>>>(a.block_counts, blocks,
-                                                                        shape.cols, a.col_totals);
+  launch(offsets_kernel, dim3(unsigned(offset_ctas)), dim3(Cfg::kOffsetThreads), 0, s, a.block_counts, blocks,
+         shape.cols, a.col_totals);
   check_launch(op, "column index offsets kernel");
-  col_ptr_kernel<<<1, Cfg::kScanThreads, 0, s>>>(a.col_totals, shape.cols, a.col_ptr, a.heavy);
+  launch(col_ptr_kernel, dim3(1), dim3(Cfg::kScanThreads), 0, s, a.col_totals, shape.cols, a.col_ptr,
+         a.heavy);
   check_launch(op, "column index scan kernel");
   with_element_type(a.saved.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     if (a.kind == FfnKind::gated)
-      place_kernel<T, true><<<grid, Cfg::kThreads, 0, s>>>(a.saved, a.dh, a.block_counts, a.col_ptr, a.records);
+      launch(place_kernel<T, true>, dim3(grid), dim3(Cfg::kThreads), 0, s, a.saved, a.dh, a.block_counts,
+             a.col_ptr, a.records);
     else
-      place_kernel<T, false><<<grid, Cfg::kThreads, 0, s>>>(a.saved, a.dh, a.block_counts, a.col_ptr, a.records);
+      launch(place_kernel<T, false>, dim3(grid), dim3(Cfg::kThreads), 0, s, a.saved, a.dh, a.block_counts,
+             a.col_ptr, a.records);
   });
   check_launch(op, "column index place kernel");
 }

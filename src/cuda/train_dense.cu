@@ -11,6 +11,7 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/element.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/train_config.hpp"
 #include "cuda/train_device.cuh"
 #include "cuda/train_kernels.hpp"
@@ -22,6 +23,7 @@ namespace {
 constexpr int kThreads = TrainElementwiseConfig::kThreads;
 
 __global__ void __launch_bounds__(kThreads) dense_layout_kernel(TwellView tw) {
+  chain_entry();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < tw.shape.rows; r += stride) {
     tw.row_slot[r] = int32_t(r);
@@ -35,6 +37,7 @@ __global__ void __launch_bounds__(kThreads)
     dense_backward_kernel(const T* __restrict__ g, const T* __restrict__ u, const T* dh,
                           T* __restrict__ q, T* h, int64_t n, int64_t vectors, L1Coef l1,
                           int64_t rows) {
+  chain_entry();
   constexpr bool kGated = kKind == FfnKind::gated;
   const float scale = l1_scale(l1, rows);
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -73,7 +76,7 @@ void launch_dense_layout(const TwellView& saved, const DeviceInfo& dev, cudaStre
   const char* op = "TrainingPlan::forward";
   const size_t counts = size_t(saved.shape.rows) * size_t(saved.shape.num_tiles()) * sizeof(uint16_t);
   check_cuda(cudaMemsetAsync(saved.counts, 0, counts, s), op, "saved counts");
-  dense_layout_kernel<<<unsigned(grid_for(saved.shape.rows, dev)), kThreads, 0, s>>>(saved);
+  launch(dense_layout_kernel, dim3(unsigned(grid_for(saved.shape.rows, dev))), dim3(kThreads), 0, s, saved);
   check_launch(op, "dense layout kernel");
 }
 
@@ -84,9 +87,9 @@ void launch_dense_backward_hidden(const DenseBackwardArgs& a, const DeviceInfo& 
   with_element_type(a.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     const auto args = [&](auto kernel) {
-      kernel<<<unsigned(grid_for(vectors, dev)), kThreads, 0, s>>>(
-          static_cast<const T*>(a.g), static_cast<const T*>(a.u), static_cast<const T*>(a.dh),
-          static_cast<T*>(a.q), static_cast<T*>(a.h), a.n, vectors, a.l1, a.rows);
+      launch(kernel, dim3(unsigned(grid_for(vectors, dev))), dim3(kThreads), 0, s, static_cast<const T*>(a.g),
+             static_cast<const T*>(a.u), static_cast<const T*>(a.dh), static_cast<T*>(a.q),
+             static_cast<T*>(a.h), a.n, vectors, a.l1, a.rows);
     };
     if (a.kind == FfnKind::gated)
       args(dense_backward_kernel<T, FfnKind::gated>);

@@ -13,6 +13,7 @@
 //     warps in shared memory.
 // A routed row is skipped by both (the routed-row backup writes it).
 #include "cuda/cuda_check.hpp"
+#include "cuda/launch.cuh"
 #include "cuda/train_kernels.hpp"
 #include "cuda/train_rows.cuh"
 #include "cuda/warp_rows.cuh"
@@ -86,6 +87,7 @@ __global__ void __launch_bounds__(TrainRowConfig::kMaxThreads)
     forward_rows_kernel(const T* __restrict__ x, const T* __restrict__ up,
                         const T* __restrict__ down, T* __restrict__ y, float* __restrict__ row_l1,
                         int64_t k, TwellView tw) {
+  chain_entry();
   __shared__ rows::RowShared sm;
   const int64_t row = blockIdx.x;
   if (tw.row_slot[row] < 0) forward_row<T, kKind, kVecs>(x, up, down, y, row_l1, k, tw, row, sm);
@@ -160,6 +162,7 @@ template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase>
 __global__ void __launch_bounds__(TrainRowConfig::kWarpRowWarps * warp_rows::kWarpSize,
                                   TrainRowConfig::kWarpRowCtasPerSm)
     forward_warp_kernel(WarpArgs a) {
+  chain_entry();
   using warp_rows::Phase;
   constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
   const int lane = threadIdx.x % warp_rows::kWarpSize;
@@ -185,6 +188,7 @@ __global__ void __launch_bounds__(TrainRowConfig::kWarpRowWarps * warp_rows::kWa
 template <typename T, FfnKind kKind, int kChunks>
 __global__ void __launch_bounds__(TrainRowConfig::kLongRowWarps * warp_rows::kWarpSize)
     forward_long_kernel(WarpArgs a) {
+  chain_entry();
   constexpr int kWarps = TrainRowConfig::kLongRowWarps;
   constexpr int kCols = kChunks * RowConfig::kChunk;
   __shared__ float partial[kWarps][kCols];
@@ -225,21 +229,24 @@ void launch_forward_rows(const ForwardRowsArgs& a, const DeviceInfo& dev, cudaSt
       constexpr int kChunks = decltype(chunks)::value;
       using warp_rows::Phase;
       if constexpr (kKind == FfnKind::gated) {
-        forward_warp_kernel<T, kKind, kChunks, Phase::dots><<<grid.warp_ctas, grid.warp_threads, 0, s>>>(w);
-        forward_warp_kernel<T, kKind, kChunks, Phase::axpys><<<grid.warp_ctas, grid.warp_threads, 0, s>>>(w);
+        launch(forward_warp_kernel<T, kKind, kChunks, Phase::dots>, dim3(grid.warp_ctas),
+               dim3(grid.warp_threads), 0, s, w);
+        launch(forward_warp_kernel<T, kKind, kChunks, Phase::axpys>, dim3(grid.warp_ctas),
+               dim3(grid.warp_threads), 0, s, w);
       } else {
-        forward_warp_kernel<T, kKind, kChunks, Phase::fused><<<grid.warp_ctas, grid.warp_threads, 0, s>>>(w);
+        launch(forward_warp_kernel<T, kKind, kChunks, Phase::fused>, dim3(grid.warp_ctas),
+               dim3(grid.warp_threads), 0, s, w);
       }
-      forward_long_kernel<T, kKind, kChunks><<<grid.long_ctas, grid.long_threads, 0, s>>>(w);
+      launch(forward_long_kernel<T, kKind, kChunks>, dim3(grid.long_ctas), dim3(grid.long_threads), 0, s, w);
     });
     check_launch(op, "training forward warp-row kernels");
     return;
   }
   rows::dispatch_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto vecs, int threads) {
     using T = decltype(tag);
-    forward_rows_kernel<T, decltype(kind)::value, decltype(vecs)::value><<<unsigned(rows), unsigned(threads), 0, s>>>(
-        static_cast<const T*>(a.x), static_cast<const T*>(a.up), static_cast<const T*>(a.down),
-        static_cast<T*>(a.y), a.row_l1, a.k, a.saved);
+    launch(forward_rows_kernel<T, decltype(kind)::value, decltype(vecs)::value>, dim3(unsigned(rows)),
+           dim3(unsigned(threads)), 0, s, static_cast<const T*>(a.x), static_cast<const T*>(a.up),
+           static_cast<const T*>(a.down), static_cast<T*>(a.y), a.row_l1, a.k, a.saved);
   });
   check_launch(op, "training forward rows kernel");
 }

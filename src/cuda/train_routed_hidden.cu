@@ -10,6 +10,7 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/element.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/train_config.hpp"
 #include "cuda/train_device.cuh"
 #include "cuda/train_kernels.hpp"
@@ -24,6 +25,7 @@ template <typename T, FfnKind kKind>
 __global__ void __launch_bounds__(kThreads)
     routed_hidden_kernel(T* __restrict__ p, T* __restrict__ q, int64_t n, int64_t rows, L1Coef l1,
                          const int32_t* __restrict__ count) {
+  chain_entry();
   const int64_t row_vectors = n / kVecElems;
   const int64_t vectors = int64_t(*count) * row_vectors;
   const float scale = l1_scale(l1, rows);
@@ -73,9 +75,11 @@ void launch_routed_hidden(const RoutedHiddenArgs& a, const DeviceInfo& dev, cuda
     auto* p = static_cast<T*>(a.p);
     auto* q = static_cast<T*>(a.q);
     if (a.kind == FfnKind::gated)
-      routed_hidden_kernel<T, FfnKind::gated><<<unsigned(grid), kThreads, 0, s>>>(p, q, a.n, a.rows, a.l1, a.count);
+      launch(routed_hidden_kernel<T, FfnKind::gated>, dim3(unsigned(grid)), dim3(kThreads), 0, s, p, q, a.n,
+             a.rows, a.l1, a.count);
     else
-      routed_hidden_kernel<T, FfnKind::plain><<<unsigned(grid), kThreads, 0, s>>>(p, q, a.n, a.rows, a.l1, a.count);
+      launch(routed_hidden_kernel<T, FfnKind::plain>, dim3(unsigned(grid)), dim3(kThreads), 0, s, p, q, a.n,
+             a.rows, a.l1, a.count);
   });
   check_launch(op, "routed hidden kernel");
 }

@@ -7,6 +7,7 @@
 //   thread: kRowsPerThread consecutive rows per step: their flags (one bit each, all loads in
 //           flight at once), the scan of their count, and the writes of the routed rows' positions.
 #include "cuda/cuda_check.hpp"
+#include "cuda/launch.cuh"
 #include "cuda/train_config.hpp"
 #include "cuda/train_kernels.hpp"
 #include "cuda/train_scan.cuh"
@@ -23,6 +24,7 @@ static_assert(kRowsPerThread >= 1 && kRowsPerThread <= 32, "a thread's flags are
 __global__ void __launch_bounds__(kThreads)
     renumber_kernel(int32_t* row_slot, int64_t rows, int32_t* __restrict__ routed_rows,
                     int32_t* __restrict__ num_routed) {
+  chain_entry();
   __shared__ scan::ScanShared sm;
   constexpr int64_t kStep = int64_t(kThreads) * kRowsPerThread;
   int64_t base = 0;
@@ -48,8 +50,8 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void launch_routed_renumber(const TwellView& saved, cudaStream_t s) {
-  renumber_kernel<<<1, kThreads, 0, s>>>(saved.row_slot, saved.shape.rows, saved.routed_rows,
-                                         saved.num_routed);
+  launch(renumber_kernel, dim3(1), dim3(kThreads), 0, s, saved.row_slot, saved.shape.rows, saved.routed_rows,
+         saved.num_routed);
   check_launch("TrainingPlan::forward", "routed-row renumber kernel");
 }
 

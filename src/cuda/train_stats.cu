@@ -8,6 +8,7 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/element.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/train_config.hpp"
 #include "cuda/train_kernels.hpp"
 
@@ -40,6 +41,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     routed_l1_kernel(const T* __restrict__ hidden, int64_t n, const int32_t* __restrict__ routed_rows,
                      const int32_t* __restrict__ num_routed, float* __restrict__ row_l1) {
+  chain_entry();
   __shared__ float warp_sums[kWarps];
   const int64_t routed = *num_routed;
   const int64_t vectors = n / kVecElems;
@@ -60,6 +62,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     stats_kernel(const float* __restrict__ row_l1, int64_t rows,
                  const unsigned long long* __restrict__ active, float* __restrict__ stats) {
+  chain_entry();
   __shared__ double warp_sums[kWarps];
   double sum = 0.0;
   for (int64_t r = threadIdx.x; r < rows; r += kThreads) sum += double(row_l1[r]);
@@ -78,11 +81,11 @@ void launch_stats(const StatsArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const int64_t grid = std::min<int64_t>(a.rows, int64_t(dev.sm_count) * TrainStatsConfig::kCtasPerSm);
   with_element_type(a.dtype, op, [&](auto tag) {
     using T = decltype(tag);
-    routed_l1_kernel<T><<<unsigned(grid), kThreads, 0, s>>>(
-        static_cast<const T*>(a.hidden), a.n, a.routed_rows, a.num_routed, a.row_l1);
+    launch(routed_l1_kernel<T>, dim3(unsigned(grid)), dim3(kThreads), 0, s, static_cast<const T*>(a.hidden),
+           a.n, a.routed_rows, a.num_routed, a.row_l1);
   });
   check_launch(op, "routed-row L1 kernel");
-  stats_kernel<<<1, kThreads, 0, s>>>(a.row_l1, a.rows, a.active, a.stats);
+  launch(stats_kernel, dim3(1), dim3(kThreads), 0, s, a.row_l1, a.rows, a.active, a.stats);
   check_launch(op, "statistics kernel");
 }
 

@@ -23,9 +23,10 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/element.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/train_config.hpp"
-#include "cuda/train_kernels.hpp"
 #include "cuda/train_device.cuh"
+#include "cuda/train_kernels.hpp"
 
 namespace twell::gpu {
 
@@ -79,6 +80,7 @@ __device__ __forceinline__ void accumulate(float (&acc)[3][kVecElems], const uin
 
 template <typename T, FfnKind kKind>
 __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) weight_grads_warp_kernel(Params p) {
+  chain_entry();
   constexpr int kGrads = grads_of<kKind>();
   const int lane = threadIdx.x % kWarpSize;
   const auto* x = static_cast<const T*>(p.x);
@@ -138,6 +140,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) weight_grads_warp_k
 
 template <typename T, FfnKind kKind>
 __global__ void __launch_bounds__(kHeavyThreads, Cfg::kHeavyCtasPerSm) weight_grads_heavy_kernel(Params p) {
+  chain_entry();
   constexpr int kGrads = grads_of<kKind>();
   __shared__ float partial[Cfg::kHeavyWarps][kGrads][kQuarter];
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -229,11 +232,11 @@ void launch_weight_grads(const WeightGradArgs& a, const DeviceInfo& dev, cudaStr
   with_element_type(a.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     if (a.kind == FfnKind::gated) {
-      weight_grads_heavy_kernel<T, FfnKind::gated><<<heavy_ctas, kHeavyThreads, 0, s>>>(p);
-      weight_grads_warp_kernel<T, FfnKind::gated><<<warp_ctas, kThreads, 0, s>>>(p);
+      launch(weight_grads_heavy_kernel<T, FfnKind::gated>, dim3(heavy_ctas), dim3(kHeavyThreads), 0, s, p);
+      launch(weight_grads_warp_kernel<T, FfnKind::gated>, dim3(warp_ctas), dim3(kThreads), 0, s, p);
     } else {
-      weight_grads_heavy_kernel<T, FfnKind::plain><<<heavy_ctas, kHeavyThreads, 0, s>>>(p);
-      weight_grads_warp_kernel<T, FfnKind::plain><<<warp_ctas, kThreads, 0, s>>>(p);
+      launch(weight_grads_heavy_kernel<T, FfnKind::plain>, dim3(heavy_ctas), dim3(kHeavyThreads), 0, s, p);
+      launch(weight_grads_warp_kernel<T, FfnKind::plain>, dim3(warp_ctas), dim3(kThreads), 0, s, p);
     }
   });
   check_launch(op, "weight gradient kernels");
