@@ -1,13 +1,21 @@
-// twell_l2_gather: the L2 gather ceiling of the row stage, on this GPU.
+// twell_l2_gather: the L2 gather ceiling of the row stage on this GPU, alone and beside a GEMM.
 //
 // The sparse path's dots and axpys kernels each read one weight row of K values per active entry,
 // in random row order, from a weight matrix that stays in L2. This tool times only that: warps
 // gather `entries` random rows of a [rows, k] bf16 matrix (16-byte loads, every byte XORed into a
-// register so nothing is optimised away; no arithmetic beyond that), best of 10 passes per
-// configuration with the matrix L2-warm, over a sweep of CTAs per SM and rows in flight per warp.
-// Compare its best time with a row kernel's (ncu) to see how far that kernel is from the
-// hardware's gather rate. Defaults: M = 16384 at 0.5% of N = 5632, K = 2048 (K: multiples of 2048).
-//   twell_l2_gather [--rows N] [--k K] [--entries E] [--seed S]
+// register so nothing is optimised away; no other arithmetic), best of 10 passes after one that
+// warms L2, over a sweep of CTAs per SM and rows in flight per warp. Compare the best with a row
+// kernel's time (ncu) to see how far it is from the hardware's gather rate.
+//
+// --beside-gemm: whether the row stage could hide under the gate GEMM if the two shared the GPU.
+// It times the gate-shaped GEMM relu(x W^T) (x [m, k], W [rows, k], bf16, fp32 accumulation,
+// cuBLASLt) alone on every SM and with CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET = G, the gather
+// alone (here from a shared queue, so CTAs that start late take less), both in sequence, and both
+// launched together on two streams (GEMM sized for G SMs first, the gather's grid for the other
+// SMs), for several G. Its gather defaults to both row kernels' rows (2x).
+//   twell_l2_gather [--rows N] [--k K] [--entries E] [--seed S] [--beside-gemm [--m M]]
+// Defaults: M = 16384 at 0.5% of N = 5632, K = 2048 (K: multiples of 2048).
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -25,31 +33,59 @@ void check(cudaError_t e, const char* what) {
   std::exit(1);
 }
 
-// Warp w gathers rows w * R .. w * R + R - 1, then strides by the grid's warps * R: R rows in
-// flight per warp, 2048 columns (8 16-byte vectors per lane) at a time.
+void check_lt(cublasStatus_t e, const char* what) {
+  if (e == CUBLAS_STATUS_SUCCESS) return;
+  std::fprintf(stderr, "twell_l2_gather: %s: %s\n", what, cublasLtGetStatusString(e));
+  std::exit(1);
+}
+
+// R rows of 2048 columns (8 16-byte vectors per lane) in flight, XORed into acc.
+template <int R>
+__device__ __forceinline__ void gather_rows(const uint4* __restrict__ w, int64_t row_vecs,
+                                            const int32_t* __restrict__ idx, int64_t base, int64_t n,
+                                            int lane, uint32_t& acc) {
+  for (int64_t v0 = 0; v0 < row_vecs; v0 += 8 * 32) {
+    uint4 v[R][8];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint4* p = w + idx[base + r < n ? base + r : base] * row_vecs + v0 + lane;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[r][j] = __ldg(p + j * 32);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc ^= v[r][j].x ^ v[r][j].y ^ v[r][j].z ^ v[r][j].w;
+  }
+}
+
+// Static schedule: warp w gathers rows w * R .. w * R + R - 1, then strides by warps * R.
 template <int R>
 __global__ void gather_kernel(const uint4* __restrict__ w, int64_t row_vecs, const int32_t* __restrict__ idx,
                               int64_t n, uint32_t* __restrict__ out) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
-  const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   uint32_t acc = 0;
-  for (int64_t base = warp * R; base < n; base += warps * R) {
-    for (int64_t v0 = 0; v0 < row_vecs; v0 += 8 * 32) {
-      uint4 v[R][8];
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const uint4* p = w + idx[base + r < n ? base + r : base] * row_vecs + v0 + lane;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[r][j] = __ldg(p + j * 32);
-      }
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc ^= v[r][j].x ^ v[r][j].y ^ v[r][j].z ^ v[r][j].w;
-    }
-  }
+  for (int64_t base = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32 * R; base < n; base += warps * R)
+    gather_rows<R>(w, row_vecs, idx, base, n, lane, acc);
   if (acc == 0x9e3779b9u) out[0] = acc;  // keeps the loads; practically never true
+}
+
+// Dynamic schedule: each warp takes the next R rows from a queue (*head, zeroed before launch).
+template <int R>
+__global__ void gather_queue_kernel(const uint4* __restrict__ w, int64_t row_vecs,
+                                    const int32_t* __restrict__ idx, int64_t n, int* head,
+                                    uint32_t* __restrict__ out) {
+  const int lane = threadIdx.x % 32;
+  uint32_t acc = 0;
+  while (true) {
+    int64_t base = 0;
+    if (lane == 0) base = atomicAdd(head, R);
+    base = __shfl_sync(0xffffffffu, base, 0);
+    if (base >= n) break;
+    gather_rows<R>(w, row_vecs, idx, base, n, lane, acc);
+  }
+  if (acc == 0x9e3779b9u) out[0] = acc;
 }
 
 int64_t arg(int argc, char** argv, const char* name, int64_t fallback) {
@@ -58,20 +94,91 @@ int64_t arg(int argc, char** argv, const char* name, int64_t fallback) {
   return fallback;
 }
 
+bool flag(int argc, char** argv, const char* name) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return true;
+  return false;
+}
+
+// G = relu(x W^T) through cuBLASLt, row-major (x [m, k], W [n, k], G [m, n]); one descriptor and
+// algorithm per SM-count target (0: none).
+struct Gemm {
+  cublasLtHandle_t lt = nullptr;
+  int64_t m, n, k;
+  const void *x, *w;
+  void *g, *ws;
+  size_t ws_bytes;
+  struct Plan {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+  };
+  std::vector<std::pair<int, Plan>> plans;
+
+  const Plan& plan(int target) {
+    for (auto& p : plans)
+      if (p.first == target) return p.second;
+    Plan p{};
+    check_lt(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
+    const cublasOperation_t t = CUBLAS_OP_T, nt = CUBLAS_OP_N;
+    const cublasLtEpilogue_t relu = CUBLASLT_EPILOGUE_RELU;
+    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t), "transa");
+    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt), "transb");
+    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &relu, sizeof relu),
+             "relu");
+    if (target > 0)
+      check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target,
+                                              sizeof target),
+               "SM count target");
+    // Column-major: G^T [n, m] = W [k, n]^T x [k, m].
+    check_lt(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, uint64_t(k), uint64_t(n), k), "layout");
+    check_lt(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, uint64_t(k), uint64_t(m), k), "layout");
+    check_lt(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16BF, uint64_t(n), uint64_t(m), n), "layout");
+    cublasLtMatmulPreference_t pref;
+    check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                  sizeof ws_bytes),
+             "workspace");
+    cublasLtMatmulHeuristicResult_t r{};
+    int found = 0;
+    check_lt(cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, p.b, p.c, p.c, pref, 1, &r, &found),
+             "heuristic");
+    if (found < 1) {
+      std::fprintf(stderr, "twell_l2_gather: no cuBLASLt algorithm\n");
+      std::exit(1);
+    }
+    p.algo = r.algo;
+    cublasLtMatmulPreferenceDestroy(pref);
+    plans.emplace_back(target, p);
+    return plans.back().second;
+  }
+
+  void run(int target, cudaStream_t s) {
+    const Plan& p = plan(target);
+    const float one = 1, zero = 0;
+    check_lt(
+        cublasLtMatmul(lt, p.desc, &one, w, p.a, x, p.b, &zero, g, p.c, g, p.c, &p.algo, ws, ws_bytes, s),
+        "matmul");
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  const bool beside = flag(argc, argv, "--beside-gemm");
   const int64_t rows = arg(argc, argv, "--rows", 5632), k = arg(argc, argv, "--k", 2048);
-  const int64_t entries = arg(argc, argv, "--entries", 16384 * 5632 / 200);
+  const int64_t m = arg(argc, argv, "--m", 16384);
+  const int64_t entries = arg(argc, argv, "--entries", (beside ? 2 : 1) * m * rows / 200);
   const auto seed = uint32_t(arg(argc, argv, "--seed", 1));
-  if (rows < 1 || k < 2048 || k % 2048 != 0 || entries < 1) {
-    std::fprintf(stderr, "twell_l2_gather: --rows >= 1, --k a multiple of 2048, --entries >= 1\n");
+  if (rows < 1 || k < 2048 || k % 2048 != 0 || entries < 1 || m < 1) {
+    std::fprintf(stderr, "twell_l2_gather: --rows, --m, --entries >= 1, --k a multiple of 2048\n");
     return 2;
   }
   const int64_t row_vecs = k / 8;
   uint4* w = nullptr;
   int32_t* idx = nullptr;
   uint32_t* out = nullptr;
+  int* head = nullptr;
   check(cudaMalloc(&w, size_t(rows * k) * 2), "weights");
   check(cudaMemset(w, 1, size_t(rows * k) * 2), "weights");
   std::vector<int32_t> host(static_cast<size_t>(entries));
@@ -81,43 +188,107 @@ int main(int argc, char** argv) {
   check(cudaMalloc(&idx, host.size() * sizeof(int32_t)), "row list");
   check(cudaMemcpy(idx, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "row list");
   check(cudaMalloc(&out, sizeof(uint32_t)), "output");
+  check(cudaMalloc(&head, sizeof(int)), "queue");
   int sms = 0, dev = 0;
   check(cudaGetDevice(&dev), "device");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, dev), "device properties");
-  cudaEvent_t start, stop;
+  cudaStream_t sa, sb;
+  check(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking), "stream");
+  check(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking), "stream");
+  cudaEvent_t start, stop, side;
   check(cudaEventCreate(&start), "event");
   check(cudaEventCreate(&stop), "event");
+  check(cudaEventCreate(&side), "event");
   const double bytes = double(entries) * double(k) * 2;
-  std::printf("%s: %lld random rows of a [%lld, %lld] bf16 matrix (%.1f MB, L2 %.1f MB), %.2f GB per pass\n",
-              prop.name, (long long)entries, (long long)rows, (long long)k, double(rows * k) * 2 / 1e6,
+  std::printf("%s (%d SMs): %lld random rows of a [%lld, %lld] bf16 matrix (%.1f MB, L2 %.1f MB), %.2f GB\n",
+              prop.name, sms, (long long)entries, (long long)rows, (long long)k, double(rows * k) * 2 / 1e6,
               prop.l2CacheSize / 1e6, bytes / 1e9);
-  double best_us = 1e30;
-  auto run = [&](auto kernel, int in_flight, int ctas_per_sm) {
+  // Best of 10 timed passes after a warm-up: start on stream a, work on a and b, b joined into a.
+  auto time_us = [&](auto&& work) {
     float best = 1e30f;
-    for (int it = 0; it < 11; ++it) {  // the first pass warms L2
-      check(cudaEventRecord(start), "event");
-      kernel<<<unsigned(sms * ctas_per_sm), 128>>>(w, row_vecs, idx, entries, out);
-      check(cudaEventRecord(stop), "event");
-      check(cudaEventSynchronize(stop), "gather kernel");
+    for (int it = 0; it < 11; ++it) {
+      check(cudaMemsetAsync(head, 0, sizeof(int), sa), "queue");
+      check(cudaEventRecord(start, sa), "event");
+      check(cudaStreamWaitEvent(sb, start, 0), "event");
+      work();
+      check(cudaEventRecord(side, sb), "event");
+      check(cudaStreamWaitEvent(sa, side, 0), "event");
+      check(cudaEventRecord(stop, sa), "event");
+      check(cudaEventSynchronize(stop), "kernels");
+      check(cudaGetLastError(), "launch");
       float ms = 0;
       check(cudaEventElapsedTime(&ms, start, stop), "event");
       if (it > 0 && ms < best) best = ms;
     }
-    const double us = double(best) * 1e3;
-    if (us < best_us) best_us = us;
-    std::printf("  %d CTAs of 4 warps per SM, %d rows in flight per warp: %8.1f us  %5.2f TB/s\n",
-                ctas_per_sm, in_flight, us, bytes / (us * 1e-6) / 1e12);
+    return double(best) * 1e3;
   };
-  for (int c : {2, 3, 4, 8}) {
-    run(gather_kernel<1>, 1, c);
-    run(gather_kernel<2>, 2, c);
-    run(gather_kernel<4>, 4, c);
+  auto tbs = [&](double us) { return bytes / (us * 1e-6) / 1e12; };
+
+  if (!beside) {
+    double best_us = 1e30;
+    auto sweep = [&](auto kernel, int in_flight, int ctas_per_sm) {
+      const double us = time_us(
+          [&] { kernel<<<unsigned(sms * ctas_per_sm), 128, 0, sa>>>(w, row_vecs, idx, entries, out); });
+      if (us < best_us) best_us = us;
+      std::printf("  %d CTAs of 4 warps per SM, %d rows in flight per warp: %8.1f us  %5.2f TB/s\n",
+                  ctas_per_sm, in_flight, us, tbs(us));
+    };
+    for (int c : {2, 3, 4, 8}) {
+      sweep(gather_kernel<1>, 1, c);
+      sweep(gather_kernel<2>, 2, c);
+      sweep(gather_kernel<4>, 4, c);
+    }
+    std::printf("best: %.1f us, %.2f TB/s\n", best_us, tbs(best_us));
+    return 0;
   }
-  std::printf("best: %.1f us, %.2f TB/s\n", best_us, bytes / (best_us * 1e-6) / 1e12);
-  cudaFree(w);
-  cudaFree(idx);
-  cudaFree(out);
+
+  Gemm gemm;
+  gemm.m = m;
+  gemm.n = rows;
+  gemm.k = k;
+  gemm.ws_bytes = size_t(32) << 20;
+  void *x = nullptr, *wg = nullptr, *g = nullptr;
+  check(cudaMalloc(&x, size_t(m * k) * 2), "x");
+  check(cudaMalloc(&wg, size_t(rows * k) * 2), "gate weight");
+  check(cudaMalloc(&g, size_t(m * rows) * 2), "gate output");
+  check(cudaMalloc(&gemm.ws, gemm.ws_bytes), "cuBLASLt workspace");
+  check(cudaMemset(x, 0, size_t(m * k) * 2), "x");
+  check(cudaMemset(wg, 0, size_t(rows * k) * 2), "gate weight");
+  gemm.x = x;
+  gemm.w = wg;
+  gemm.g = g;
+  check_lt(cublasLtCreate(&gemm.lt), "cuBLASLt handle");
+  auto gather = [&](int ctas, cudaStream_t s) {
+    gather_queue_kernel<4><<<unsigned(ctas), 128, 0, s>>>(w, row_vecs, idx, entries, head, out);
+  };
+  const double gemm_us = time_us([&] { gemm.run(0, sa); });
+  const double gather_us = time_us([&] { gather(sms * 8, sb); });
+  const double seq_us = time_us([&] {
+    gemm.run(0, sa);
+    gather(sms * 8, sa);
+  });
+  std::printf(
+      "GEMM relu(x W^T), M = %lld, alone: %.1f us; gather alone (queue, 8 CTAs per SM): %.1f us "
+      "(%.2f TB/s); in sequence: %.1f us\n",
+      (long long)m, gemm_us, gather_us, tbs(gather_us), seq_us);
+  double best = 1e30;
+  for (int target : {sms * 85 / 100, sms * 76 / 100, sms * 68 / 100, sms * 61 / 100, sms / 2}) {
+    std::printf("  GEMM for %3d SMs alone %7.1f us; both at once, gather CTAs:", target,
+                time_us([&] { gemm.run(target, sa); }));
+    for (int c : {4, 8}) {
+      const int ctas = (sms - target) * c;
+      const double us = time_us([&] {
+        gemm.run(target, sa);
+        gather(ctas, sb);
+      });
+      if (us < best) best = us;
+      std::printf("  %4d: %7.1f us", ctas, us);
+    }
+    std::printf("\n");
+  }
+  std::printf("best together: %.1f us against %.1f in sequence (%.0f%% less)\n", best, seq_us,
+              100 * (1 - best / seq_us));
   return 0;
 }
