@@ -7,8 +7,10 @@
 // are set up on the SMs its predecessor frees in its tail, and start at once when it completes,
 // instead of after a launch gap. No kernel touches memory before its wait, so the stream order is
 // unchanged: each kernel still sees everything every earlier kernel wrote (each waits for its
-// predecessor, which waited for its own). Without the attribute (older GPUs, a predecessor that
-// is a memset or a cuBLAS kernel, TWELL_NO_PDL=1 in the environment) the wait returns at once.
+// predecessor, which waited for its own). After a memset or a cuBLAS kernel the kernel starts once
+// that has completed (or, if the cuBLAS kernel releases its dependents early, waits for it here);
+// on older GPUs, or with TWELL_NO_PDL=1 in the environment, launches are plain and the wait
+// returns at once.
 #pragma once
 #include <cuda_runtime.h>
 
