@@ -25,7 +25,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
-#include <utility>
 #include <vector>
 
 namespace {
@@ -208,17 +207,18 @@ int main(int argc, char** argv) {
   std::printf("%s (%d SMs): %lld random rows of a [%lld, %lld] bf16 matrix (%.1f MB, L2 %.1f MB), %.2f GB\n",
               prop.name, sms, (long long)entries, (long long)rows, (long long)k, double(rows * k) * 2 / 1e6,
               prop.l2CacheSize / 1e6, bytes / 1e9);
-  // Best of 10 timed passes after a warm-up: start on stream a, work on a and b, b joined into a.
-  auto time_us = [&](auto&& work) {
+  // Best of 10 timed passes after a warm-up of work(), which enqueues on streams a and b: b forks
+  // from a at the start and joins it at the end.
+  auto time_us = [&](cudaStream_t a, cudaStream_t b, auto&& work) {
     float best = 1e30f;
     for (int it = 0; it < 11; ++it) {
-      check(cudaMemsetAsync(head, 0, sizeof(int), sa), "queue");
-      check(cudaEventRecord(start, sa), "event");
-      check(cudaStreamWaitEvent(sb, start, 0), "event");
+      check(cudaMemsetAsync(head, 0, sizeof(int), a), "queue");
+      check(cudaEventRecord(start, a), "event");
+      check(cudaStreamWaitEvent(b, start, 0), "event");
       work();
-      check(cudaEventRecord(side, sb), "event");
-      check(cudaStreamWaitEvent(sa, side, 0), "event");
-      check(cudaEventRecord(stop, sa), "event");
+      check(cudaEventRecord(side, b), "event");
+      check(cudaStreamWaitEvent(a, side, 0), "event");
+      check(cudaEventRecord(stop, a), "event");
       check(cudaEventSynchronize(stop), "kernels");
       check(cudaGetLastError(), "launch");
       float ms = 0;
@@ -232,8 +232,9 @@ int main(int argc, char** argv) {
   if (!beside) {
     double best_us = 1e30;
     auto sweep = [&](auto kernel, int in_flight, int ctas_per_sm) {
-      const double us = time_us(
-          [&] { kernel<<<unsigned(sms * ctas_per_sm), 128, 0, sa>>>(w, row_vecs, idx, entries, out); });
+      const double us = time_us(sa, sb, [&] {
+        kernel<<<unsigned(sms * ctas_per_sm), 128, 0, sa>>>(w, row_vecs, idx, entries, out);
+      });
       if (us < best_us) best_us = us;
       std::printf("  %d CTAs of 4 warps per SM, %d rows in flight per warp: %8.1f us  %5.2f TB/s\n",
                   ctas_per_sm, in_flight, us, tbs(us));
@@ -266,9 +267,9 @@ int main(int argc, char** argv) {
   auto gather = [&](int ctas, cudaStream_t s) {
     gather_queue_kernel<4><<<unsigned(ctas), 128, 0, s>>>(w, row_vecs, idx, entries, head, out);
   };
-  const double gemm_us = time_us([&] { gemm.run(0, sa); });
-  const double gather_us = time_us([&] { gather(sms * 8, sb); });
-  const double seq_us = time_us([&] {
+  const double gemm_us = time_us(sa, sb, [&] { gemm.run(0, sa); });
+  const double gather_us = time_us(sa, sb, [&] { gather(sms * 8, sb); });
+  const double seq_us = time_us(sa, sb, [&] {
     gemm.run(0, sa);
     gather(sms * 8, sa);
   });
@@ -279,10 +280,10 @@ int main(int argc, char** argv) {
   double best = 1e30;
   for (int target : {sms * 85 / 100, sms * 76 / 100, sms * 68 / 100, sms * 61 / 100, sms / 2}) {
     std::printf("  GEMM for %3d SMs alone %7.1f us; both at once, gather CTAs:", target,
-                time_us([&] { gemm.run(target, sa); }));
+                time_us(sa, sb, [&] { gemm.run(target, sa); }));
     for (int c : {4, 8}) {
       const int ctas = (sms - target) * c;
-      const double us = time_us([&] {
+      const double us = time_us(sa, sb, [&] {
         gemm.run(target, sa);
         gather(ctas, sb);
       });
@@ -323,17 +324,17 @@ int main(int argc, char** argv) {
       continue;
     }
     const int gemm_sms = int(part.sm.smCount), rest_sms = int(rest.sm.smCount);
-    // time_us's streams a and b, for this split.
-    std::swap(sa, part_stream);
-    std::swap(sb, rest_stream);
-    const double gemm_alone = time_us([&] { gemm.run(gemm_sms, sa); });
-    const double gather_alone = time_us([&] { gather(rest_sms * 8, sb); });
-    const double together = time_us([&] {
-      gemm.run(gemm_sms, sa);
-      gather(rest_sms * 8, sb);
+    const cudaStream_t a = part_stream, b = rest_stream;
+    const double gemm_alone = time_us(a, b, [&] { gemm.run(gemm_sms, a); });
+    const double gather_alone = time_us(a, b, [&] { gather(rest_sms * 8, b); });
+    const double together = time_us(a, b, [&] {
+      gemm.run(gemm_sms, a);
+      gather(rest_sms * 8, b);
     });
-    std::swap(sa, part_stream);
-    std::swap(sb, rest_stream);
+    cuStreamDestroy(part_stream);
+    cuStreamDestroy(rest_stream);
+    cuGreenCtxDestroy(part_ctx);
+    cuGreenCtxDestroy(rest_ctx);
     if (together < best_green) best_green = together;
     std::printf(
         "  GEMM on %3d SMs alone %7.1f us, gather on the other %3d alone %7.1f us, together %7.1f us\n",

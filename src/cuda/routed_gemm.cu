@@ -432,8 +432,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) routed_gemm_kernel(
 }
 
 template <ALayout kA, BLayout kB, Epilogue kE>
-void launch(const Params& p, DType dtype, int64_t max_rows, const DeviceInfo& dev, cudaStream_t s,
-            const char* what, const char* op = "TrainingPlan::backward") {
+void launch_gemm(const Params& p, DType dtype, int64_t max_rows, const DeviceInfo& dev, cudaStream_t s,
+                 const char* what, const char* op = "TrainingPlan::backward") {
   const int64_t tiles = (max_rows + Cfg::kBlockM - 1) / Cfg::kBlockM *
                         ((p.cols + Cfg::kBlockN - 1) / Cfg::kBlockN);
   if (tiles == 0) return;
@@ -442,7 +442,7 @@ void launch(const Params& p, DType dtype, int64_t max_rows, const DeviceInfo& de
                                          int64_t(dev.sm_count) * Cfg::kCtasPerSm);
   with_element_type(dtype, op, [&](auto tag) {
     using T = decltype(tag);
-    gpu::launch(routed_gemm_kernel<T, kA, kB, kE>, dim3(unsigned(grid)), dim3(kThreads), 0, s, p);
+    launch(routed_gemm_kernel<T, kA, kB, kE>, dim3(unsigned(grid)), dim3(kThreads), 0, s, p);
   });
   check_launch(op, what);
 }
@@ -468,8 +468,8 @@ void launch_routed(const RoutedArgs& a, const DeviceInfo& dev, cudaStream_t s) {
     p.ldo = a.n;
     p.cols = a.n;
     p.depth = a.k;
-    launch<ALayout::row_major, BLayout::n_by_k, Epilogue::gate_product>(p, a.dtype, a.rows, dev, s,
-                                                                         "routed-row up GEMM", op);
+    launch_gemm<ALayout::row_major, BLayout::n_by_k, Epilogue::gate_product>(p, a.dtype, a.rows, dev, s,
+                                                                             "routed-row up GEMM", op);
   }
   // y[r] = G[r] Wd
   p.a = a.hidden;
@@ -480,8 +480,8 @@ void launch_routed(const RoutedArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   p.ldo = a.k;
   p.cols = a.k;
   p.depth = a.n;
-  launch<ALayout::row_major, BLayout::k_by_n, Epilogue::store>(p, a.dtype, a.rows, dev, s,
-                                                                "routed-row down GEMM", op);
+  launch_gemm<ALayout::row_major, BLayout::k_by_n, Epilogue::store>(p, a.dtype, a.rows, dev, s,
+                                                                    "routed-row down GEMM", op);
 }
 
 void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cudaStream_t s) {
@@ -501,11 +501,11 @@ void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cuda
   p.count = a.count;
   p.split_k = a.split_k;
   if (a.act == Activation::relu)
-    launch<ALayout::row_major, BLayout::n_by_k, Epilogue::store_relu>(p, a.dtype, a.max_rows, dev, s,
-                                                                       "routed recompute GEMM");
+    launch_gemm<ALayout::row_major, BLayout::n_by_k, Epilogue::store_relu>(p, a.dtype, a.max_rows, dev, s,
+                                                                           "routed recompute GEMM");
   else
-    launch<ALayout::row_major, BLayout::n_by_k, Epilogue::store>(p, a.dtype, a.max_rows, dev, s,
-                                                                  "routed recompute GEMM");
+    launch_gemm<ALayout::row_major, BLayout::n_by_k, Epilogue::store>(p, a.dtype, a.max_rows, dev, s,
+                                                                      "routed recompute GEMM");
 }
 
 void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cudaStream_t s) {
@@ -526,8 +526,8 @@ void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cud
   p.routed = Routed::rows;
   p.count = a.count;
   p.split_k = a.split_k;
-  launch<ALayout::row_major, BLayout::k_by_n, Epilogue::store>(p, a.dtype, a.max_rows, dev, s,
-                                                                "routed input-gradient GEMM");
+  launch_gemm<ALayout::row_major, BLayout::k_by_n, Epilogue::store>(p, a.dtype, a.max_rows, dev, s,
+                                                                    "routed input-gradient GEMM");
 }
 
 void launch_routed_weight_grad(const WeightGradGemmArgs& a, const DeviceInfo& dev, cudaStream_t s) {
@@ -544,8 +544,8 @@ void launch_routed_weight_grad(const WeightGradGemmArgs& a, const DeviceInfo& de
   p.cols = a.k;
   p.routed = Routed::depth;
   p.count = a.count;
-  launch<ALayout::col_major, BLayout::k_by_n, Epilogue::accumulate>(p, a.dtype, a.n, dev, s,
-                                                                     "routed weight-gradient GEMM");
+  launch_gemm<ALayout::col_major, BLayout::k_by_n, Epilogue::accumulate>(p, a.dtype, a.n, dev, s,
+                                                                         "routed weight-gradient GEMM");
 }
 
 }  // namespace twell::gpu
