@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -36,6 +37,7 @@ namespace {
 using Cfg = GatePackConfig;
 constexpr int kThreads = 3 * 128;  // producer + 2 consumer warpgroups
 constexpr int kMaxDevices = 64;
+constexpr int kPackerWarps = 3;  // warps 1-3 of warpgroup 0 pack (warp 0's lane 0 issues the loads)
 constexpr uint32_t kABytes = Cfg::kBlockM * Cfg::kBlockK * 2;
 constexpr uint32_t kBBytes = Cfg::kBlockN * Cfg::kBlockK * 2;
 constexpr uint32_t kStageBytes = kABytes + kBBytes;
@@ -52,13 +54,14 @@ struct Params {
   TwellView out;
   uint16_t* hidden = nullptr;  // G [m, n]: dense values of overflowing (row, tile)s only
   unsigned long long* active = nullptr;
+  int32_t* ready = nullptr;  // overlap: per 128-row block, +1 per packer warp and column block
 };
 
 #if TWELL_SM90A_DEVICE
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kConsumerWarps = 8;
-constexpr int kPackers = 96;  // warps 1-3 of warpgroup 0 (warp 0's lane 0 issues the loads)
+constexpr int kPackers = kPackerWarps * 32;
 constexpr int kClusterSize = GatePackConfig::kClusterM;
 constexpr int kRowBytes = Cfg::kBlockN * 2;  // a staged row: 32 chunks of 16 bytes
 
@@ -156,6 +159,18 @@ __device__ __forceinline__ void pack_staged(uint32_t staging, int64_t row0, int6
     out.row_slot[row] = kOverflowRow;
   }
 }
+
+// Adds the warp's non-zero count to *active (lane 0) and zeroes it.
+__device__ __forceinline__ void flush_seen(unsigned long long& seen, unsigned long long* active) {
+#pragma unroll
+  for (int d = kWarpSize / 2; d > 0; d >>= 1) seen += __shfl_xor_sync(kFullMask, seen, d);
+  if (threadIdx.x % kWarpSize == 0 && seen != 0) atomicAdd(active, seen);
+  seen = 0;
+}
+
+__device__ __forceinline__ void red_release_add(int32_t* counter, int32_t v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(counter), "r"(v) : "memory");
+}
 #endif  // TWELL_SM90A_DEVICE
 
 template <typename T, int kTile>
@@ -231,10 +246,17 @@ __global__ void __launch_bounds__(kThreads, 1)
                              int64_t(nb) * Cfg::kBlockN, p, seen);
           barrier_arrive(smem_addr(&freed[g]));
         }
+        if (p.ready != nullptr) {
+          // Release the tile's rows to the overlapped dots kernel: this warp's count of non-zeros
+          // first (nothing of the gate's is written after its last release), then its lanes'
+          // TwELL entries, G values and row marks, ordered before lane 0's release by the warp
+          // barrier.
+          flush_seen(seen, p.active);
+          __syncwarp();
+          if (threadIdx.x % kWarpSize == 0) red_release_add(p.ready + mb, 1);
+        }
       }
-#pragma unroll
-      for (int d = kWarpSize / 2; d > 0; d >>= 1) seen += __shfl_xor_sync(kFullMask, seen, d);
-      if (threadIdx.x % kWarpSize == 0 && seen != 0) atomicAdd(p.active, seen);
+      flush_seen(seen, p.active);
     }
   } else {
     regs_increase<224>();
@@ -328,7 +350,7 @@ CUtensorMap kmajor_map(const void* base, int64_t rows, int64_t k, uint32_t box_r
 
 template <typename T, int kTile>
 void launch_typed(const CUtensorMap& x_map, const CUtensorMap& w_map, const Params& p, int64_t pairs,
-                  const DeviceInfo& dev, cudaStream_t s, const char* op) {
+                  int overlap_sms, const DeviceInfo& dev, cudaStream_t s, const char* op) {
   auto* kernel = gate_pack_kernel<T, kTile>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)),
              op, "fused gate kernel shared memory");
@@ -355,6 +377,8 @@ void launch_typed(const CUtensorMap& x_map, const CUtensorMap& w_map, const Para
     }
     if (dev.index < kMaxDevices) fits[dev.index].store(clusters, std::memory_order_relaxed);
   }
+  // Overlap: the SMs of the clusters left out take the kernel launched next, at once.
+  if (overlap_sms > 0) clusters = std::max(1, clusters - (overlap_sms + Cfg::kClusterM - 1) / Cfg::kClusterM);
   config.gridDim = dim3(unsigned(Cfg::kClusterM * std::min<int64_t>(pairs, clusters)));
   check_cuda(cudaLaunchKernelEx(&config, kernel, x_map, w_map, p), op,
              "fused gate GEMM + TwELL pack kernel");
@@ -392,6 +416,8 @@ void launch_gate_pack(const GatePackArgs& a, const DeviceInfo& dev, cudaStream_t
   p.out = a.out;
   p.hidden = static_cast<uint16_t*>(a.hidden);
   p.active = a.active;
+  p.ready = a.ready;
+  const int overlap = a.ready != nullptr ? a.overlap_sms : 0;
   const CUtensorMap x_map = kmajor_map(a.x, m, a.k, Cfg::kBlockM, a.out.dtype, op, "x");
   const CUtensorMap w_map =
       kmajor_map(a.weight, n, a.k, Cfg::kBlockN / Cfg::kClusterM, a.out.dtype, op, "gate weight");
@@ -400,14 +426,40 @@ void launch_gate_pack(const GatePackArgs& a, const DeviceInfo& dev, cudaStream_t
   with_element_type(a.out.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     switch (a.out.shape.tile) {
-      case 64: launch_typed<T, 64>(x_map, w_map, p, pairs, dev, s, op); break;
-      case 128: launch_typed<T, 128>(x_map, w_map, p, pairs, dev, s, op); break;
-      case 256: launch_typed<T, 256>(x_map, w_map, p, pairs, dev, s, op); break;
+      case 64:
+        launch_typed<T, 64>(x_map, w_map, p, pairs, overlap, dev, s, op);
+        break;
+      case 128:
+        launch_typed<T, 128>(x_map, w_map, p, pairs, overlap, dev, s, op);
+        break;
+      case 256:
+        launch_typed<T, 256>(x_map, w_map, p, pairs, overlap, dev, s, op);
+        break;
       default:
         throw Error(op, "options.tile", "64, 128 or 256", std::to_string(a.out.shape.tile));
     }
   });
-  launch_route_overflow(a.out, a.hidden, dev, s, op, a.route_above);
+  if (a.ready == nullptr) launch_route_overflow(a.out, a.hidden, dev, s, op, a.route_above);
+}
+
+int64_t gate_ready_blocks(int64_t rows) {
+  const int64_t pair_rows = int64_t(Cfg::kClusterM) * Cfg::kBlockM;  // a cluster's CTAs: a block each
+  return (rows + pair_rows - 1) / pair_rows * Cfg::kClusterM;
+}
+
+int32_t gate_ready_target(int64_t cols) {
+  return int32_t(kPackerWarps * ((cols + Cfg::kBlockN - 1) / Cfg::kBlockN));
+}
+
+int gate_overlap_sms() {
+  static const int sms = [] {
+    const char* v = std::getenv("TWELL_OVERLAP_SMS");
+    if (v == nullptr || v[0] == '\0') return Cfg::kOverlapSms;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    return end != v && *end == '\0' && n >= -1 && n <= 1024 ? int(n) : Cfg::kOverlapSms;
+  }();
+  return sms;
 }
 
 }  // namespace twell::gpu

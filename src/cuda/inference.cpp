@@ -147,7 +147,7 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
   b.control = reinterpret_cast<RunCounters*>(b.base + b.layout.control);
   b.lt = b.base + b.layout.lt;
   b.hidden = b.base + b.layout.hidden;
-  check_cuda(cudaMemsetAsync(b.control, 0, sizeof(RunCounters), s), kRunOp, "run counters");
+  check_cuda(cudaMemsetAsync(b.control, 0, b.layout.control_bytes, s), kRunOp, "run counters");
 
   if (dense)
     run_dense(args, rows, b, counters != nullptr || options_.dispatch == Dispatch::automatic, s);
@@ -186,6 +186,12 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
   // row) to the tensor-core backup in their heavy list. Other K: one CTA per compact row, and
   // every routed row goes to the backup.
   const bool row_kernel = row_kernel_supports(dims_.kind, dims_.k, dims_.n);
+  // The dots kernel overlapped with the fused gate (GatePackConfig::kOverlapSms): it starts on the
+  // SMs the gate frees in its last wave and takes each row block as the gate releases it.
+  const int overlap_sms = gate_overlap_sms();
+  const bool overlap =
+      fused_gate_ && row_kernel && row_kernel_splits(dims_.kind, dims_.n) && overlap_sms >= 0;
+  auto* ready = reinterpret_cast<int32_t*>(b.base + b.layout.ready);
   if (fused_gate_) {
     GatePackArgs gate;
     gate.x = args.x.data;
@@ -194,6 +200,10 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
     gate.out = tw;
     gate.hidden = b.hidden;
     gate.active = &b.control->active;
+    if (overlap) {
+      gate.ready = ready;
+      gate.overlap_sms = overlap_sms;
+    }
     launch_gate_pack(gate, device_, s);
   } else {
     run_gate(args, rows, b, s);
@@ -220,6 +230,11 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
     row.heavy_rows = heavy;
     row.long_rows = reinterpret_cast<int32_t*>(b.base + b.layout.long_rows);
     row.control = b.control;
+    if (overlap) {
+      row.ready = ready;
+      row.ready_target = gate_ready_target(dims_.n);
+      row.route_overflow = true;
+    }
     launch_row_ffn(row, device_, s);
   } else {
     launch_compact_ffn(compact, s);

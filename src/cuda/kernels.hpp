@@ -63,12 +63,26 @@ struct GatePackArgs {
   void* hidden = nullptr;
   unsigned long long* active = nullptr;
   int32_t route_above = -1;      // >= 0: also route compact rows of more entries (launch_route_overflow)
+  // Overlap (gate_ready_blocks): non-null, the packers add 1 per packer warp to ready[b] once the
+  // 128-row block b's tile of a column block is packed (a release; gate_ready_target in all),
+  // the gate leaves overlap_sms SMs free for the kernel launched after it (which may start on the
+  // SMs its clusters free in any case), and the overflow routing is the caller's
+  // (launch_route_overflow, once that kernel has read the marks).
+  int32_t* ready = nullptr;
+  int overlap_sms = 0;
 };
 constexpr uint16_t kOverflowCount = 0xffffu;
 constexpr int32_t kOverflowRow = -2;
 // True where the fused kernel runs: a compute capability 9.0 device and a build with sm_90a.
 bool gate_pack_available(const DeviceInfo& dev);
 void launch_gate_pack(const GatePackArgs& a, const DeviceInfo& dev, cudaStream_t s);
+// The overlap's row blocks (GatePackConfig::kBlockM rows each) for `rows` rows: the length of the
+// ready array (zero on entry), and the count at which a block is complete for N = cols.
+int64_t gate_ready_blocks(int64_t rows);
+int32_t gate_ready_target(int64_t cols);
+// SMs the gate leaves to an overlapped row stage from its start: GatePackConfig::kOverlapSms, or
+// TWELL_OVERLAP_SMS; -1: no overlap (the row stage starts once the gate has completed).
+int gate_overlap_sms();
 
 // pack.cu: after the fused kernel, every row marked kOverflowRow becomes routed (a routed_rows
 // entry and slot, zero counts) and its G row in `hidden` is completed from its compact tiles, so
@@ -107,12 +121,20 @@ struct RowArgs {
   int32_t* heavy_rows = nullptr; // [rows]
   int32_t* long_rows = nullptr;  // [rows]
   RunCounters* control = nullptr;
+  // Overlap with the fused gate (GatePackArgs::ready): the first dots kernel is launched right
+  // after the gate, starts while it runs, and takes a row only once ready[row / kBlockM] reaches
+  // ready_target; the overflow routing follows it (route_overflow). Split (row_kernel_splits) only.
+  const int32_t* ready = nullptr;
+  int32_t ready_target = 0;
+  bool route_overflow = false;
 };
 // Whether launch_row_ffn takes a layer: K a multiple of 256 up to ShapeLimits::kMaxHidden; a gated
 // layer whose K needs passes keeps its h values in G's rows, which takes N >= 2 kLongRow.
 bool row_kernel_supports(FfnKind kind, int64_t k, int64_t n);
 // Whether it also computes the routed rows (all but the heavy ones): K <= RowConfig::kMaxHidden.
 bool row_kernel_routes(int64_t k);
+// Whether it runs as a dots and an axpys kernel (gated, N >= 2 RowConfig::kLongRow).
+bool row_kernel_splits(FfnKind kind, int64_t n);
 void launch_row_ffn(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
 // routed_gemm.cu: exact dense rows for the *num_routed rows listed in routed_rows, on tensor

@@ -27,6 +27,16 @@ __device__ __forceinline__ void chain_entry() {
 #endif
 }
 
+// The entry of a kernel that starts while the kernel before it still runs (the overlapped row
+// stage): it lets the next kernel's launch begin but does not wait; it reads what its predecessor
+// writes only after acquiring that predecessor's per-block releases. Its predecessor ran
+// chain_entry() first, so everything before that predecessor is complete and visible.
+__device__ __forceinline__ void chain_without_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // kernel<<<grid, block, smem, s>>>(args...), chained when chained_launches(). Errors surface
 // through check_launch (cudaGetLastError), as for <<<>>>.
 template <typename... Params, typename... Args>

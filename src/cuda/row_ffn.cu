@@ -178,6 +178,9 @@ struct KernelArgs {
   bool last = true;
   // Rows with more active neurons than this go to the tensor-core backup (RowConfig::kDenseRowDivisor).
   int dense_row = RowConfig::kMaxDenseRow;
+  // Overlap (RowArgs::ready): the first dots pass waits for each row's block.
+  const int32_t* ready = nullptr;
+  int32_t ready_target = 0;
 };
 
 // Writes compact row `row` densely into its G row (zeros, then its entries' g values) for the
@@ -257,16 +260,23 @@ __device__ void consume_list(RowState<T, kKind, kChunks>& st, const int2* list, 
 // it, the fused gate never writes it): kLongRow floats need N >= 2 kLongRow.
 template <typename T, FfnKind kKind, int kChunks, Phase kPhase>
 __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) row_ffn_kernel(KernelArgs a) {
-  chain_entry();
+  if (a.ready != nullptr)
+    chain_without_wait();  // runs beside the gate: waits per row block instead
+  else
+    chain_entry();
   const int lane = threadIdx.x % kWarpSize;
   const TwellView& tw = a.tw;
   const auto* up = static_cast<const T*>(a.up) + a.col0;  // row n of the range: + n * k
   const auto* down = static_cast<const T*>(a.down) + a.col0;
+  int64_t ready_block = -1;
   for (;;) {
     const int64_t row = warp_rows::next_row(a.head, lane);
     if (row >= tw.shape.rows) return;
+    if (a.ready != nullptr) warp_rows::wait_for_block(a.ready, a.ready_target, row, ready_block, lane);
     RowState<T, kKind, kChunks, kPhase> st;
-    if (tw.row_slot[row] >= 0) continue;  // routed: the long-row kernel's or the backup's
+    // Routed (a slot): the long-row kernel's or the backup's. Overlapped, the overflow routing
+    // runs after this kernel: its rows are still marked kOverflowRow, and skipped alike.
+    if (tw.row_slot[row] != -1) continue;
     if (warp_rows::row_entries(tw, row, lane) > RowConfig::kLongRow) {
       if (kPhase != Phase::axpys && a.first && lane == 0)
         a.long_rows[atomicAdd(&a.control->num_long, 1)] = int32_t(row);
@@ -414,6 +424,7 @@ void launch_passes(KernelArgs k, int64_t ctas, int32_t* queues, cudaStream_t s) 
     k.head = queues + p;
     k.first = p == 0;
     k.last = p == passes - 1;
+    if (p > 0) k.ready = nullptr;  // only the first pass runs beside the gate
     warp_rows::with_chunks(c1 - c0, [&](auto chunks_c) {
       constexpr int kChunks = decltype(chunks_c)::value;
       constexpr int kThreads = RowConfig::kWarps * kWarpSize;
@@ -437,12 +448,17 @@ void launch_with(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s) {
       (c.twell.shape.rows + RowConfig::kWarps - 1) / RowConfig::kWarps);
   // Queue heads: row kernel dots (or fused) 0, axpys 1; long-row passes dots (or fused) 2, axpys 3.
   auto queues = [&a](int set) { return a.control->row_queue + set * RowConfig::kMaxPasses; };
-  const bool split = kKind == FfnKind::gated && c.twell.shape.cols >= 2 * RowConfig::kLongRow;
+  const bool split = row_kernel_splits(kKind, c.twell.shape.cols);
   const bool fused_long = row_kernel_routes(c.hidden);  // one range: long and routed rows fused
   // The long rows are listed by the first range's row kernel, so the long-row passes follow it.
   if constexpr (kKind == FfnKind::gated) {
     if (split) {
+      k.ready = a.ready;
+      k.ready_target = a.ready_target;
       launch_passes<T, kKind, Phase::dots, false>(k, ctas, queues(0), s);
+      k.ready = nullptr;
+      if (a.route_overflow)  // the overlapped gate's marks, read by the dots passes' row test
+        launch_route_overflow(c.twell, const_cast<void*>(a.hidden), dev, s, "InferencePlan::run");
       if (!fused_long) launch_passes<T, kKind, Phase::dots, true>(k, ctas, queues(2), s);
       launch_passes<T, kKind, Phase::axpys, false>(k, ctas, queues(1), s);
       if (!fused_long) launch_passes<T, kKind, Phase::axpys, true>(k, ctas, queues(3), s);
@@ -466,6 +482,10 @@ void launch_with(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s) {
 
 bool row_kernel_routes(int64_t k) { return warp_rows::supports(k); }
 
+bool row_kernel_splits(FfnKind kind, int64_t n) {
+  return kind == FfnKind::gated && n >= 2 * RowConfig::kLongRow;
+}
+
 bool row_kernel_supports(FfnKind kind, int64_t k, int64_t n) {
   if (k % RowConfig::kChunk != 0 || k > ShapeLimits::kMaxHidden) return false;
   return kind == FfnKind::plain || k <= RowConfig::kMaxHidden || n >= 2 * RowConfig::kLongRow;
@@ -480,6 +500,10 @@ void launch_row_ffn(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s) {
                     " (gated, K > " + std::to_string(RowConfig::kMaxHidden) + ": N >= " +
                     std::to_string(2 * RowConfig::kLongRow) + ")",
                 std::to_string(c.hidden));
+  if ((a.ready != nullptr || a.route_overflow) && !row_kernel_splits(c.kind, c.twell.shape.cols))
+    throw Error("InferencePlan::run", "overlapped row stage",
+                "a gated layer with N >= " + std::to_string(2 * RowConfig::kLongRow),
+                std::to_string(c.twell.shape.cols));
   with_element_type(c.twell.dtype, "InferencePlan::run", [&](auto tag) {
     using T = decltype(tag);
     if (c.kind == FfnKind::gated)

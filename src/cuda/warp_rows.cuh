@@ -169,6 +169,26 @@ __device__ __forceinline__ void for_each_entry_group(const TwellView& tw, int64_
   }
 }
 
+// A row kernel overlapped with the fused gate (GatePackArgs::ready): returns once the gate has
+// packed the row's block of GatePackConfig::kBlockM rows (ready[block] == target). Lane 0
+// acquires the counter; the warp barrier orders the other lanes' reads after it. `known`: the
+// last block seen complete (a warp's rows come from its queue in increasing order).
+__device__ __forceinline__ void wait_for_block(const int32_t* ready, int32_t target, int64_t row,
+                                               int64_t& known, int lane) {
+  const int64_t block = row / GatePackConfig::kBlockM;
+  if (block <= known) return;
+  if (lane == 0) {
+    for (;;) {
+      int32_t v;
+      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(ready + block) : "memory");
+      if (v >= target) break;
+      __nanosleep(128);
+    }
+  }
+  __syncwarp();
+  known = block;
+}
+
 // The next row of a queue shared by every warp of the grid (identical in every lane).
 __device__ __forceinline__ int64_t next_row(int32_t* head, int lane) {
   int64_t row = 0;

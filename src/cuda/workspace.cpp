@@ -69,6 +69,8 @@ WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths
     return offset;
   };
   l.control = take(sizeof(RunCounters));
+  l.ready = take(size_t(gate_ready_blocks(rows)) * sizeof(int32_t));
+  l.control_bytes = at - l.control;
   l.lt = take(LtConfig::kWorkspaceBytes);
   l.hidden = take(m * size_t(d.n) * es);
   const size_t shared = at;  // the dense U and the TwELL arrays overlay each other from here

@@ -32,6 +32,9 @@ Paths paths_for(Dispatch d);
 struct WorkspaceLayout {
   static constexpr size_t kAlign = 256;
   size_t control = 0;      // RunCounters
+  size_t ready = 0;        // the overlapped gate's row-block counters [gate_ready_blocks] int32;
+                           // right after control: one memset zeroes both (control_bytes)
+  size_t control_bytes = 0;
   size_t lt = 0;           // cuBLASLt scratch
   size_t hidden = 0;       // G [M, N]; becomes h for dense gated rows and routed gated rows
   size_t up = 0;           // dense gated: U [M, N]; shares its bytes with the TwELL arrays
