@@ -34,13 +34,6 @@ struct GatePackConfig {
                                        // rows for the packers)
   static constexpr int kClusterM = 2;  // CTAs of a cluster: row blocks sharing W1's slices, each
                                        // loading half and multicasting it (half the L2 reads)
-  // Overlapped row stage (inference, gated): the dots kernel is launched while the gate runs
-  // (programmatic dependent launch), its CTAs take the SMs the gate's clusters free in its last
-  // wave, and each takes a 128-row block once the gate has released it (a per-block counter).
-  // The gate may also leave kOverlapSms SMs to it from the start; TWELL_OVERLAP_SMS=<n>
-  // overrides it, -1 turns the overlap off (development A/B runs). Development runs on an H200
-  // (docs/kernels.md): 0 is fastest; 2 to 44 SMs slow the gate more than the dots gain.
-  static constexpr int kOverlapSms = 0;
 };
 
 // The fused up + down kernel over compact rows (compact_ffn.cu).

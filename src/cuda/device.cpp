@@ -44,11 +44,13 @@ DeviceGuard::~DeviceGuard() {
   if (previous_ >= 0 && previous_ != index_) cudaSetDevice(previous_);
 }
 
+bool env_switch_set(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v == nullptr || v[0] == '\0' || (v[0] == '0' && v[1] == '\0'));
+}
+
 bool chained_launches() {
-  static const bool allowed = [] {
-    const char* v = std::getenv("TWELL_NO_PDL");
-    return v == nullptr || v[0] == '\0' || (v[0] == '0' && v[1] == '\0');
-  }();
+  static const bool allowed = !env_switch_set("TWELL_NO_PDL");
   if (!allowed) return false;
   // Per device: 0 unknown, 1 no, 2 yes.
   constexpr int kMaxDevices = 64;

@@ -35,6 +35,10 @@ inline cudaStream_t resolve_stream(Stream s) {
   return s == nullptr ? cudaStreamPerThread : static_cast<cudaStream_t>(s);
 }
 
+// True when the environment variable `name` is set to anything but "" or "0" (TWELL_NO_PDL and
+// the like: switches for development A/B runs).
+bool env_switch_set(const char* name);
+
 // True when kernel launches on the current device may overlap through programmatic dependent
 // launch (compute capability 9.0 or newer, and TWELL_NO_PDL unset or "0"); see launch.cuh.
 bool chained_launches();

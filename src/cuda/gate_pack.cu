@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -350,7 +349,7 @@ CUtensorMap kmajor_map(const void* base, int64_t rows, int64_t k, uint32_t box_r
 
 template <typename T, int kTile>
 void launch_typed(const CUtensorMap& x_map, const CUtensorMap& w_map, const Params& p, int64_t pairs,
-                  int overlap_sms, const DeviceInfo& dev, cudaStream_t s, const char* op) {
+                  const DeviceInfo& dev, cudaStream_t s, const char* op) {
   auto* kernel = gate_pack_kernel<T, kTile>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)),
              op, "fused gate kernel shared memory");
@@ -377,8 +376,6 @@ void launch_typed(const CUtensorMap& x_map, const CUtensorMap& w_map, const Para
     }
     if (dev.index < kMaxDevices) fits[dev.index].store(clusters, std::memory_order_relaxed);
   }
-  // Overlap: the SMs of the clusters left out take the kernel launched next, at once.
-  if (overlap_sms > 0) clusters = std::max(1, clusters - (overlap_sms + Cfg::kClusterM - 1) / Cfg::kClusterM);
   config.gridDim = dim3(unsigned(Cfg::kClusterM * std::min<int64_t>(pairs, clusters)));
   check_cuda(cudaLaunchKernelEx(&config, kernel, x_map, w_map, p), op,
              "fused gate GEMM + TwELL pack kernel");
@@ -417,7 +414,6 @@ void launch_gate_pack(const GatePackArgs& a, const DeviceInfo& dev, cudaStream_t
   p.hidden = static_cast<uint16_t*>(a.hidden);
   p.active = a.active;
   p.ready = a.ready;
-  const int overlap = a.ready != nullptr ? a.overlap_sms : 0;
   const CUtensorMap x_map = kmajor_map(a.x, m, a.k, Cfg::kBlockM, a.out.dtype, op, "x");
   const CUtensorMap w_map =
       kmajor_map(a.weight, n, a.k, Cfg::kBlockN / Cfg::kClusterM, a.out.dtype, op, "gate weight");
@@ -427,13 +423,13 @@ void launch_gate_pack(const GatePackArgs& a, const DeviceInfo& dev, cudaStream_t
     using T = decltype(tag);
     switch (a.out.shape.tile) {
       case 64:
-        launch_typed<T, 64>(x_map, w_map, p, pairs, overlap, dev, s, op);
+        launch_typed<T, 64>(x_map, w_map, p, pairs, dev, s, op);
         break;
       case 128:
-        launch_typed<T, 128>(x_map, w_map, p, pairs, overlap, dev, s, op);
+        launch_typed<T, 128>(x_map, w_map, p, pairs, dev, s, op);
         break;
       case 256:
-        launch_typed<T, 256>(x_map, w_map, p, pairs, overlap, dev, s, op);
+        launch_typed<T, 256>(x_map, w_map, p, pairs, dev, s, op);
         break;
       default:
         throw Error(op, "options.tile", "64, 128 or 256", std::to_string(a.out.shape.tile));
@@ -451,15 +447,9 @@ int32_t gate_ready_target(int64_t cols) {
   return int32_t(kPackerWarps * ((cols + Cfg::kBlockN - 1) / Cfg::kBlockN));
 }
 
-int gate_overlap_sms() {
-  static const int sms = [] {
-    const char* v = std::getenv("TWELL_OVERLAP_SMS");
-    if (v == nullptr || v[0] == '\0') return Cfg::kOverlapSms;
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    return end != v && *end == '\0' && n >= -1 && n <= 1024 ? int(n) : Cfg::kOverlapSms;
-  }();
-  return sms;
+bool gate_overlap_enabled() {
+  static const bool enabled = !env_switch_set("TWELL_NO_OVERLAP");
+  return enabled;
 }
 
 }  // namespace twell::gpu

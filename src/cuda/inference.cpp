@@ -186,11 +186,10 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
   // row) to the tensor-core backup in their heavy list. Other K: one CTA per compact row, and
   // every routed row goes to the backup.
   const bool row_kernel = row_kernel_supports(dims_.kind, dims_.k, dims_.n);
-  // The dots kernel overlapped with the fused gate (GatePackConfig::kOverlapSms): it starts on the
-  // SMs the gate frees in its last wave and takes each row block as the gate releases it.
-  const int overlap_sms = gate_overlap_sms();
+  // The dots kernel overlapped with the fused gate: it starts on the SMs the gate frees in its last
+  // wave and takes each row block as the gate releases it (docs/kernels.md).
   const bool overlap =
-      fused_gate_ && row_kernel && row_kernel_splits(dims_.kind, dims_.n) && overlap_sms >= 0;
+      fused_gate_ && row_kernel && row_kernel_splits(dims_.kind, dims_.n) && gate_overlap_enabled();
   auto* ready = reinterpret_cast<int32_t*>(b.base + b.layout.ready);
   if (fused_gate_) {
     GatePackArgs gate;
@@ -200,10 +199,7 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
     gate.out = tw;
     gate.hidden = b.hidden;
     gate.active = &b.control->active;
-    if (overlap) {
-      gate.ready = ready;
-      gate.overlap_sms = overlap_sms;
-    }
+    if (overlap) gate.ready = ready;
     launch_gate_pack(gate, device_, s);
   } else {
     run_gate(args, rows, b, s);

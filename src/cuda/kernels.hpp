@@ -64,12 +64,10 @@ struct GatePackArgs {
   unsigned long long* active = nullptr;
   int32_t route_above = -1;      // >= 0: also route compact rows of more entries (launch_route_overflow)
   // Overlap (gate_ready_blocks): non-null, the packers add 1 per packer warp to ready[b] once the
-  // 128-row block b's tile of a column block is packed (a release; gate_ready_target in all),
-  // the gate leaves overlap_sms SMs free for the kernel launched after it (which may start on the
-  // SMs its clusters free in any case), and the overflow routing is the caller's
-  // (launch_route_overflow, once that kernel has read the marks).
+  // 128-row block b's tile of a column block is packed (a release; gate_ready_target in all), and
+  // the overflow routing is the caller's (launch_route_overflow, once the kernel launched after
+  // the gate, which may start on the SMs the gate's last wave frees, has read the marks).
   int32_t* ready = nullptr;
-  int overlap_sms = 0;
 };
 constexpr uint16_t kOverflowCount = 0xffffu;
 constexpr int32_t kOverflowRow = -2;
@@ -80,9 +78,9 @@ void launch_gate_pack(const GatePackArgs& a, const DeviceInfo& dev, cudaStream_t
 // ready array (zero on entry), and the count at which a block is complete for N = cols.
 int64_t gate_ready_blocks(int64_t rows);
 int32_t gate_ready_target(int64_t cols);
-// SMs the gate leaves to an overlapped row stage from its start: GatePackConfig::kOverlapSms, or
-// TWELL_OVERLAP_SMS; -1: no overlap (the row stage starts once the gate has completed).
-int gate_overlap_sms();
+// Whether the inference row stage overlaps the fused gate: yes unless TWELL_NO_OVERLAP is set
+// (development A/B runs; the row stage then starts once the gate has completed).
+bool gate_overlap_enabled();
 
 // pack.cu: after the fused kernel, every row marked kOverflowRow becomes routed (a routed_rows
 // entry and slot, zero counts) and its G row in `hidden` is completed from its compact tiles, so
