@@ -10,6 +10,8 @@
 //     (warp_rows::Phase): the dots phase stores dh, the axpys phase reads it back.
 //   CTA kernel: one row per CTA (grid = M, or grid-stride over the long-row list); each batch of
 //     kBatch down-dots is reduced across warps in shared memory.
+// Where a kernel computes an entry's dh it also stores the entry's weight-gradient record at the
+// position the column index gave its slot (launch_column_index runs first).
 // A routed row is skipped by both (the dense routed-row path writes it).
 #include "cuda/cuda_check.hpp"
 #include "cuda/launch.cuh"
@@ -26,6 +28,7 @@ using rows::kBatch;
 template <typename T, FfnKind kKind, int kVecs>
 __device__ void backward_row(const T* __restrict__ dy, const T* __restrict__ first, const T* __restrict__ up,
                              const T* __restrict__ down, T* __restrict__ dx, float* __restrict__ dh_out,
+                             const int64_t* __restrict__ position, EntryRecord* __restrict__ records,
                              const L1Coef& l1, int64_t k, const TwellView& tw, int64_t row,
                              rows::RowShared& sm) {
   const int num_tiles = tiles_of(tw.shape);
@@ -64,7 +67,10 @@ __device__ void backward_row(const T* __restrict__ dy, const T* __restrict__ fir
       const float g = Elem<T>::to_float(values[slot[b]]);
       const float u = kKind == FfnKind::gated ? Elem<T>::to_float(plane1[slot[b]]) : 1.0f;
       const float dh = dot[b] + scale * sign_of(g * u);
-      if (threadIdx.x == 0) dh_out[slot[b]] = dh;
+      if (threadIdx.x == 0) {
+        dh_out[slot[b]] = dh;
+        records[position[slot[b]]] = EntryRecord{int32_t(row), dh * u, dh * g, g * u};
+      }
       rows::axpy_row<T, kVecs>(dh * u, first + int64_t(neuron[b]) * k, vectors, acc);
       if constexpr (kKind == FfnKind::gated)
         rows::axpy_row<T, kVecs>(dh * g, up + int64_t(neuron[b]) * k, vectors, acc);
@@ -76,13 +82,15 @@ __device__ void backward_row(const T* __restrict__ dy, const T* __restrict__ fir
 
 template <typename T, FfnKind kKind, int kVecs>
 __global__ void __launch_bounds__(TrainRowConfig::kMaxThreads)
-    backward_rows_kernel(const T* __restrict__ dy, const T* __restrict__ first,
-                         const T* __restrict__ up, const T* __restrict__ down, T* __restrict__ dx,
-                         float* __restrict__ dh_out, L1Coef l1, int64_t k, TwellView tw) {
+    backward_rows_kernel(const T* __restrict__ dy, const T* __restrict__ first, const T* __restrict__ up,
+                         const T* __restrict__ down, T* __restrict__ dx, float* __restrict__ dh_out,
+                         const int64_t* __restrict__ position, EntryRecord* __restrict__ records, L1Coef l1,
+                         int64_t k, TwellView tw) {
   chain_entry();
   __shared__ rows::RowShared sm;
   const int64_t row = blockIdx.x;
-  if (tw.row_slot[row] < 0) backward_row<T, kKind, kVecs>(dy, first, up, down, dx, dh_out, l1, k, tw, row, sm);
+  if (tw.row_slot[row] < 0)
+    backward_row<T, kKind, kVecs>(dy, first, up, down, dx, dh_out, position, records, l1, k, tw, row, sm);
 }
 
 struct WarpArgs {
@@ -92,6 +100,8 @@ struct WarpArgs {
   const void* down;
   void* dx;
   float* dh;
+  const int64_t* position;
+  EntryRecord* records;
   L1Coef l1;
   TwellView tw;
   int32_t* control;
@@ -99,7 +109,7 @@ struct WarpArgs {
 };
 
 // One warp's part of a compact row: the entry groups first_group, first_group + group_step, ...
-// (dh stored at their slots), accumulated into acc.
+// (dh stored at their slots, records at their positions), accumulated into acc.
 template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase = warp_rows::Phase::fused>
 __device__ void backward_warp_row(const WarpArgs& a, int64_t row, int lane, int first_group, int group_step,
                                   float (&acc)[kChunks][kVecElems]) {
@@ -119,9 +129,11 @@ __device__ void backward_warp_row(const WarpArgs& a, int64_t row, int lane, int 
   warp_rows::for_each_entry_group(a.tw, row, lane, [&](int neuron, int64_t slot, int count) {
     if (group++ % group_step != first_group) return;
     float g = 0.0f, u = 1.0f;
+    int64_t place = 0;  // where the entry's record goes (the dots and fused phases store it)
     if (slot >= 0) {
       g = Elem<T>::to_float(values[slot]);
       if constexpr (kKind == FfnKind::gated) u = Elem<T>::to_float(plane1[slot]);
+      if constexpr (kPhase != Phase::axpys) place = a.position[slot];
     }
     for (int i = 0; i < count; i += 2) {
       const bool two = i + 1 < count;
@@ -143,9 +155,15 @@ __device__ void backward_warp_row(const WarpArgs& a, int64_t row, int lane, int 
         warp_rows::dot2<T, kChunks>(dyr, down + int64_t(n0) * k, down + int64_t(n1) * k, lane, d0, d1);
         dh0 = d0 + scale * sign_of(g0 * u0);
         dh1 = two ? d1 + scale * sign_of(g1 * u1) : 0.0f;
+        const int64_t p0 = __shfl_sync(warp_rows::kFullMask, place, i);
+        const int64_t p1 = __shfl_sync(warp_rows::kFullMask, place, j);
         if (lane == 0) {
           a.dh[s0] = dh0;
-          if (two) a.dh[s1] = dh1;
+          a.records[p0] = EntryRecord{int32_t(row), dh0 * u0, dh0 * g0, g0 * u0};
+          if (two) {
+            a.dh[s1] = dh1;
+            a.records[p1] = EntryRecord{int32_t(row), dh1 * u1, dh1 * g1, g1 * u1};
+          }
         }
       }
       if constexpr (kPhase == Phase::dots) continue;
@@ -213,7 +231,8 @@ void launch_backward_rows(const BackwardRowsArgs& a, const DeviceInfo& dev, cuda
   const rows::PassGrid grid = rows::pass_grid(rows, a.k, dev);
   if (grid.warp) {
     check_cuda(cudaMemsetAsync(a.control, 0, kRowQueueWords * sizeof(int32_t), s), op, "row queues");
-    const WarpArgs w{a.dy, a.first, a.up, a.down, a.dx, a.dh, a.l1, a.saved, a.control, a.long_rows};
+    const WarpArgs w{a.dy,       a.first,   a.up, a.down,  a.dx,      a.dh,
+                     a.position, a.records, a.l1, a.saved, a.control, a.long_rows};
     rows::dispatch_warp_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto chunks) {
       using T = decltype(tag);
       constexpr FfnKind kKind = decltype(kind)::value;
@@ -232,8 +251,8 @@ void launch_backward_rows(const BackwardRowsArgs& a, const DeviceInfo& dev, cuda
     using T = decltype(tag);
     launch(backward_rows_kernel<T, decltype(kind)::value, decltype(vecs)::value>, dim3(unsigned(rows)),
            dim3(unsigned(threads)), 0, s, static_cast<const T*>(a.dy), static_cast<const T*>(a.first),
-           static_cast<const T*>(a.up), static_cast<const T*>(a.down), static_cast<T*>(a.dx), a.dh, a.l1, a.k,
-           a.saved);
+           static_cast<const T*>(a.up), static_cast<const T*>(a.down), static_cast<T*>(a.dx), a.dh,
+           a.position, a.records, a.l1, a.k, a.saved);
   });
   check_launch(op, "training backward rows kernel");
 }

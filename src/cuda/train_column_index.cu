@@ -3,16 +3,20 @@
 // weight-gradient coefficients) in ascending row order, and `heavy` lists the neurons whose weight
 // gradients are split over a CTA. No order-dependent atomics: the result is the same every run.
 //   count:   CTA (row block b, tile t): counts each neuron of tile t over the block's compact rows
-//            (shared-memory integer atomics) -> block_counts[b, n]. warp: one row at a time;
-//            thread: one entry of that row.
+//            (shared-memory integer atomics) -> block_counts[b, n]. thread i: row i's entry count
+//            (all loads in flight at once); a scan of them numbers the block's entries, and
+//            thread j then takes entries j, j + 256, ... (its row found by binary search), so a
+//            CTA waits on a few loads, not on one per row.
 //   offsets: thread per neuron: exclusive prefix of block_counts[., n] over the row blocks, loaded
 //            kOffsetBatch at a time -> the block's start inside the neuron's range, and the total.
 //   col_ptr: the only CTA: the heavy threshold from the mean total (one reduction), then one
 //            exclusive scan per kScanThreads neurons of the totals and heavy flags packed together.
-//   place:   CTA (b, t): walks the block's rows kChunkRows at a time. A chunk's entries set one bit
-//            per row in a per-neuron mask; an entry's rank among its neuron's entries of the chunk
-//            is the number of lower bits, so rows stay ascending. warp: one row; thread: one entry,
-//            whose record it writes (coefficients from g, u and dh at the entry's slot).
+//   rank:    CTA (b, t), its entries numbered and taken as in count. Each entry sets its row's
+//            bit in a per-neuron mask of its 64-row chunk; an entry's rank among its neuron's
+//            entries of the block is the bits of the earlier chunks' masks and the lower bits of
+//            its own, so rows stay ascending. It writes its position (the neuron's start, the
+//            block's offset, the rank) at its slot: the backward rows kernels, which compute the
+//            entry's coefficients, store its record there.
 #include <algorithm>
 
 #include "cuda/cuda_check.hpp"
@@ -46,26 +50,63 @@ __device__ __forceinline__ RowRange block_rows(int64_t b, int64_t rows) {
   return {first, first + Cfg::kRowsPerBlock < rows ? first + Cfg::kRowsPerBlock : rows};
 }
 
+static_assert(Cfg::kThreads == Cfg::kRowsPerBlock, "count and rank: one thread per row of the block");
+constexpr int kChunks = Cfg::kRowsPerBlock / Cfg::kChunkRows;
+
+// The block's entries of one tile, numbered row by row: start[i] is the first number of row i's
+// entries (start[kRowsPerBlock] the block's total); routed rows and rows past M have none.
+struct BlockEntries {
+  int32_t start[Cfg::kRowsPerBlock + 1];
+  scan::ScanShared scan;
+};
+
+// Every thread: loads its row's entry count, scans; returns the total. Synchronises the CTA.
+__device__ __forceinline__ int32_t number_entries(const TwellView& tw, const RowRange& range, int tile,
+                                                  int tiles, BlockEntries& sm) {
+  const int64_t r = range.first + threadIdx.x;
+  int32_t mine = 0;
+  if (r < range.last) {
+    const int32_t slot = tw.row_slot[r];
+    const int32_t entries = tw.counts[r * tiles + tile];
+    mine = slot < 0 ? entries : 0;
+  }
+  int64_t total = 0;
+  const int64_t before = scan::exclusive_scan(mine, sm.scan, total);
+  sm.start[threadIdx.x] = int32_t(before);
+  if (threadIdx.x == 0) sm.start[Cfg::kRowsPerBlock] = int32_t(total);
+  __syncthreads();
+  return int32_t(total);
+}
+
+// The row (of the block) holding entry j < total: the last i with start[i] <= j.
+__device__ __forceinline__ int row_of_entry(const BlockEntries& sm, int32_t j) {
+  int lo = 0, hi = Cfg::kRowsPerBlock;  // start[lo] <= j < start[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (sm.start[mid] <= j)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 __global__ void __launch_bounds__(Cfg::kThreads)
     count_kernel(TwellView tw, int32_t* __restrict__ block_counts) {
   chain_entry();
   __shared__ int32_t count[kMaxTileWidth];
+  __shared__ BlockEntries sm;
   const int tile = blockIdx.y;
   const int tiles = tiles_of(tw.shape);
   const int width = tile_width(tw.shape, tile);
   const RowRange range = block_rows(blockIdx.x, tw.shape.rows);
   for (int j = threadIdx.x; j < width; j += blockDim.x) count[j] = 0;
-  __syncthreads();
+  const int32_t total = number_entries(tw, range, tile, tiles, sm);  // synchronises: count[] is zero
 
-  const int warp = threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  const int warps = blockDim.x / kWarpSize;
-  for (int64_t r = range.first + warp; r < range.last; r += warps) {
-    if (tw.row_slot[r] >= 0) continue;
-    const int64_t tile_index = r * tiles + tile;
-    const int entries = tw.counts[tile_index];
-    for (int e = lane; e < entries; e += kWarpSize)
-      atomicAdd(&count[tw.cols[tile_index * tw.shape.capacity + e]], 1);
+  for (int32_t j = threadIdx.x; j < total; j += blockDim.x) {
+    const int i = row_of_entry(sm, j);
+    const int64_t tile_index = (range.first + i) * tiles + tile;
+    atomicAdd(&count[tw.cols[tile_index * tw.shape.capacity + (j - sm.start[i])]], 1);
   }
   __syncthreads();
   int32_t* out = block_counts + int64_t(blockIdx.x) * tw.shape.cols + int64_t(tile) * tw.shape.tile;
@@ -133,60 +174,40 @@ __global__ void __launch_bounds__(Cfg::kScanThreads)
   }
 }
 
-template <typename T, bool kGated>
 __global__ void __launch_bounds__(Cfg::kThreads)
-    place_kernel(TwellView tw, const float* __restrict__ dh, const int32_t* __restrict__ block_counts,
-                 const int64_t* __restrict__ col_ptr, EntryRecord* __restrict__ records) {
+    rank_kernel(TwellView tw, const int32_t* __restrict__ block_counts, const int64_t* __restrict__ col_ptr,
+                int64_t* __restrict__ position) {
   chain_entry();
-  __shared__ int64_t next[kMaxTileWidth];             // next free position of each neuron
-  __shared__ unsigned long long mask[kMaxTileWidth];  // bit i: row i of the chunk has the neuron
-  __shared__ int32_t row_entries[Cfg::kChunkRows];    // the chunk's entry counts (0: routed / past M)
+  __shared__ int64_t first[kMaxTileWidth];                     // the block's first position per neuron
+  __shared__ unsigned long long mask[kChunks][kMaxTileWidth];  // bit i: row i of the chunk has the neuron
+  __shared__ BlockEntries sm;
   const int tile = blockIdx.y;
   const int tiles = tiles_of(tw.shape);
   const int width = tile_width(tw.shape, tile);
   const int capacity = tw.shape.capacity;
   const RowRange range = block_rows(blockIdx.x, tw.shape.rows);
   const int64_t n0 = int64_t(tile) * tw.shape.tile;
-  const auto* values = static_cast<const T*>(tw.values);
-  const T* plane1 = values + plane_elements(tw.shape);
   for (int j = threadIdx.x; j < width; j += blockDim.x) {
-    next[j] = col_ptr[n0 + j] + block_counts[int64_t(blockIdx.x) * tw.shape.cols + n0 + j];
-    mask[j] = 0;
+    first[j] = col_ptr[n0 + j] + block_counts[int64_t(blockIdx.x) * tw.shape.cols + n0 + j];
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) mask[c][j] = 0;
   }
+  const int32_t total = number_entries(tw, range, tile, tiles, sm);  // synchronises: masks are zero
 
-  const int warp = threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  const int warps = blockDim.x / kWarpSize;
-  for (int64_t c0 = range.first; c0 < range.last; c0 += Cfg::kChunkRows) {
-    for (int i = threadIdx.x; i < Cfg::kChunkRows; i += blockDim.x) {
-      const int64_t r = c0 + i;
-      row_entries[i] = r < range.last && tw.row_slot[r] < 0 ? tw.counts[r * tiles + tile] : 0;
-    }
-    __syncthreads();
-    for (int i = warp; i < Cfg::kChunkRows; i += warps) {
-      const int64_t base = ((c0 + i) * tiles + tile) * capacity;
-      for (int e = lane; e < row_entries[i]; e += kWarpSize) atomicOr(&mask[tw.cols[base + e]], 1ull << i);
-    }
-    __syncthreads();
-    for (int i = warp; i < Cfg::kChunkRows; i += warps) {
-      const int64_t base = ((c0 + i) * tiles + tile) * capacity;
-      const unsigned long long below = (1ull << i) - 1;
-      for (int e = lane; e < row_entries[i]; e += kWarpSize) {
-        const int64_t pos = base + e;
-        const int col = tw.cols[pos];
-        const float g = Elem<T>::to_float(values[pos]);
-        const float u = kGated ? Elem<T>::to_float(plane1[pos]) : 1.0f;
-        const float d = dh[pos];
-        records[next[col] + __popcll(mask[col] & below)] = EntryRecord{int32_t(c0 + i), d * u, d * g, g * u};
-      }
-    }
-    __syncthreads();
-    // Neuron j's owner advances and clears it before the next chunk's first barrier, which every
-    // later read of next[j] and mask[j] follows.
-    for (int j = threadIdx.x; j < width; j += blockDim.x) {
-      next[j] += __popcll(mask[j]);
-      mask[j] = 0;
-    }
+  for (int32_t j = threadIdx.x; j < total; j += blockDim.x) {
+    const int i = row_of_entry(sm, j);
+    const int64_t pos = ((range.first + i) * tiles + tile) * capacity + (j - sm.start[i]);
+    atomicOr(&mask[i / Cfg::kChunkRows][tw.cols[pos]], 1ull << (i % Cfg::kChunkRows));
+  }
+  __syncthreads();
+  for (int32_t j = threadIdx.x; j < total; j += blockDim.x) {
+    const int i = row_of_entry(sm, j);
+    const int64_t pos = ((range.first + i) * tiles + tile) * capacity + (j - sm.start[i]);
+    const int col = tw.cols[pos];
+    const int chunk = i / Cfg::kChunkRows;
+    int rank = __popcll(mask[chunk][col] & ((1ull << (i % Cfg::kChunkRows)) - 1));
+    for (int c = 0; c < chunk; ++c) rank += __popcll(mask[c][col]);
+    position[pos] = first[col] + rank;
   }
 }
 
@@ -209,16 +230,8 @@ void launch_column_index(const ColumnIndexArgs& a, cudaStream_t s) {
   launch(col_ptr_kernel, dim3(1), dim3(Cfg::kScanThreads), 0, s, a.col_totals, shape.cols, a.col_ptr,
          a.heavy);
   check_launch(op, "column index scan kernel");
-  with_element_type(a.saved.dtype, op, [&](auto tag) {
-    using T = decltype(tag);
-    if (a.kind == FfnKind::gated)
-      launch(place_kernel<T, true>, dim3(grid), dim3(Cfg::kThreads), 0, s, a.saved, a.dh, a.block_counts,
-             a.col_ptr, a.records);
-    else
-      launch(place_kernel<T, false>, dim3(grid), dim3(Cfg::kThreads), 0, s, a.saved, a.dh, a.block_counts,
-             a.col_ptr, a.records);
-  });
-  check_launch(op, "column index place kernel");
+  launch(rank_kernel, dim3(grid), dim3(Cfg::kThreads), 0, s, a.saved, a.block_counts, a.col_ptr, a.position);
+  check_launch(op, "column index rank kernel");
 }
 
 }  // namespace twell::gpu

@@ -42,7 +42,7 @@ struct TrainRowConfig {
 
 // The per-neuron column index of the compact entries (train_column_index.cu).
 struct ColumnIndexConfig {
-  static constexpr int kThreads = 256;          // per CTA of the count and place kernels
+  static constexpr int kThreads = 256;          // per CTA of the count and rank kernels
   static constexpr int kRowsPerBlock = 256;     // rows of one (row block, tile) CTA
   static constexpr int kChunkRows = 64;         // rows ranked at once: one bit each in a uint64 mask
   static constexpr int kOffsetThreads = 256;    // per CTA of the per-neuron offsets kernel (one neuron each)

@@ -50,9 +50,19 @@ struct ForwardRowsArgs {
 };
 void launch_forward_rows(const ForwardRowsArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
+// One compact entry in column-index order: its row and the coefficients of its three weight
+// gradients (fp32): first = dh u (gated) or dh (plain), up = dh g (gated), down = g u (gated) or g.
+struct alignas(16) EntryRecord {
+  int32_t row;
+  float first;
+  float up;
+  float down;
+};
+
 // train_backward_rows.cu: for every compact row m and entry at slot i (neuron n, g, u):
 //   dh[i] = <dy[m], Wd[n]> + l1 * sign(h) / rows;  dg = dh * u (gated) or dh (plain); du = dh * g
 //   dx[m] = sum dg W1[n] + du Wu[n] (rounded once). Routed rows are left untouched.
+//   records[position[i]] = {m, dh u, dh g, g u} (plain: u = 1).
 struct BackwardRowsArgs {
   FfnKind kind = FfnKind::gated;
   const void* dy = nullptr;     // [rows, K]
@@ -61,6 +71,8 @@ struct BackwardRowsArgs {
   const void* down = nullptr;   // Wd [N, K]
   void* dx = nullptr;           // [rows, K]
   float* dh = nullptr;          // [rows * slots_per_row], written at the entries' slots
+  const int64_t* position = nullptr;  // [rows * slots_per_row]: each entry's record (launch_column_index)
+  EntryRecord* records = nullptr;     // the column index's records, written at position[slot]
   L1Coef l1;
   int64_t k = 0;
   TwellView saved;
@@ -75,28 +87,19 @@ void launch_backward_rows(const BackwardRowsArgs& a, const DeviceInfo& dev, cuda
 // which backward's dense reductions over routed rows add them (deterministic training).
 void launch_routed_renumber(const TwellView& saved, cudaStream_t s);
 
-// One compact entry in column-index order: its row and the coefficients of its three weight
-// gradients (fp32): first = dh u (gated) or dh (plain), up = dh g (gated), down = g u (gated) or g.
-struct alignas(16) EntryRecord {
-  int32_t row;
-  float first;
-  float up;
-  float down;
-};
-
-// train_column_index.cu: the per-neuron view of the compact entries: records[col_ptr[n] ..
-// col_ptr[n+1]) are neuron n's entries, rows ascending, and heavy = {H, threshold, the H neurons
-// with more entries than the threshold, ascending}: the neurons whose weight gradients are split
-// over a CTA (threshold = max(kHeavyMin, kHeavyFactor x the mean entries per neuron)). Deterministic.
+// train_column_index.cu: the per-neuron view of the compact entries: position[slot] is where the
+// entry's record goes, so that records[col_ptr[n] .. col_ptr[n+1]) are neuron n's entries, rows
+// ascending (launch_backward_rows stores them), and heavy = {H, threshold, the H neurons with more
+// entries than the threshold, ascending}: the neurons whose weight gradients are split over a CTA
+// (threshold = max(kHeavyMin, kHeavyFactor x the mean entries per neuron)). Reads the layout alone,
+// so it runs before the backward rows. Deterministic.
 struct ColumnIndexArgs {
-  FfnKind kind = FfnKind::gated;
   TwellView saved;
-  const float* dh = nullptr;        // per slot, from launch_backward_rows
   int32_t* block_counts = nullptr;  // [column_index_blocks(rows), N] scratch
   int32_t* col_totals = nullptr;    // [N] scratch
   int64_t* col_ptr = nullptr;       // [N + 1]
   int32_t* heavy = nullptr;         // [N + 2]
-  EntryRecord* records = nullptr;   // [rows * slots_per_row] (the first col_ptr[N] are written)
+  int64_t* position = nullptr;      // [rows * slots_per_row]: written at the compact entries' slots
 };
 int64_t column_index_blocks(int64_t rows);
 void launch_column_index(const ColumnIndexArgs& a, cudaStream_t s);

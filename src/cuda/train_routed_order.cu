@@ -25,6 +25,9 @@ __global__ void __launch_bounds__(kThreads)
     renumber_kernel(int32_t* row_slot, int64_t rows, int32_t* __restrict__ routed_rows,
                     int32_t* __restrict__ num_routed) {
   chain_entry();
+  // Every routed row took its slot from *num_routed (the pack's and the routing's atomics): none,
+  // nothing to renumber.
+  if (*num_routed == 0) return;
   __shared__ scan::ScanShared sm;
   constexpr int64_t kStep = int64_t(kThreads) * kRowsPerThread;
   int64_t base = 0;

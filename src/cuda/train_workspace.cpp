@@ -63,10 +63,15 @@ TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows) {
   l.queue = c.take(sizeof(int32_t));
   l.p = c.take(m * n * es);
   l.q = c.take(m * n * es * (d.kind == FfnKind::gated ? 2 : 1));
-  // The records live in p and q (free until the routed rows' pass, which follows the weight
-  // gradients) when they fit: with the default capacity (tile / 8) they take 2 M N bytes.
+  // The records and their positions live in p and q (free until the routed rows' pass, which
+  // follows the weight gradients) when they fit: with the default capacity (tile / 8) they take
+  // 2 M N and M N bytes of p and q's 6 M N (gated; 4 M N plain).
   const size_t record_bytes = slots * sizeof(EntryRecord);
-  l.records = record_bytes <= c.end() - l.p ? l.p : c.take(record_bytes);
+  const size_t position_bytes = slots * sizeof(int64_t);
+  const size_t free_bytes = c.end() - l.p;
+  const bool both_fit = record_bytes + position_bytes <= free_bytes;
+  l.records = record_bytes <= free_bytes ? l.p : c.take(record_bytes);
+  l.position = both_fit ? l.p + record_bytes : c.take(position_bytes);
   l.control = c.take(kRowQueueWords * sizeof(int32_t));
   l.long_rows = c.take(m * sizeof(int32_t));
   l.split_counters = c.take(RoutedGemmConfig::kMaxSplitTiles * sizeof(int32_t));

@@ -40,6 +40,7 @@ struct TrainBackwardLayout {
   size_t p = 0;             // dtype [M, N]: routed rows' g, then h
   size_t q = 0;             // dtype [M, 2N] gated ([u | dh], then [dg | du]); [M, N] plain (dh, then dg)
   size_t records = 0;       // EntryRecord [M * slots_per_row]: entries by neuron (in p and q if they fit)
+  size_t position = 0;      // int64 [M * slots_per_row]: each entry's record (after them if they fit)
   size_t control = 0;       // int32 [kRowQueueWords]: the row pass's queues (train_kernels.hpp)
   size_t long_rows = 0;     // int32 [M]: the row pass's long rows
   size_t split_counters = 0;  // int32 [kMaxSplitTiles]: the routed GEMMs' split-K counters

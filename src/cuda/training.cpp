@@ -380,6 +380,17 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
              kBackwardOp, "split-K counters");
   auto* dh = at<float>(base, l.dh);
 
+  // The column index first (it reads the layout alone): the row kernels store each entry's record
+  // where it gives them.
+  ColumnIndexArgs index;
+  index.saved = saved;
+  index.block_counts = at<int32_t>(base, l.block_counts);
+  index.col_totals = at<int32_t>(base, l.col_totals);
+  index.col_ptr = at<int64_t>(base, l.col_ptr);
+  index.heavy = at<int32_t>(base, l.heavy);
+  index.position = at<int64_t>(base, l.position);
+  launch_column_index(index, s);
+
   BackwardRowsArgs compact;
   compact.kind = dims_.kind;
   compact.dy = args.dy.data;
@@ -388,23 +399,14 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   compact.down = weights_.down.data;
   compact.dx = args.dx.data;
   compact.dh = dh;
+  compact.position = index.position;
+  compact.records = at<EntryRecord>(base, l.records);
   compact.l1 = l1;
   compact.k = dims_.k;
   compact.saved = saved;
   compact.control = at<int32_t>(base, l.control);
   compact.long_rows = at<int32_t>(base, l.long_rows);
   launch_backward_rows(compact, device_, s);
-
-  ColumnIndexArgs index;
-  index.kind = dims_.kind;
-  index.saved = saved;
-  index.dh = dh;
-  index.block_counts = at<int32_t>(base, l.block_counts);
-  index.col_totals = at<int32_t>(base, l.col_totals);
-  index.col_ptr = at<int64_t>(base, l.col_ptr);
-  index.heavy = at<int32_t>(base, l.heavy);
-  index.records = at<EntryRecord>(base, l.records);
-  launch_column_index(index, s);
 
   WeightGradArgs wg;
   wg.kind = dims_.kind;
@@ -414,7 +416,7 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   wg.n = dims_.n;
   wg.col_ptr = index.col_ptr;
   wg.heavy = index.heavy;
-  wg.records = index.records;
+  wg.records = compact.records;
   wg.queue = at<int32_t>(base, l.queue);
   wg.dfirst = g.dfirst;
   wg.dup = g.dup;
