@@ -69,7 +69,7 @@ __device__ void backward_row(const T* __restrict__ dy, const T* __restrict__ fir
       const float dh = dot[b] + scale * sign_of(g * u);
       if (threadIdx.x == 0) {
         dh_out[slot[b]] = dh;
-        records[position[slot[b]]] = EntryRecord{int32_t(row), dh * u, dh * g, g * u};
+        records[position[slot[b]]] = entry_record(row, dh, g, u);
       }
       rows::axpy_row<T, kVecs>(dh * u, first + int64_t(neuron[b]) * k, vectors, acc);
       if constexpr (kKind == FfnKind::gated)
@@ -159,10 +159,10 @@ __device__ void backward_warp_row(const WarpArgs& a, int64_t row, int lane, int 
         const int64_t p1 = __shfl_sync(warp_rows::kFullMask, place, j);
         if (lane == 0) {
           a.dh[s0] = dh0;
-          a.records[p0] = EntryRecord{int32_t(row), dh0 * u0, dh0 * g0, g0 * u0};
+          a.records[p0] = entry_record(row, dh0, g0, u0);
           if (two) {
             a.dh[s1] = dh1;
-            a.records[p1] = EntryRecord{int32_t(row), dh1 * u1, dh1 * g1, g1 * u1};
+            a.records[p1] = entry_record(row, dh1, g1, u1);
           }
         }
       }

@@ -44,7 +44,7 @@ struct TrainRowConfig {
 struct ColumnIndexConfig {
   static constexpr int kThreads = 256;          // per CTA of the count and rank kernels
   static constexpr int kRowsPerBlock = 256;     // rows of one (row block, tile) CTA
-  static constexpr int kChunkRows = 64;         // rows ranked at once: one bit each in a uint64 mask
+  static constexpr int kChunkRows = 64;         // rows of one mask word: one bit each in a uint64
   static constexpr int kOffsetThreads = 256;    // per CTA of the per-neuron offsets kernel (one neuron each)
   static constexpr int kOffsetBatch = 16;       // offsets kernel: row blocks whose counts are loaded at once
   static constexpr int kScanThreads = 1024;     // the single CTA of the column-pointer scan

@@ -24,6 +24,11 @@ __device__ __forceinline__ int tile_width(const TwellShape& s, int t) {
 // sign(v) as -1, 0 or +1.
 __device__ __forceinline__ float sign_of(float v) { return float((v > 0.0f) - (v < 0.0f)); }
 
+// A compact entry's weight-gradient record (EntryRecord; plain layers pass u = 1).
+__device__ __forceinline__ EntryRecord entry_record(int64_t row, float dh, float g, float u) {
+  return EntryRecord{int32_t(row), dh * u, dh * g, g * u};
+}
+
 // The L1 term's gradient scale, coefficient / rows (the coefficient read on the device if given).
 __device__ __forceinline__ float l1_scale(const L1Coef& l1, int64_t rows) {
   return (l1.device != nullptr ? *l1.device : l1.host) / float(rows);
