@@ -61,6 +61,7 @@ class CudaTrainingRunner final : public TrainingRunner {
     dw1_.alloc(2 * n * k * sizeof(float));
     dwd_.alloc(n * k * sizeof(float));
     stats_.alloc(2 * sizeof(float));
+    dense_stats_.alloc(sizeof(DenseForwardStats));
     check(cudaMemcpy(x_.p, p.x.data(), p.x.size(), cudaMemcpyHostToDevice), "upload x");
     check(cudaMemcpy(dy_.p, dy.data(), dy.size(), cudaMemcpyHostToDevice), "upload dy");
     check(cudaMemcpy(w1_.p, p.gate.data(), n * k * es, cudaMemcpyHostToDevice), "upload Wg");
@@ -99,7 +100,7 @@ class CudaTrainingRunner final : public TrainingRunner {
   void release() override {
     plan_.reset();
     for (DeviceBuffer* b : {&x_, &dy_, &w1_, &wd_, &y_, &dx_, &dw1_, &dwd_, &stats_, &saved_, &workspace_,
-                            &gu_, &d_, &h_})
+                            &gu_, &d_, &h_, &dense_stats_})
       b->reset();
   }
 
@@ -193,7 +194,8 @@ class CudaTrainingRunner final : public TrainingRunner {
     }
     const float l1m = float(l1_coef_ / double(s_.m));
     gemm(DenseGemm::gate_up);
-    launch_dense_forward_elementwise(gu_.p, h_.p, s_.m, s_.n, t, stream_);
+    launch_dense_forward_elementwise(gu_.p, h_.p, s_.m, s_.n, static_cast<DenseForwardStats*>(dense_stats_.p),
+                                     t, stream_);
     gemm(DenseGemm::down);
     gemm(DenseGemm::dh);
     launch_dense_backward_elementwise(d_.p, h_.p, gu_.p, s_.m, s_.n, l1m, t, stream_);
@@ -206,7 +208,7 @@ class CudaTrainingRunner final : public TrainingRunner {
   cudaStream_t stream_ = rig_.stream;
   testing::ProblemSpec s_;
   double l1_coef_ = 0;
-  DeviceBuffer x_, dy_, w1_, wd_, y_, dx_, dw1_, dwd_, stats_, saved_, workspace_, gu_, d_, h_;
+  DeviceBuffer x_, dy_, w1_, wd_, y_, dx_, dw1_, dwd_, stats_, saved_, workspace_, gu_, d_, h_, dense_stats_;
   std::unique_ptr<TrainingPlan> plan_;
   TwellView view_;
   ColMajorGemm gemms_[6];

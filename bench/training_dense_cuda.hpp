@@ -8,8 +8,16 @@
 
 namespace twell::bench {
 
-// gu [M, 2N] = [G | U]: G <- relu(G) in place; h [M, N] = relu(G) * U.
-void launch_dense_forward_elementwise(void* gu, void* h, int64_t m, int64_t n, DType t, void* stream);
+// The L0 / L1 numerators of a dense forward (the count of non-zero relu(G), sum |h|): a step reports
+// them, as twell's forward does in its stats (device memory, zeroed by the launcher).
+struct DenseForwardStats {
+  unsigned long long active = 0;
+  float l1 = 0.0f;
+};
+
+// gu [M, 2N] = [G | U]: G <- relu(G) in place; h [M, N] = relu(G) * U; *stats as above.
+void launch_dense_forward_elementwise(void* gu, void* h, int64_t m, int64_t n, DenseForwardStats* stats,
+                                      DType t, void* stream);
 // d [M, 2N], dh in its left half: d <- [dg | du] with t = dh + l1_over_m sign(h),
 // dg = t U [G > 0], du = t relu(G); h [M, N] <- relu(G) * U (recomputed from gu).
 void launch_dense_backward_elementwise(void* d, void* h, const void* gu, int64_t m, int64_t n,

@@ -84,6 +84,7 @@ struct RoutedBlasConfig {
 struct ElementwiseConfig {
   static constexpr int kThreads = 256;   // threads per CTA
   static constexpr int kCtasPerSm = 8;   // grid-stride CTAs per SM
+  static constexpr int kMaxPartials = 4096;  // grid cap of a pass that writes one sum per CTA
 };
 
 // cuBLASLt (lt_gemm.cpp).

@@ -210,8 +210,12 @@ struct DenseHiddenArgs {
   void* out = nullptr;            // gated: h [rows, N]; nullptr: h replaces G in place
   int64_t elements = 0;           // rows * N (a multiple of 8)
   unsigned long long* active = nullptr;
+  // Optional (training's dense form): sum |h| of the rounded h per CTA, at most
+  // ElementwiseConfig::kMaxPartials of them, each over a fixed set of vectors (deterministic).
+  float* l1_partials = nullptr;
 };
-void launch_dense_hidden(const DenseHiddenArgs& a, const DeviceInfo& dev, cudaStream_t s);
+// Returns the grid: with l1_partials, the number of sums written.
+int64_t launch_dense_hidden(const DenseHiddenArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
 // counters.cu: counters (int64 [2]) = {num_routed, active}.
 void launch_write_counters(const RunCounters* c, int64_t* counters, cudaStream_t s);

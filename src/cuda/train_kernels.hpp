@@ -230,6 +230,10 @@ struct StatsArgs {
   const unsigned long long* active = nullptr;
   float* row_l1 = nullptr;
   float* stats = nullptr;
+  // Instead of the routed rows' L1 sums from `hidden` and row_l1 [rows]: `partials` sums of |h|
+  // (the dense form's, from launch_dense_hidden).
+  const float* l1_partials = nullptr;
+  int64_t partials = 0;
 };
 void launch_stats(const StatsArgs& a, const DeviceInfo& dev, cudaStream_t s);
 

@@ -3,7 +3,8 @@
 //              R = M); thread: |h| over a strided set of the row's 16-byte vectors; the CTA sum
 //              goes through shuffles and a fixed-order pass over the warps (deterministic).
 //   stats:     the only CTA: thread t sums row_l1[t], row_l1[t + kThreads], ... in fp64, then the
-//              same fixed-order CTA reduction; thread 0 writes {active / M, sum / M}.
+//              same fixed-order CTA reduction; thread 0 writes {active / M, sum / M}. The dense
+//              form passes its dense hidden pass's per-CTA sums instead of row_l1 (no routed pass).
 #include <algorithm>
 
 #include "cuda/cuda_check.hpp"
@@ -60,12 +61,12 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(kThreads)
-    stats_kernel(const float* __restrict__ row_l1, int64_t rows,
+    stats_kernel(const float* __restrict__ sums, int64_t count, int64_t rows,
                  const unsigned long long* __restrict__ active, float* __restrict__ stats) {
   chain_entry();
   __shared__ double warp_sums[kWarps];
   double sum = 0.0;
-  for (int64_t r = threadIdx.x; r < rows; r += kThreads) sum += double(row_l1[r]);
+  for (int64_t r = threadIdx.x; r < count; r += kThreads) sum += double(sums[r]);
   const double total = cta_sum(sum, warp_sums);
   if (threadIdx.x == 0) {
     stats[0] = float(double(*active) / double(rows));
@@ -78,6 +79,11 @@ __global__ void __launch_bounds__(kThreads)
 void launch_stats(const StatsArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const char* op = "TrainingPlan::forward";
   if (a.rows == 0) return;
+  if (a.l1_partials != nullptr) {
+    launch(stats_kernel, dim3(1), dim3(kThreads), 0, s, a.l1_partials, a.partials, a.rows, a.active, a.stats);
+    check_launch(op, "statistics kernel");
+    return;
+  }
   const int64_t grid = std::min<int64_t>(a.rows, int64_t(dev.sm_count) * TrainStatsConfig::kCtasPerSm);
   with_element_type(a.dtype, op, [&](auto tag) {
     using T = decltype(tag);
@@ -85,7 +91,7 @@ void launch_stats(const StatsArgs& a, const DeviceInfo& dev, cudaStream_t s) {
            a.n, a.routed_rows, a.num_routed, a.row_l1);
   });
   check_launch(op, "routed-row L1 kernel");
-  launch(stats_kernel, dim3(1), dim3(kThreads), 0, s, a.row_l1, a.rows, a.active, a.stats);
+  launch(stats_kernel, dim3(1), dim3(kThreads), 0, s, a.row_l1, a.rows, a.rows, a.active, a.stats);
   check_launch(op, "statistics kernel");
 }
 

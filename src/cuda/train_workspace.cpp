@@ -37,7 +37,8 @@ TrainForwardLayout train_forward_layout(const ProblemDims& d, int64_t rows) {
   l.split_counters = l.active + sizeof(unsigned long long);
   l.lt = c.take(LtConfig::kWorkspaceBytes);
   l.hidden = c.take(m * size_t(d.n) * dtype_size(d.dtype));
-  l.row_l1 = c.take(m * sizeof(float));
+  // row_l1 also holds the dense form's per-CTA L1 sums (launch_dense_hidden).
+  l.row_l1 = c.take(std::max<size_t>(m, ElementwiseConfig::kMaxPartials) * sizeof(float));
   l.control = c.take(kRowQueueWords * sizeof(int32_t));
   l.long_rows = c.take(m * sizeof(int32_t));
   l.split_partials = c.take(RoutedGemmConfig::kSplitPartialBytes);

@@ -17,7 +17,7 @@ struct TrainForwardLayout {
   size_t split_partials = 0;  // the routed GEMMs' split-K partial tiles
   size_t lt = 0;        // cuBLASLt scratch
   size_t hidden = 0;    // G [M, N]; the routed-row backup turns routed rows into h
-  size_t row_l1 = 0;    // f32 [M]: sum |h| per row
+  size_t row_l1 = 0;    // f32 [max(M, kMaxPartials)]: sum |h| per row (dense form: per CTA)
   size_t control = 0;   // int32 [kRowQueueWords]: the row pass's queues (train_kernels.hpp)
   size_t long_rows = 0; // int32 [M]: the row pass's long rows
   size_t routed_blas = 0;  // [blas_rows, K + N]: the routed rows cuBLAS takes (launch_routed_blas)

@@ -190,8 +190,10 @@ class CudaTraining final : public detail::TrainingBackend {
   void backward_dense(const TrainingBackwardArgs& args, const TensorView& x, const TwellView& saved,
                       const Grads& g, int64_t rows, char* base, const L1Coef& l1, cudaStream_t s);
   // The statistics {L0, L1} from the active count and the h rows in `hidden` of the routed rows.
+  // With l1_partials (the dense form): {L0, L1} from the dense hidden pass's `partials` L1 sums.
   void launch_statistics(const TwellView& saved, const void* hidden, const unsigned long long* active,
-                         float* row_l1, float* stats, int64_t rows, cudaStream_t s);
+                         float* row_l1, float* stats, int64_t rows, cudaStream_t s,
+                         const float* l1_partials = nullptr, int64_t partials = 0);
 
   FfnWeights weights_;
   TrainingOptions options_;
@@ -305,7 +307,8 @@ void CudaTraining::forward_sparse(const TrainingForwardArgs& args, const TwellVi
 
 void CudaTraining::launch_statistics(const TwellView& saved, const void* hidden,
                                      const unsigned long long* active, float* row_l1, float* stats,
-                                     int64_t rows, cudaStream_t s) {
+                                     int64_t rows, cudaStream_t s, const float* l1_partials,
+                                     int64_t partials) {
   if (stats == nullptr) return;
   StatsArgs st;
   st.dtype = dims_.dtype;
@@ -317,6 +320,8 @@ void CudaTraining::launch_statistics(const TwellView& saved, const void* hidden,
   st.active = active;
   st.row_l1 = row_l1;
   st.stats = stats;
+  st.l1_partials = l1_partials;
+  st.partials = partials;
   launch_stats(st, device_, s);
 }
 
@@ -575,13 +580,15 @@ void CudaTraining::forward_dense(const TrainingForwardArgs& args, const TwellVie
   dh.out = h;
   dh.elements = rows * dims_.n;
   dh.active = active;
-  launch_dense_hidden(dh, device_, s);
+  // The statistics' sum |h| comes from this pass (per-CTA sums in row_l1's space), not a re-read of h.
+  dh.l1_partials = stats != nullptr ? at<float>(base, l.row_l1) : nullptr;
+  const int64_t partials = launch_dense_hidden(dh, device_, s);
 
   lt_->run(matmul_call(GemmId::down, rows, dims_.k, dims_.n, h, weights_.down.data, args.y.data), s,
            base + l.lt);
 
   launch_dense_layout(saved, device_, s);
-  launch_statistics(saved, h, active, stats != nullptr ? at<float>(base, l.row_l1) : nullptr, stats, rows, s);
+  launch_statistics(saved, h, active, nullptr, stats, rows, s, dh.l1_partials, partials);
 }
 
 void CudaTraining::backward_dense(const TrainingBackwardArgs& args, const TensorView& x, const TwellView& saved,
@@ -614,9 +621,14 @@ void CudaTraining::backward_dense(const TrainingBackwardArgs& args, const Tensor
   e.l1 = l1;
   launch_dense_backward_hidden(e, device_, s);
 
-  // dx = [dg | du] [Wg; Wu] (one GEMM of depth 2N over a copy of the two weights), plain dg Wu
+  // dx = [dg | du] [Wg; Wu] (one GEMM of depth 2N over a copy of the two weights, or over the
+  // weights themselves where Wu follows Wg in memory, as a fused gate-up parameter has them), plain
+  // dg Wu
   const void* stacked = first_weight();
-  if (gated) {
+  const bool adjacent_weights =
+      gated && static_cast<const char*>(weights_.up.data) ==
+                   static_cast<const char*>(weights_.gate.data) + size_t(n * k) * es;
+  if (gated && !adjacent_weights) {
     const size_t bytes = size_t(n * k) * es;
     check_cuda(cudaMemcpyAsync(base + l.stacked, weights_.gate.data, bytes, cudaMemcpyDeviceToDevice, s),
                kBackwardOp, "stacked weights");
@@ -626,11 +638,16 @@ void CudaTraining::backward_dense(const TrainingBackwardArgs& args, const Tensor
   }
   lt_->run(matmul_call(GemmId::grad_input, rows, k, gated ? 2 * n : n, q, stacked, g.dx), s, base + l.lt);
 
-  // dW1 = dg^T x;  gated: dWu = du^T x;  dWd = h^T dy
+  // dW1 = dg^T x;  gated: dWu = du^T x (one GEMM into [dWg; dWu] where dWu follows dWg in memory);
+  // dWd = h^T dy
   const int64_t ldq = gated ? 2 * n : n;
   void* ws = base + l.lt;
-  blas_->weight_grad(q, ldq, x.data, rows, n, k, g.dfirst, 0.0f, s, ws, LtConfig::kWorkspaceBytes);
-  if (gated) blas_->weight_grad(q + size_t(n) * es, ldq, x.data, rows, n, k, g.dup, 0.0f, s, ws, LtConfig::kWorkspaceBytes);
+  const bool adjacent_grads = gated && g.dup == g.dfirst + n * k;
+  blas_->weight_grad(q, ldq, x.data, rows, adjacent_grads ? 2 * n : n, k, g.dfirst, 0.0f, s, ws,
+                     LtConfig::kWorkspaceBytes);
+  if (gated && !adjacent_grads)
+    blas_->weight_grad(q + size_t(n) * es, ldq, x.data, rows, n, k, g.dup, 0.0f, s, ws,
+                       LtConfig::kWorkspaceBytes);
   blas_->weight_grad(h, n, args.dy.data, rows, n, k, g.ddown, 0.0f, s, ws, LtConfig::kWorkspaceBytes);
 }
 
