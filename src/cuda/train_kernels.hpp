@@ -230,9 +230,8 @@ struct StatsArgs {
   const unsigned long long* active = nullptr;
   float* row_l1 = nullptr;
   float* stats = nullptr;
-  // Instead of the routed rows' L1 sums from `hidden` and row_l1 [rows]: `partials` sums of |h|
-  // (the dense form's, from launch_dense_hidden).
-  const float* l1_partials = nullptr;
+  // > 0 (the dense form): row_l1 already holds this many sums of |h| (launch_dense_hidden's per-CTA
+  // sums), summed as they are, with no routed-row pass.
   int64_t partials = 0;
 };
 void launch_stats(const StatsArgs& a, const DeviceInfo& dev, cudaStream_t s);

@@ -79,8 +79,8 @@ __global__ void __launch_bounds__(kThreads)
 void launch_stats(const StatsArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const char* op = "TrainingPlan::forward";
   if (a.rows == 0) return;
-  if (a.l1_partials != nullptr) {
-    launch(stats_kernel, dim3(1), dim3(kThreads), 0, s, a.l1_partials, a.partials, a.rows, a.active, a.stats);
+  if (a.partials > 0) {
+    launch(stats_kernel, dim3(1), dim3(kThreads), 0, s, a.row_l1, a.partials, a.rows, a.active, a.stats);
     check_launch(op, "statistics kernel");
     return;
   }

@@ -189,11 +189,10 @@ class CudaTraining final : public detail::TrainingBackend {
                      cudaStream_t s);
   void backward_dense(const TrainingBackwardArgs& args, const TensorView& x, const TwellView& saved,
                       const Grads& g, int64_t rows, char* base, const L1Coef& l1, cudaStream_t s);
-  // The statistics {L0, L1} from the active count and the h rows in `hidden` of the routed rows.
-  // With l1_partials (the dense form): {L0, L1} from the dense hidden pass's `partials` L1 sums.
+  // The statistics {L0, L1} from the active count and the h rows in `hidden` of the routed rows;
+  // partials > 0 (the dense form): from the `partials` sums of |h| already in row_l1.
   void launch_statistics(const TwellView& saved, const void* hidden, const unsigned long long* active,
-                         float* row_l1, float* stats, int64_t rows, cudaStream_t s,
-                         const float* l1_partials = nullptr, int64_t partials = 0);
+                         float* row_l1, float* stats, int64_t rows, cudaStream_t s, int64_t partials = 0);
 
   FfnWeights weights_;
   TrainingOptions options_;
@@ -307,8 +306,7 @@ void CudaTraining::forward_sparse(const TrainingForwardArgs& args, const TwellVi
 
 void CudaTraining::launch_statistics(const TwellView& saved, const void* hidden,
                                      const unsigned long long* active, float* row_l1, float* stats,
-                                     int64_t rows, cudaStream_t s, const float* l1_partials,
-                                     int64_t partials) {
+                                     int64_t rows, cudaStream_t s, int64_t partials) {
   if (stats == nullptr) return;
   StatsArgs st;
   st.dtype = dims_.dtype;
@@ -320,7 +318,6 @@ void CudaTraining::launch_statistics(const TwellView& saved, const void* hidden,
   st.active = active;
   st.row_l1 = row_l1;
   st.stats = stats;
-  st.l1_partials = l1_partials;
   st.partials = partials;
   launch_stats(st, device_, s);
 }
@@ -588,7 +585,7 @@ void CudaTraining::forward_dense(const TrainingForwardArgs& args, const TwellVie
            base + l.lt);
 
   launch_dense_layout(saved, device_, s);
-  launch_statistics(saved, h, active, nullptr, stats, rows, s, dh.l1_partials, partials);
+  launch_statistics(saved, h, active, dh.l1_partials, stats, rows, s, partials);
 }
 
 void CudaTraining::backward_dense(const TrainingBackwardArgs& args, const TensorView& x, const TwellView& saved,
