@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+
+#include "twell/error.hpp"
 
 namespace twell::testing {
 
@@ -22,27 +25,55 @@ std::vector<int64_t> oracle_rows(const Problem& p, int64_t limit) {
   return rows;
 }
 
-reference::Matrix take_rows(const reference::Matrix& a, const std::vector<int64_t>& rows) {
-  reference::Matrix out(int64_t(rows.size()), a.cols);
-  for (size_t i = 0; i < rows.size(); ++i)
-    std::copy_n(a.v.begin() + rows[i] * a.cols, a.cols, out.v.begin() + int64_t(i) * a.cols);
-  return out;
-}
-
 double tolerance(const reference::Weights& w, const reference::Matrix& x, const reference::Matrix& y_ref, DType t) {
   const double plain = reference::rel_error(reference::ffn_forward_rounded(w, x, t), y_ref);
   const double floor = t == DType::f32 ? 1e-5 : 1e-3;
   return 2 * plain + floor;
 }
 
+reference::Matrix rows_of(const TensorView& t, const std::vector<int64_t>& rows) {
+  if (t.rank != 2) throw Error("rows_of", "tensor", "rank 2", t.shape_string());
+  reference::Matrix out(int64_t(rows.size()), t.shape[1]);
+  const size_t es = dtype_size(t.dtype);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0 || rows[i] >= t.shape[0])
+      throw Error("rows_of", "rows", "within [0, " + std::to_string(t.shape[0]) + ")",
+                  std::to_string(rows[i]));
+    const auto* base = static_cast<const uint8_t*>(t.data) + size_t(rows[i] * t.stride[0]) * es;
+    TensorView row = TensorView::matrix(const_cast<uint8_t*>(base), t.dtype, 1, t.shape[1]);
+    row.stride[1] = t.stride[1];
+    const reference::Matrix r = reference::from_view(row);
+    std::copy(r.v.begin(), r.v.end(), out.v.begin() + int64_t(i) * out.cols);
+  }
+  return out;
+}
+
+std::vector<int64_t> boundary_rows(const Problem& p, const std::vector<int64_t>& widths, int64_t limit) {
+  std::vector<int64_t> rows = oracle_rows(p, limit);
+  const int64_t m = p.spec.m;
+  const int64_t es = int64_t(dtype_size(p.spec.dtype));
+  for (int64_t w : widths)
+    for (int64_t unit : {int64_t(1), es})  // elements, bytes
+      for (int64_t boundary : {int64_t(1) << 31, int64_t(1) << 32}) {
+        const int64_t row = boundary / (w * unit);  // the row holding element (byte) `boundary`
+        for (int64_t r = row - 1; r <= row + 1; ++r)
+          if (r >= 0 && r < m) rows.push_back(r);
+      }
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
 ForwardCheck check_forward(Problem& p, const void* y_host, int64_t limit) {
-  const auto rows = oracle_rows(p, limit);
+  return check_forward_rows(p, y_host, oracle_rows(p, limit));
+}
+
+ForwardCheck check_forward_rows(Problem& p, const void* y_host, const std::vector<int64_t>& rows) {
   const reference::Weights w = reference::from_weights(p.weights());
-  const reference::Matrix x = take_rows(reference::from_view(p.x_view()), rows);
+  const reference::Matrix x = rows_of(p.x_view(), rows);
   const reference::Forward f = reference::ffn_forward(w, x);
-  const reference::Matrix y_all = reference::from_view(
-      TensorView::matrix(const_cast<void*>(y_host), p.spec.dtype, p.spec.m, p.spec.k));
-  const reference::Matrix y = take_rows(y_all, rows);
+  const reference::Matrix y =
+      rows_of(TensorView::matrix(const_cast<void*>(y_host), p.spec.dtype, p.spec.m, p.spec.k), rows);
   ForwardCheck c;
   c.error = reference::rel_error(y, f.y);
   c.tolerance = tolerance(w, x, f.y, p.spec.dtype);

@@ -54,6 +54,21 @@ ProblemSpec spec_of(const Case& c, uint64_t salt) {
   return s;
 }
 
+// Elements of a host buffer of 16-bit floats (bf16 or f16) that are NaN or infinite: outputs poisoned
+// with 0xff bytes that a kernel never wrote read as NaN.
+inline int64_t count_nonfinite(const std::vector<uint8_t>& bytes, DType t) {
+  const uint16_t exponent = t == DType::bf16 ? 0x7f80 : 0x7c00;
+  int64_t bad = 0;
+  const size_t n = bytes.size() / 2;
+#pragma omp parallel for reduction(+ : bad) schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t v;
+    std::memcpy(&v, bytes.data() + 2 * i, 2);
+    bad += (v & exponent) == exponent;
+  }
+  return bad;
+}
+
 inline bool has_device() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

@@ -311,6 +311,65 @@ INSTANTIATE_TEST_SUITE_P(Dispatch, CudaForward, ::testing::ValuesIn(dispatch_cas
 INSTANTIATE_TEST_SUITE_P(Portable, CudaForward, ::testing::ValuesIn(portable_cases()), case_name);
 
 // ---------------------------------------------------------------------------------------------
+// Indices past 32 bits: [M, N] and [M, K] matrices of more than 2^31 bytes and elements, at the
+// largest M the training issue names (262144). Every path (the fused or portable gate with the
+// compact rows and the backup, and dense), each once per plan. The oracle runs on a sample of rows
+// (forward rows are independent) that includes the rows on either side of each 2^31 / 2^32 element
+// and byte boundary; every other row must be written (no NaN left from the poison).
+
+struct LargeCase {
+  FfnKind kind;
+  DType dtype;
+  Pattern pattern;
+  double density;
+  int64_t m, k, n;
+};
+
+const LargeCase kLargeCases[] = {
+    // [M, N] of 1.5e9 elements (2.95 GB), [M, K] 1.07 GB: the LLM shape at M = 262144.
+    {FfnKind::gated, DType::bf16, Pattern::uniform, 0.005, 262144, 2048, 5632},
+    // [M, N] of 2.15e9 elements; edge rows: dense, hot-tile and empty rows among them (backup).
+    {FfnKind::gated, DType::bf16, Pattern::edge_rows, 0.02, 32777, 64, 65536},
+    // [M, K] of 2.15e9 elements (K = 16384, 4.3 GB each for x and y), K in column ranges.
+    {FfnKind::plain, DType::f16, Pattern::heavy_tailed, 0.02, 131080, 16384, 264},
+};
+
+TEST(CudaLarge, InferenceIndicesPast32Bits) {
+  TWELL_REQUIRE_DEVICE();
+  if (small_only()) GTEST_SKIP() << "large shapes only without TWELL_SMALL";
+  const bool fused = gpu::gate_pack_available(gpu::query_device(0, "test"));
+  uint64_t salt = 1400;
+  for (const LargeCase& lc : kLargeCases) {
+    const Case c = problem_case<Case>(lc.kind, lc.dtype, lc.pattern, lc.density, lc.m, lc.k, lc.n);
+    DeviceProblem d(spec_of(c, ++salt));
+    const std::vector<int64_t> rows = testing::boundary_rows(d.p, {lc.k, lc.n, 2 * lc.n}, 48);
+    std::vector<std::pair<std::string, InferenceOptions> > modes;
+    InferenceOptions o;
+    o.dispatch = Dispatch::force_sparse;
+    modes.emplace_back(fused ? "sparse, fused gate" : "sparse", o);
+    if (fused) {
+      o.gate = GateKernel::portable;
+      modes.emplace_back("sparse, portable gate", o);
+    }
+    o = InferenceOptions();
+    o.dispatch = Dispatch::force_dense;
+    modes.emplace_back("dense", o);
+    for (const auto& [name, options] : modes) {
+      SCOPED_TRACE(name + ": " + d.p.spec.describe());
+      InferencePlan plan(d.weights(), options);
+      const Outcome out = run_once(plan, d);
+      EXPECT_EQ(count_nonfinite(out.y, lc.dtype), 0) << "rows left unwritten or not finite";
+      const ForwardCheck chk = testing::check_forward_rows(d.p, out.y.data(), rows);
+      EXPECT_LE(chk.error, chk.tolerance);
+      EXPECT_TRUE(chk.zero_rows_exact);
+      EXPECT_GE(out.counters[0], 0);
+      EXPECT_LE(out.counters[0], lc.m);
+      if (options.dispatch == Dispatch::force_dense) EXPECT_TRUE(out.info.ran_dense);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The backup's rows through cuBLAS: a plan learns how many rows to send there from its earlier
 // runs. The first run (nothing learned: the tensor-core kernel), a second on the same data (C
 // covers every backup row: cuBLAS), then data whose backup rows outnumber C (both, split at C).

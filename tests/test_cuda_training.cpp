@@ -241,20 +241,24 @@ Emulated emulate(const ref::Weights& w, const ref::Matrix& x, const ref::Matrix&
 
 double unit_roundoff(DType t) { return t == DType::bf16 ? 1.0 / 256 : 1.0 / 2048; }
 
-// Compares one step's outputs with the oracle under the tolerances above.
-void expect_matches_oracle(DeviceStep& d, const StepOutputs& o, const std::string& what) {
-  const ProblemSpec& s = d.p.spec;
-  const bool gated = s.kind == FfnKind::gated;
-  const std::string where = what + ": " + s.describe() + " tile=" + std::to_string(d.plan->options().tile) +
-                            " capacity=" + std::to_string(d.plan->options().capacity);
-  const ref::Weights w = ref::from_weights(d.p.weights());
-  const ref::Matrix x = ref::from_view(d.p.x_view());
-  const ref::Matrix dy = ref::from_view(TensorView::matrix(d.dy_host.data(), s.dtype, s.m, s.k));
-  const double coef = d.l1_coef();
+// The oracle's forward and the two emulations' L1 values, for the statistics' checks.
+struct OracleStep {
+  ref::Forward f;
+  double dense_l1 = 0, saved_l1 = 0;
+};
+
+// Compares y, dx (the rows of x and dy given, in order) and the weight gradients of a step with
+// the oracle of that step under the tolerances above. The weight gradients are whole, so a caller
+// that passes some rows only must have zero dy elsewhere and l1_coef 0.
+OracleStep expect_grads_match(const ref::Weights& w, const ref::Matrix& x, const ref::Matrix& dy, double coef,
+                              DType t, const ref::Matrix& y, const ref::Matrix& dx, const StepOutputs& o,
+                              const std::string& where) {
+  const bool gated = w.kind == FfnKind::gated;
+  const int64_t n = w.down.rows, k = w.down.cols;
   const ref::Forward f = ref::ffn_forward(w, x);
   const ref::Grads g = ref::ffn_backward(w, x, dy, coef);
-  const Emulated dense = emulate<float>(w, x, dy, coef, s.dtype, Emulation::plain_dense);
-  const Emulated saved = emulate<double>(w, x, dy, coef, s.dtype, Emulation::from_saved);
+  const Emulated dense = emulate<float>(w, x, dy, coef, t, Emulation::plain_dense);
+  const Emulated saved = emulate<double>(w, x, dy, coef, t, Emulation::from_saved);
   auto tol = [](const ref::Matrix& a, const ref::Matrix& b, const ref::Matrix& r) {
     return 2 * std::max(ref::rel_error(a, r), ref::rel_error(b, r)) + 1e-3;
   };
@@ -264,20 +268,37 @@ void expect_matches_oracle(DeviceStep& d, const StepOutputs& o, const std::strin
   const testing::MaskSlack slack = testing::gate_mask_slack(w, x, dy, f, coef);
   using testing::with_slack;
   const std::string ambiguous = " (" + std::to_string(slack.entries) + " gate values within fp32 noise of 0)";
-  const ref::Matrix y = ref::from_view(TensorView::matrix(const_cast<uint8_t*>(o.y.data()), s.dtype, s.m, s.k));
-  const ref::Matrix dx = ref::from_view(TensorView::matrix(const_cast<uint8_t*>(o.dx.data()), s.dtype, s.m, s.k));
-  EXPECT_LE(ref::rel_error(y, f.y), test::tolerance(w, x, f.y, s.dtype)) << "y, " << where;
+  EXPECT_LE(ref::rel_error(y, f.y), test::tolerance(w, x, f.y, t)) << "y, " << where;
   EXPECT_LE(ref::rel_error(dx, g.dx), with_slack(tol(dense.dx, saved.dx, g.dx), slack.dx, g.dx))
       << "dx, " << where << ambiguous;
   if (gated)
-    EXPECT_LE(ref::rel_error(f32(o.dgate, s.n, s.k), g.dgate),
+    EXPECT_LE(ref::rel_error(f32(o.dgate, n, k), g.dgate),
               with_slack(tol(dense.dgate, saved.dgate, g.dgate), slack.dfirst, g.dgate))
         << "dgate, " << where << ambiguous;
   const double dup_slack = gated ? 0.0 : slack.dfirst;
-  EXPECT_LE(ref::rel_error(f32(o.dup, s.n, s.k), g.dup), with_slack(tol(dense.dup, saved.dup, g.dup), dup_slack, g.dup))
+  EXPECT_LE(ref::rel_error(f32(o.dup, n, k), g.dup),
+            with_slack(tol(dense.dup, saved.dup, g.dup), dup_slack, g.dup))
       << "dup, " << where << ambiguous;
-  EXPECT_LE(ref::rel_error(f32(o.ddown, s.n, s.k), g.ddown), tol(dense.ddown, saved.ddown, g.ddown))
+  EXPECT_LE(ref::rel_error(f32(o.ddown, n, k), g.ddown), tol(dense.ddown, saved.ddown, g.ddown))
       << "ddown, " << where;
+  return {f, dense.l1, saved.l1};
+}
+
+// Compares one step's outputs with the oracle under the tolerances above.
+void expect_matches_oracle(DeviceStep& d, const StepOutputs& o, const std::string& what) {
+  const ProblemSpec& s = d.p.spec;
+  const std::string where = what + ": " + s.describe() + " tile=" + std::to_string(d.plan->options().tile) +
+                            " capacity=" + std::to_string(d.plan->options().capacity);
+  const ref::Weights w = ref::from_weights(d.p.weights());
+  const ref::Matrix x = ref::from_view(d.p.x_view());
+  const ref::Matrix dy = ref::from_view(TensorView::matrix(d.dy_host.data(), s.dtype, s.m, s.k));
+  const double coef = d.l1_coef();
+  const ref::Matrix y =
+      ref::from_view(TensorView::matrix(const_cast<uint8_t*>(o.y.data()), s.dtype, s.m, s.k));
+  const ref::Matrix dx =
+      ref::from_view(TensorView::matrix(const_cast<uint8_t*>(o.dx.data()), s.dtype, s.m, s.k));
+  const OracleStep oracle = expect_grads_match(w, x, dy, coef, s.dtype, y, dx, o, where);
+  const ref::Forward& f = oracle.f;
 
   // L0: gate values within fp32 rounding of zero may flip between the oracle and the GPU GEMM.
   const double l0 = ref::l0_per_token(f);
@@ -287,7 +308,7 @@ void expect_matches_oracle(DeviceStep& d, const StepOutputs& o, const std::strin
   // L1: the same rule as the gradients on a scalar; 3 unit roundoffs bound the rounding of g, u
   // and h in any term, which covers M = 1 rows with a handful of entries.
   const double l1 = ref::l1_per_token(f);
-  const double l1_tol = 2 * std::max(std::fabs(dense.l1 - l1), std::fabs(saved.l1 - l1)) +
+  const double l1_tol = 2 * std::max(std::fabs(oracle.dense_l1 - l1), std::fabs(oracle.saved_l1 - l1)) +
                         std::max(1e-3, 3 * unit_roundoff(s.dtype)) * l1;
   EXPECT_NEAR(o.stats[1], l1, l1_tol) << "L1, " << where;
 
@@ -504,6 +525,90 @@ TEST_P(CudaTraining, MatchesOracle) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, CudaTraining, ::testing::ValuesIn(sweep_cases()), case_name);
+
+// ---------------------------------------------------------------------------------------------
+// Indices past 32 bits: M = 262144 at the LLM shape ([M, N] 1.5e9 elements, the dense form's
+// [M, 2N] planes 3e9), and an [M, N] of 2.15e9 elements with dense and hot rows routed to the
+// backup; the compact form and the dense form of each. The oracle of a whole step at this size is
+// out of reach, so dy is zero except on a sample of rows (those on either side of each 2^31 / 2^32
+// element and byte boundary among them) and l1_coef is 0: then the weight gradients are sums over
+// the sampled rows alone, and the oracle of the sampled rows' step is the oracle of the whole
+// step. Every other row of dx must be exactly zero, and no row of y unwritten; the statistics
+// (over all rows) of the two forms must agree.
+
+TEST(CudaLarge, TrainingIndicesPast32Bits) {
+  TWELL_REQUIRE_DEVICE();
+  if (small_only()) GTEST_SKIP() << "large shapes only without TWELL_SMALL";
+  struct LargeCase {
+    FfnKind kind;
+    DType dtype;
+    Pattern pattern;
+    double density;
+    int64_t m, k, n;
+  };
+  const LargeCase cases[] = {
+      {FfnKind::gated, DType::bf16, Pattern::uniform, 0.005, 262144, 2048, 5632},
+      {FfnKind::plain, DType::f16, Pattern::edge_rows, 0.02, 32777, 64, 65536},
+  };
+  uint64_t salt = 1900;
+  for (const LargeCase& lc : cases) {
+    Case c = problem_case<Case>(lc.kind, lc.dtype, lc.pattern, lc.density, lc.m, lc.k, lc.n);
+    TrainingOptions o = options_of(c);
+    o.l1_coef = 0;
+    DeviceStep d(spec_of(c, ++salt), o, L1From::options, 0.0f);
+    const std::vector<int64_t> rows = testing::boundary_rows(d.p, {lc.k, lc.n, 2 * lc.n}, 32);
+    std::vector<bool> sampled(size_t(lc.m), false);
+    for (int64_t r : rows) sampled[size_t(r)] = true;
+    const size_t row_bytes = size_t(lc.k) * dtype_size(lc.dtype);
+    for (int64_t r = 0; r < lc.m; ++r)
+      if (!sampled[size_t(r)]) std::memset(d.dy_host.data() + size_t(r) * row_bytes, 0, row_bytes);
+    d.dy.upload(d.dy_host);
+    const ref::Weights w = ref::from_weights(d.p.weights());
+    const ref::Matrix x = testing::rows_of(d.p.x_view(), rows);
+    const ref::Matrix dy = testing::rows_of(TensorView::matrix(d.dy_host.data(), lc.dtype, lc.m, lc.k), rows);
+
+    std::vector<std::vector<float> > stats;
+    for (const Dispatch form : {Dispatch::force_sparse, Dispatch::force_dense}) {
+      c.dispatch = form;
+      o.dispatch = form;
+      d.plan = std::make_unique<TrainingPlan>(d.weights(), o);
+      d.saved = DeviceBuffer(d.plan->saved_shape(lc.m).bytes(d.plan->saved_dtype()));
+      d.view = d.new_view(d.saved);
+      const std::string where = std::string(form == Dispatch::force_dense ? "dense form" : "compact form") +
+                                ": " + d.p.spec.describe();
+      SCOPED_TRACE(where);
+      const StepOutputs out = run_step(d);
+      EXPECT_EQ(count_nonfinite(out.y, lc.dtype), 0) << "y rows left unwritten or not finite";
+      EXPECT_EQ(count_nonfinite(out.dx, lc.dtype), 0) << "dx rows left unwritten or not finite";
+      int64_t nonzero_outside = 0;
+      for (int64_t r = 0; r < lc.m; ++r) {
+        if (sampled[size_t(r)]) continue;
+        for (size_t b = 0; b < row_bytes; b += 2) {
+          uint16_t v;
+          std::memcpy(&v, out.dx.data() + size_t(r) * row_bytes + b, 2);
+          nonzero_outside += (v & 0x7fff) != 0;
+        }
+      }
+      EXPECT_EQ(nonzero_outside, 0) << "dx entries on rows whose dy is zero";
+      const ref::Matrix y = testing::rows_of(
+          TensorView::matrix(const_cast<uint8_t*>(out.y.data()), lc.dtype, lc.m, lc.k), rows);
+      const ref::Matrix dx = testing::rows_of(
+          TensorView::matrix(const_cast<uint8_t*>(out.dx.data()), lc.dtype, lc.m, lc.k), rows);
+      expect_grads_match(w, x, dy, 0.0, lc.dtype, y, dx, out, where);
+      EXPECT_GE(out.routed, 0);
+      EXPECT_LE(out.routed, lc.m);
+      if (form == Dispatch::force_dense) EXPECT_EQ(out.routed, lc.m);
+      if (lc.pattern == Pattern::edge_rows && form == Dispatch::force_sparse) EXPECT_GT(out.routed, 0);
+      stats.push_back(out.stats);
+    }
+    // L0 and L1 over all M rows, from the compact rows' counts and from the dense hidden pass: gate
+    // values within fp32 rounding of zero may flip between the fused gate and cuBLASLt.
+    const double active = double(stats[0][0]) * double(lc.m);
+    EXPECT_NEAR(stats[0][0], stats[1][0], (2 + active / 10000) / double(lc.m)) << "L0 of the two forms";
+    EXPECT_NEAR(stats[0][1], stats[1][1], 2e-3 * std::fabs(stats[1][1])) << "L1 of the two forms";
+    if (lc.pattern == Pattern::uniform) EXPECT_NEAR(stats[0][0] / double(lc.n), lc.density, 0.1 * lc.density);
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Determinism: a second forward (its routed rows listed in another atomic order) and backward on a

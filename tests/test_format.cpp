@@ -163,6 +163,15 @@ TEST(Format, ShapeValidation) {
   EXPECT_THROW(s.validate("t"), Error);
   s.planes = 1, s.backup_capacity = 5;
   EXPECT_THROW(s.validate("t"), Error);
+  s.backup_capacity = 0;
+  EXPECT_NO_THROW(s.validate("t"));
+  s.rows = int64_t(1) << 31;  // past int32 row indices (routed_rows, row_slot)
+  try {
+    s.validate("t");
+    ADD_FAILURE() << "rows = 2^31 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rows"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Format, ColumnIndexMatchesDense) {

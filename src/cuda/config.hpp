@@ -14,6 +14,8 @@ struct ShapeLimits {
   static constexpr int64_t kMaxIntermediate = 65536;   // N: the compact kernel stages <= 1024 tile counts
   static constexpr size_t kPointerAlign = 16;          // x, y and the weights are read in 16-byte vectors
   static constexpr int kMinComputeMajor = 8;           // bf16 WMMA and cp.async need sm_80 or newer
+  // M: rows are int32 indices, and the row queues' int32 heads run past M by one fetch per warp.
+  static constexpr int64_t kMaxRows = (int64_t(1) << 31) - (int64_t(1) << 24);
 };
 
 // TwELL tile widths the pack kernel is instantiated for (2, 4 or 8 values per lane).

@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(Cfg::kScanThreads)
   if (threadIdx.x == 0) {
     col_ptr[cols] = base;
     heavy[0] = int32_t(heavy_base);
-    heavy[1] = int32_t(threshold);
+    heavy[1] = int32_t(threshold < INT32_MAX ? threshold : INT32_MAX);  // a count <= M < INT32_MAX
   }
 }
 

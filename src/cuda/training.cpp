@@ -70,8 +70,9 @@ void check_saved_memory(const TwellView& v, int device, const char* op) {
 }
 
 void check_rows(int64_t rows, const char* op) {
-  if (rows > std::numeric_limits<int32_t>::max())
-    throw Error(op, "x", "at most 2147483647 rows (int32 row indices)", std::to_string(rows));
+  if (rows > ShapeLimits::kMaxRows)
+    throw Error(op, "x", "at most " + std::to_string(ShapeLimits::kMaxRows) + " rows (int32 row indices)",
+                std::to_string(rows));
 }
 
 template <typename P>

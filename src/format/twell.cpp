@@ -1,6 +1,7 @@
 // TwELL pack / unpack / validate on the CPU. Values are copied as raw bytes, so a round trip is
 // bit-exact (a zero of either sign is a zero; unpack writes +0).
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -23,7 +24,7 @@ std::string str(int64_t v) { return std::to_string(v); }
 }  // namespace
 
 void TwellShape::validate(const char* op) const {
-  if (rows < 0) throw Error(op, "rows", ">= 0", str(rows));
+  if (rows < 0 || rows > INT32_MAX) throw Error(op, "rows", "0..2147483647 (int32 row indices)", str(rows));
   if (cols < 1) throw Error(op, "cols", ">= 1", str(cols));
   if (tile < 1 || tile > 65536) throw Error(op, "tile", "1..65536", str(tile));
   if (capacity < 1 || capacity > tile || capacity > 65535)

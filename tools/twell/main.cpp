@@ -23,7 +23,7 @@ commands:
 
 bench options:
   --suite NAME      default | cpu | inference | training | custom   (default: default)
-                    training: gated bf16 M = 16384..131072, K = 2048, N = 5632 on CUDA (a small
+                    training: gated bf16 M = 16384..262144, K = 2048, N = 5632 on CUDA (a small
                     float32 case on CPU); dense = cuBLAS GEMMs + elementwise kernels; reports
                     step time, bytes saved for backward, peak bytes, twell vs dense difference
   --backend NAME    auto | cpu | cuda   (auto: CUDA when a GPU is present)   (default: auto)
