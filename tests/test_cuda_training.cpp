@@ -527,14 +527,14 @@ TEST_P(CudaTraining, MatchesOracle) {
 INSTANTIATE_TEST_SUITE_P(Sweep, CudaTraining, ::testing::ValuesIn(sweep_cases()), case_name);
 
 // ---------------------------------------------------------------------------------------------
-// Indices past 32 bits: M = 262144 at the LLM shape ([M, N] 1.5e9 elements, the dense form's
-// [M, 2N] planes 3e9), and an [M, N] of 2.15e9 elements with dense and hot rows routed to the
-// backup; the compact form and the dense form of each. The oracle of a whole step at this size is
-// out of reach, so dy is zero except on a sample of rows (those on either side of each 2^31 / 2^32
-// element and byte boundary among them) and l1_coef is 0: then the weight gradients are sums over
-// the sampled rows alone, and the oracle of the sampled rows' step is the oracle of the whole
-// step. Every other row of dx must be exactly zero, and no row of y unwritten; the statistics
-// (over all rows) of the two forms must agree.
+// Indices past 32 bits and large M: M = 262144 at the LLM shape ([M, N] 1.5e9 elements, the dense
+// form's [M, 2N] planes 3e9), an [M, N] of 2.15e9 elements with dense and hot rows routed to the
+// backup, and M = 70000 with heavy neurons; the compact form and the dense form of each. The oracle of a
+// whole step at this size is out of reach, so dy is zero except on a sample of rows (those on either side of
+// each 2^31 / 2^32 element and byte boundary among them) and l1_coef is 0: then the weight gradients are sums
+// over the sampled rows alone, and the oracle of the sampled rows' step is the oracle of the whole step.
+// Every other row of dx must be exactly zero, and no row of y unwritten; the statistics (over all rows) of
+// the two forms must agree.
 
 TEST(CudaLarge, TrainingIndicesPast32Bits) {
   TWELL_REQUIRE_DEVICE();
@@ -549,6 +549,9 @@ TEST(CudaLarge, TrainingIndicesPast32Bits) {
   const LargeCase cases[] = {
       {FfnKind::gated, DType::bf16, Pattern::uniform, 0.005, 262144, 2048, 5632},
       {FfnKind::plain, DType::f16, Pattern::edge_rows, 0.02, 32777, 64, 65536},
+      // Three weight-gradient passes of WeightGradConfig::kChunkRows, the last one short, with
+      // heavy neurons (their kernel spans all rows) and long rows routed.
+      {FfnKind::gated, DType::bf16, Pattern::heavy_tailed, 0.02, 70000, 256, 1000},
   };
   uint64_t salt = 1900;
   for (const LargeCase& lc : cases) {

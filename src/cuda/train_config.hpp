@@ -69,7 +69,14 @@ struct WeightGradConfig {
   static constexpr int kHeavyGroups = 4;        // heavy kernel: lane groups per warp (8 lanes, 64 columns)
   static constexpr int kHeavyBatch = 4;         // heavy kernel: entries a lane group loads at once
   static constexpr int kHeavyCtasPerSm = 3;     // heavy kernel: persistent CTAs per SM
+  // Warp kernel: rows per pass (a multiple of ColumnIndexConfig::kRowsPerBlock). A 256-column
+  // slice of x and dy over this many rows (32 MB in 16-bit types) stays in L2 while every neuron
+  // reads it; the passes add their sums in row order. M = 262144 in one pass (256 MB a slice) ran
+  // the kernel at half its per-entry speed (H100).
+  static constexpr int64_t kChunkRows = 32768;
 };
+static_assert(WeightGradConfig::kChunkRows % ColumnIndexConfig::kRowsPerBlock == 0,
+              "a weight-gradient pass covers whole row blocks of the column index");
 
 // The elementwise backward of the routed rows (train_routed_hidden.cu).
 struct TrainElementwiseConfig {

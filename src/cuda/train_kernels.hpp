@@ -116,12 +116,16 @@ struct WeightGradArgs {
   const int64_t* col_ptr = nullptr;
   const int32_t* heavy = nullptr;
   const EntryRecord* records = nullptr;
-  int32_t* queue = nullptr;       // one int32: the warp kernel's item queue (reset here)
+  const int32_t* block_offsets = nullptr;  // the column index's block_counts after its offsets pass
+  int64_t rows = 0;                        // M
+  int32_t* queue = nullptr;       // [weight_grad_passes(rows)]: the warp kernel's item queues (reset here)
   float* dfirst = nullptr;        // dWg (gated) or dWu (plain), [N, K]
   float* dup = nullptr;           // dWu (gated only), [N, K]
   float* ddown = nullptr;         // [N, K]
   int64_t k = 0;
 };
+// The warp kernel's passes over row ranges of WeightGradConfig::kChunkRows (at least 1).
+int64_t weight_grad_passes(int64_t rows);
 void launch_weight_grads(const WeightGradArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
 // routed_gemm.cu (shared with the inference backup): tensor-core GEMMs over the R routed rows (fp32

@@ -4,9 +4,11 @@
 // with h = g*u, dg = dh*u, du = dh*g (gated) or h = g, dg = dh (plain), fp32 accumulation. Every
 // sum is taken in an order fixed by the column index (never by scheduling): deterministic.
 //
-// Warp kernel: the neurons with at most heavy[1] entries.
-//   grid: persistent; each warp takes the next item (256-column slice s, neuron n) from a queue,
-//         slice-major, so the x and dy columns in use (2 x 8 MB at M = 16384) stay in L2.
+// Warp kernel: the neurons with at most heavy[1] entries, in passes over WeightGradConfig::kChunkRows
+// rows each (the first writes the sums, the others add theirs, in row order); a neuron's records
+// of a pass are a contiguous range (rows ascend), found from the column index's block offsets.
+//   grid: persistent; each warp takes the next item (256-column slice s, neuron n) from the pass's
+//         queue, slice-major, so the x and dy columns in use (2 x 16 MB a pass) stay in L2.
 //   warp: the item alone: 32 records loaded at once (one per lane), then their x / dy vectors
 //         kBatch entries at a time (loads first); the sums are stored straight from registers.
 //   thread: 8 consecutive columns of the slice: the fp32 accumulators of every gradient.
@@ -54,6 +56,10 @@ struct Params {
   const int64_t* col_ptr;
   const int32_t* heavy;
   const EntryRecord* records;
+  const int32_t* block_offsets;  // [blocks, n]: block b's first record in each neuron's range
+  int64_t blocks;                // column index row blocks
+  int64_t first_block;           // this pass: row blocks [first_block, end_block)
+  int64_t end_block;
   int32_t* queue;
   float* outs[3];  // first, down, up
 };
@@ -94,8 +100,11 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) weight_grads_warp_k
     int32_t ahead = 0;  // the next item, fetched while this one runs
     if (lane == 0) ahead = atomicAdd(p.queue, 1);
     const int64_t slice = item / p.n, neuron = item - slice * p.n;
-    const int64_t begin = p.col_ptr[neuron], end = p.col_ptr[neuron + 1];
-    if (end - begin <= threshold) {
+    const int64_t all_begin = p.col_ptr[neuron], all_end = p.col_ptr[neuron + 1];
+    const int64_t begin = all_begin + (p.first_block > 0 ? p.block_offsets[p.first_block * p.n + neuron] : 0);
+    const int64_t end =
+        p.end_block < p.blocks ? all_begin + p.block_offsets[p.end_block * p.n + neuron] : all_end;
+    if (all_end - all_begin <= threshold) {
       const int64_t col = slice * kSlice + lane * kVecElems;
       const bool in_k = col < p.k;
       float acc[3][kVecElems];
@@ -129,6 +138,12 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) weight_grads_warp_k
 #pragma unroll
         for (int q = 0; q < kGrads; ++q) {
           auto* out = reinterpret_cast<float4*>(p.outs[q] + neuron * p.k + col);
+          if (p.first_block > 0) {  // the earlier passes' sums, then this pass's
+            const float4 a = out[0], b = out[1];
+            acc[q][0] = a.x + acc[q][0], acc[q][1] = a.y + acc[q][1], acc[q][2] = a.z + acc[q][2];
+            acc[q][3] = a.w + acc[q][3], acc[q][4] = b.x + acc[q][4], acc[q][5] = b.y + acc[q][5];
+            acc[q][6] = b.z + acc[q][6], acc[q][7] = b.w + acc[q][7];
+          }
           out[0] = make_float4(acc[q][0], acc[q][1], acc[q][2], acc[q][3]);
           out[1] = make_float4(acc[q][4], acc[q][5], acc[q][6], acc[q][7]);
         }
@@ -222,21 +237,45 @@ __global__ void __launch_bounds__(kHeavyThreads, Cfg::kHeavyCtasPerSm) weight_gr
 
 }  // namespace
 
+int64_t weight_grad_passes(int64_t rows) {
+  return std::max<int64_t>(1, (rows + Cfg::kChunkRows - 1) / Cfg::kChunkRows);
+}
+
 void launch_weight_grads(const WeightGradArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const char* op = "TrainingPlan::backward";
   if (a.k == 0 || a.n == 0) return;
-  Params p{a.x, a.dy, a.n, a.k, a.col_ptr, a.heavy, a.records, a.queue, {a.dfirst, a.ddown, a.dup}};
-  check_cuda(cudaMemsetAsync(a.queue, 0, sizeof(int32_t), s), op, "weight gradient queue");
+  const int64_t passes = weight_grad_passes(a.rows);
+  const int64_t blocks = column_index_blocks(a.rows);
+  constexpr int64_t kBlocksPerPass = Cfg::kChunkRows / ColumnIndexConfig::kRowsPerBlock;
+  Params p{a.x,
+           a.dy,
+           a.n,
+           a.k,
+           a.col_ptr,
+           a.heavy,
+           a.records,
+           a.block_offsets,
+           blocks,
+           0,
+           0,
+           a.queue,
+           {a.dfirst, a.ddown, a.dup}};
+  check_cuda(cudaMemsetAsync(a.queue, 0, size_t(passes) * sizeof(int32_t), s), op, "weight gradient queues");
   const unsigned heavy_ctas = unsigned(std::max(1, dev.sm_count) * Cfg::kHeavyCtasPerSm);
   const unsigned warp_ctas = unsigned(std::max(1, dev.sm_count) * Cfg::kCtasPerSm);
   with_element_type(a.dtype, op, [&](auto tag) {
     using T = decltype(tag);
-    if (a.kind == FfnKind::gated) {
-      launch(weight_grads_heavy_kernel<T, FfnKind::gated>, dim3(heavy_ctas), dim3(kHeavyThreads), 0, s, p);
-      launch(weight_grads_warp_kernel<T, FfnKind::gated>, dim3(warp_ctas), dim3(kThreads), 0, s, p);
-    } else {
-      launch(weight_grads_heavy_kernel<T, FfnKind::plain>, dim3(heavy_ctas), dim3(kHeavyThreads), 0, s, p);
-      launch(weight_grads_warp_kernel<T, FfnKind::plain>, dim3(warp_ctas), dim3(kThreads), 0, s, p);
+    const bool gated = a.kind == FfnKind::gated;
+    launch(
+        gated ? weight_grads_heavy_kernel<T, FfnKind::gated> : weight_grads_heavy_kernel<T, FfnKind::plain>,
+        dim3(heavy_ctas), dim3(kHeavyThreads), 0, s, p);
+    for (int64_t pass = 0; pass < passes; ++pass) {
+      p.first_block = pass * kBlocksPerPass;
+      p.end_block = std::min(blocks, p.first_block + kBlocksPerPass);
+      p.queue = a.queue + pass;
+      launch(
+          gated ? weight_grads_warp_kernel<T, FfnKind::gated> : weight_grads_warp_kernel<T, FfnKind::plain>,
+          dim3(warp_ctas), dim3(kThreads), 0, s, p);
     }
   });
   check_launch(op, "weight gradient kernels");

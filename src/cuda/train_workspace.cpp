@@ -61,7 +61,7 @@ TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows) {
   l.col_totals = c.take(n * sizeof(int32_t));
   l.col_ptr = c.take((n + 1) * sizeof(int64_t));
   l.heavy = c.take((n + 2) * sizeof(int32_t));
-  l.queue = c.take(sizeof(int32_t));
+  l.queue = c.take(size_t(weight_grad_passes(rows)) * sizeof(int32_t));
   l.p = c.take(m * n * es);
   l.q = c.take(m * n * es * (d.kind == FfnKind::gated ? 2 : 1));
   // The records and their positions live in p and q (free until the routed rows' pass, which

@@ -36,7 +36,7 @@ struct TrainBackwardLayout {
   size_t col_totals = 0;    // int32 [N]
   size_t col_ptr = 0;       // int64 [N + 1]
   size_t heavy = 0;         // int32 [N + 2]: the weight gradients' heavy neurons
-  size_t queue = 0;         // int32: the weight gradients' item queue
+  size_t queue = 0;         // int32 [weight_grad_passes(M)]: the weight gradients' item queues
   size_t p = 0;             // dtype [M, N]: routed rows' g, then h
   size_t q = 0;             // dtype [M, 2N] gated ([u | dh], then [dg | du]); [M, N] plain (dh, then dg)
   size_t records = 0;       // EntryRecord [M * slots_per_row]: entries by neuron (in p and q if they fit)

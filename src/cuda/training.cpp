@@ -420,6 +420,8 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   wg.col_ptr = index.col_ptr;
   wg.heavy = index.heavy;
   wg.records = compact.records;
+  wg.block_offsets = index.block_counts;
+  wg.rows = rows;
   wg.queue = at<int32_t>(base, l.queue);
   wg.dfirst = g.dfirst;
   wg.dup = g.dup;
