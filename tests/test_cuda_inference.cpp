@@ -217,6 +217,23 @@ std::vector<Case> sparse_cases() {
   out.push_back(big);
   out.push_back(problem_case<Case>(FfnKind::gated, DType::bf16, Pattern::heavy_tailed, 0.02,
       5, 4096, 11008));
+  // The other model widths the inference issue names: 2560 x 6912, 5120 x 14336 and the 70B-class
+  // 8192 x 28672 (4 column ranges of K, 112 tiles of N).
+  struct Wide {
+    FfnKind kind;
+    DType dtype;
+    Pattern pattern;
+    double density;
+    int64_t m, k, n;
+  };
+  const Wide wide[] = {
+      {FfnKind::gated, DType::bf16, Pattern::uniform, 0.005, 5, 2560, 6912},
+      {FfnKind::gated, DType::f16, Pattern::heavy_tailed, 0.02, 5, 5120, 14336},
+      {FfnKind::gated, DType::bf16, Pattern::uniform, 0.005, 3, 8192, 28672},
+      {FfnKind::plain, DType::bf16, Pattern::edge_rows, 0.05, 3, 8192, 28672},
+  };
+  for (const Wide& w : wide)
+    out.push_back(problem_case<Case>(w.kind, w.dtype, w.pattern, w.density, w.m, w.k, w.n));
   return out;
 }
 

@@ -57,6 +57,7 @@ struct DeviceStep {
   float l1_tensor = 0.0f;  // the tensor's value when l1_from == tensor
   std::unique_ptr<TrainingPlan> plan;
   DeviceBuffer x, gate, up, down, dy, y, dx, dgate, dup, ddown, stats, l1, saved;
+  DeviceBuffer pair, dpair;  // make_adjacent(): [Wg; Wu] and [dWg; dWu] in one buffer each
   TwellView view;
 
   DeviceStep(const ProblemSpec& spec, const TrainingOptions& o, L1From from, float tensor_value)
@@ -88,6 +89,29 @@ struct DeviceStep {
   }
 
   size_t grad_bytes() const { return size_t(p.spec.n * p.spec.k) * sizeof(float); }
+  // Wu directly after Wg and dWu directly after dWg (gated; a fused gate-up parameter, as frameworks
+  // keep one): the dense form reads the weights in place and writes both gradients in one GEMM.
+  void make_adjacent() {
+    const size_t wb = p.up.size(), gb = grad_bytes();
+    pair = DeviceBuffer(2 * wb);
+    cuda_ok(cudaMemcpy(pair.get(), p.gate.data(), wb, cudaMemcpyHostToDevice), "upload gate");
+    cuda_ok(cudaMemcpy(static_cast<char*>(pair.get()) + wb, p.up.data(), wb, cudaMemcpyHostToDevice),
+            "upload up");
+    dpair = DeviceBuffer(2 * gb);
+    gate = DeviceBuffer();
+    up = DeviceBuffer();
+    dgate = DeviceBuffer();
+    dup = DeviceBuffer();
+    plan = std::make_unique<TrainingPlan>(weights(), options);
+  }
+  void* gate_data() const { return pair.get() != nullptr ? pair.get() : gate.get(); }
+  void* up_data() const {
+    return pair.get() != nullptr ? static_cast<char*>(pair.get()) + p.up.size() : up.get();
+  }
+  void* dgate_data() const { return dpair.get() != nullptr ? dpair.get() : dgate.get(); }
+  void* dup_data() const {
+    return dpair.get() != nullptr ? static_cast<char*>(dpair.get()) + grad_bytes() : dup.get();
+  }
   double l1_coef() const { return l1_from == L1From::tensor ? double(l1_tensor) : options.l1_coef; }
   TwellView new_view(const DeviceBuffer& b) const {
     return make_twell_view(b.get(), plan->saved_shape(p.spec.m), plan->saved_dtype(), Device::cuda(0));
@@ -98,8 +122,8 @@ struct DeviceStep {
     const ProblemSpec& s = p.spec;
     FfnWeights w;
     w.kind = s.kind;
-    if (s.kind == FfnKind::gated) w.gate = TensorView::matrix(gate.get(), s.dtype, s.n, s.k, dev);
-    w.up = TensorView::matrix(up.get(), s.dtype, s.n, s.k, dev);
+    if (s.kind == FfnKind::gated) w.gate = TensorView::matrix(gate_data(), s.dtype, s.n, s.k, dev);
+    w.up = TensorView::matrix(up_data(), s.dtype, s.n, s.k, dev);
     w.down = TensorView::matrix(down.get(), s.dtype, s.n, s.k, dev);
     return w;
   }
@@ -116,14 +140,15 @@ struct DeviceStep {
     TrainingBackwardArgs a;
     a.dy = mat(dy, s.dtype, s.m, s.k);
     a.dx = mat(dx, s.dtype, s.m, s.k);
-    if (s.kind == FfnKind::gated) a.dgate = mat(dgate, DType::f32, s.n, s.k);
-    a.dup = mat(dup, DType::f32, s.n, s.k);
+    if (s.kind == FfnKind::gated)
+      a.dgate = TensorView::matrix(dgate_data(), DType::f32, s.n, s.k, Device::cuda(0));
+    a.dup = TensorView::matrix(dup_data(), DType::f32, s.n, s.k, Device::cuda(0));
     a.ddown = mat(ddown, DType::f32, s.n, s.k);
     if (l1_from == L1From::tensor) a.l1_coef = TensorView::vector(l1.get(), DType::f32, 1, Device::cuda(0));
     return a;
   }
   void poison_outputs() {
-    for (DeviceBuffer* b : {&y, &dx, &dgate, &dup, &ddown, &stats, &saved}) b->poison();
+    for (DeviceBuffer* b : {&y, &dx, &dgate, &dup, &ddown, &stats, &saved, &dpair}) b->poison();
   }
   // Forward then backward on s, on the saved view v.
   void enqueue(const TwellView& v, cudaStream_t s) {
@@ -142,8 +167,13 @@ StepOutputs download(const DeviceStep& d, const TwellView& v) {
   StepOutputs o;
   o.y = d.y.download();
   o.dx = d.dx.download();
-  if (d.p.spec.kind == FfnKind::gated) o.dgate = as_floats(d.dgate.download());
-  o.dup = as_floats(d.dup.download());
+  auto grad = [&](const void* at) {
+    std::vector<float> v(d.grad_bytes() / sizeof(float));
+    cuda_ok(cudaMemcpy(v.data(), at, d.grad_bytes(), cudaMemcpyDeviceToHost), "download gradient");
+    return v;
+  };
+  if (d.p.spec.kind == FfnKind::gated) o.dgate = grad(d.dgate_data());
+  o.dup = grad(d.dup_data());
   o.ddown = as_floats(d.ddown.download());
   o.stats = as_floats(d.stats.download());
   cuda_ok(cudaMemcpy(&o.routed, v.num_routed, sizeof o.routed, cudaMemcpyDeviceToHost), "num_routed");
@@ -866,6 +896,19 @@ TEST(CudaTrainingApi, PlanOwnedSavedStateMatchesCallerOwned) {
   EXPECT_EQ(caller.ddown, owned.ddown);
   EXPECT_EQ(saved.routed_rows(), caller.routed);
   EXPECT_EQ(saved.bytes(), d.saved.bytes());
+}
+
+// A fused gate-up parameter (Wu right after Wg, dWu right after dWg), both saved forms.
+TEST(CudaTrainingApi, AdjacentGateAndUpMatchOracle) {
+  TWELL_REQUIRE_DEVICE();
+  for (const Dispatch form : {Dispatch::force_dense, Dispatch::force_sparse})
+    for (const DType dt : {DType::bf16, DType::f16}) {
+      Case c = problem_case<Case>(FfnKind::gated, dt, Pattern::edge_rows, 0.05, 257, 136, 1000);
+      c.dispatch = form;
+      DeviceStep d(spec_of(c, 1950), options_of(c), L1From::options, 0.0f);
+      d.make_adjacent();
+      expect_matches_oracle(d, run_step(d), form == Dispatch::force_dense ? "dense form" : "compact form");
+    }
 }
 
 TEST(CudaTrainingApi, EmptyBatchWritesZeroGradients) {
