@@ -39,6 +39,19 @@ Case problem_case(FfnKind kind, DType dtype, Pattern pattern, double density, in
   return c;
 }
 
+// A case's problem as one table row (lists of cases read as tables).
+struct CaseShape {
+  FfnKind kind;
+  DType dtype;
+  Pattern pattern;
+  double density;
+  int64_t m, k, n;
+};
+template <typename Case>
+Case problem_case(const CaseShape& s) {
+  return problem_case<Case>(s.kind, s.dtype, s.pattern, s.density, s.m, s.k, s.n);
+}
+
 // The problem of a case, with a seed from the session seed and `salt`.
 template <typename Case>
 ProblemSpec spec_of(const Case& c, uint64_t salt) {

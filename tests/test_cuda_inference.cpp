@@ -219,21 +219,13 @@ std::vector<Case> sparse_cases() {
       5, 4096, 11008));
   // The other model widths the inference issue names: 2560 x 6912, 5120 x 14336 and the 70B-class
   // 8192 x 28672 (4 column ranges of K, 112 tiles of N).
-  struct Wide {
-    FfnKind kind;
-    DType dtype;
-    Pattern pattern;
-    double density;
-    int64_t m, k, n;
-  };
-  const Wide wide[] = {
+  const CaseShape wide[] = {
       {FfnKind::gated, DType::bf16, Pattern::uniform, 0.005, 5, 2560, 6912},
       {FfnKind::gated, DType::f16, Pattern::heavy_tailed, 0.02, 5, 5120, 14336},
       {FfnKind::gated, DType::bf16, Pattern::uniform, 0.005, 3, 8192, 28672},
       {FfnKind::plain, DType::bf16, Pattern::edge_rows, 0.05, 3, 8192, 28672},
   };
-  for (const Wide& w : wide)
-    out.push_back(problem_case<Case>(w.kind, w.dtype, w.pattern, w.density, w.m, w.k, w.n));
+  for (const CaseShape& w : wide) out.push_back(problem_case<Case>(w));
   return out;
 }
 
@@ -334,15 +326,7 @@ INSTANTIATE_TEST_SUITE_P(Portable, CudaForward, ::testing::ValuesIn(portable_cas
 // (forward rows are independent) that includes the rows on either side of each 2^31 / 2^32 element
 // and byte boundary; every other row must be written (no NaN left from the poison).
 
-struct LargeCase {
-  FfnKind kind;
-  DType dtype;
-  Pattern pattern;
-  double density;
-  int64_t m, k, n;
-};
-
-const LargeCase kLargeCases[] = {
+const CaseShape kLargeCases[] = {
     // [M, N] of 1.5e9 elements (2.95 GB), [M, K] 1.07 GB: the LLM shape at M = 262144.
     {FfnKind::gated, DType::bf16, Pattern::uniform, 0.005, 262144, 2048, 5632},
     // [M, N] of 2.15e9 elements; edge rows: dense, hot-tile and empty rows among them (backup).
@@ -356,8 +340,8 @@ TEST(CudaLarge, InferenceIndicesPast32Bits) {
   if (small_only()) GTEST_SKIP() << "large shapes only without TWELL_SMALL";
   const bool fused = gpu::gate_pack_available(gpu::query_device(0, "test"));
   uint64_t salt = 1400;
-  for (const LargeCase& lc : kLargeCases) {
-    const Case c = problem_case<Case>(lc.kind, lc.dtype, lc.pattern, lc.density, lc.m, lc.k, lc.n);
+  for (const CaseShape& lc : kLargeCases) {
+    const Case c = problem_case<Case>(lc);
     DeviceProblem d(spec_of(c, ++salt));
     const std::vector<int64_t> rows = testing::boundary_rows(d.p, {lc.k, lc.n, 2 * lc.n}, 48);
     std::vector<std::pair<std::string, InferenceOptions> > modes;

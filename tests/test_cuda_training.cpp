@@ -569,14 +569,7 @@ INSTANTIATE_TEST_SUITE_P(Sweep, CudaTraining, ::testing::ValuesIn(sweep_cases())
 TEST(CudaLarge, TrainingIndicesPast32Bits) {
   TWELL_REQUIRE_DEVICE();
   if (small_only()) GTEST_SKIP() << "large shapes only without TWELL_SMALL";
-  struct LargeCase {
-    FfnKind kind;
-    DType dtype;
-    Pattern pattern;
-    double density;
-    int64_t m, k, n;
-  };
-  const LargeCase cases[] = {
+  const CaseShape cases[] = {
       {FfnKind::gated, DType::bf16, Pattern::uniform, 0.005, 262144, 2048, 5632},
       {FfnKind::plain, DType::f16, Pattern::edge_rows, 0.02, 32777, 64, 65536},
       // Three weight-gradient passes of WeightGradConfig::kChunkRows, the last one short, with
@@ -584,8 +577,8 @@ TEST(CudaLarge, TrainingIndicesPast32Bits) {
       {FfnKind::gated, DType::bf16, Pattern::heavy_tailed, 0.02, 70000, 256, 1000},
   };
   uint64_t salt = 1900;
-  for (const LargeCase& lc : cases) {
-    Case c = problem_case<Case>(lc.kind, lc.dtype, lc.pattern, lc.density, lc.m, lc.k, lc.n);
+  for (const CaseShape& lc : cases) {
+    Case c = problem_case<Case>(lc);
     TrainingOptions o = options_of(c);
     o.l1_coef = 0;
     DeviceStep d(spec_of(c, ++salt), o, L1From::options, 0.0f);
