@@ -8,6 +8,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -50,25 +51,15 @@ class CudaTrainingRunner final : public TrainingRunner {
     l1_coef_ = l1_coef;
     const Device dev = Device::cuda(0);
 
-    // Shared by both jobs: inputs, weights (W1 = [Wg; Wu] in one buffer, which twell's plan views
-    // as two [N, K] halves), outputs (dW1 = [dWg; dWu] likewise).
-    x_.alloc(m * k * es);
-    dy_.alloc(m * k * es);
+    // Shared by both jobs: weights (W1 = [Wg; Wu] in one buffer, which twell's plan views as two
+    // [N, K] halves), inputs, outputs (dW1 = [dWg; dWu] likewise).
     w1_.alloc(2 * n * k * es);
     wd_.alloc(n * k * es);
-    y_.alloc(m * k * es);
-    dx_.alloc(m * k * es);
-    dw1_.alloc(2 * n * k * sizeof(float));
-    dwd_.alloc(n * k * sizeof(float));
-    stats_.alloc(2 * sizeof(float));
-    dense_stats_.alloc(sizeof(DenseForwardStats));
-    check(cudaMemcpy(x_.p, p.x.data(), p.x.size(), cudaMemcpyHostToDevice), "upload x");
-    check(cudaMemcpy(dy_.p, dy.data(), dy.size(), cudaMemcpyHostToDevice), "upload dy");
     check(cudaMemcpy(w1_.p, p.gate.data(), n * k * es, cudaMemcpyHostToDevice), "upload Wg");
     check(cudaMemcpy(w1_.at(n * k * es), p.up.data(), n * k * es, cudaMemcpyHostToDevice), "upload Wu");
     check(cudaMemcpy(wd_.p, p.down.data(), n * k * es, cudaMemcpyHostToDevice), "upload Wd");
 
-    // twell: the plan, its saved state and its workspace.
+    // twell: the plan (its saved state and workspace follow).
     FfnWeights w;
     w.kind = FfnKind::gated;
     w.gate = TensorView::matrix(w1_.p, s_.dtype, s_.n, s_.k, dev);
@@ -78,6 +69,34 @@ class CudaTrainingRunner final : public TrainingRunner {
     o.dispatch = dispatch_;
     o.l1_coef = l1_coef;
     plan_ = std::make_unique<TrainingPlan>(w, o);
+
+    // What the rest of the case allocates, at most: a case the device cannot hold is skipped, not
+    // failed (the dense form's saved planes counted on top of the compact form's, in case automatic
+    // dispatch moves to it).
+    const size_t mn = m * n * es;
+    const size_t need = 4 * m * k * es + 3 * n * k * sizeof(float) + plan_->workspace_bytes(s_.m) +
+                        plan_->saved_shape(s_.m).bytes(plan_->saved_dtype()) + 2 * mn + 5 * mn +
+                        (size_t(64) << 20);
+    size_t free_bytes = 0, total_bytes = 0;
+    check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    if (need > free_bytes) {
+      char why[160];
+      std::snprintf(why, sizeof why, "needs up to %.1f GB of device memory, %.1f GB free", need / 1e9,
+                    free_bytes / 1e9);
+      release();
+      throw SkipCase(why);
+    }
+
+    x_.alloc(m * k * es);
+    dy_.alloc(m * k * es);
+    y_.alloc(m * k * es);
+    dx_.alloc(m * k * es);
+    dw1_.alloc(2 * n * k * sizeof(float));
+    dwd_.alloc(n * k * sizeof(float));
+    stats_.alloc(2 * sizeof(float));
+    dense_stats_.alloc(sizeof(DenseForwardStats));
+    check(cudaMemcpy(x_.p, p.x.data(), p.x.size(), cudaMemcpyHostToDevice), "upload x");
+    check(cudaMemcpy(dy_.p, dy.data(), dy.size(), cudaMemcpyHostToDevice), "upload dy");
     follow_saved_form();
     workspace_.alloc(plan_->workspace_bytes(s_.m));  // one buffer: forward and backward in turn
 

@@ -181,6 +181,10 @@ std::vector<TrainingRow> run_training(const Options& o, std::ostream& progress,
     try {
       r = run_case(*runner, specs[i], o, warmup, reps);
       runner->release();  // each case's buffers go before the next one's
+    } catch (const SkipCase& e) {
+      runner->release();
+      progress << " skipped: " << e.what() << "\n";
+      continue;
     } catch (const std::exception& e) {
       runner->release();
       if (!errors) throw;

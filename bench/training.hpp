@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,12 @@ struct TrainingRow {
 };
 
 enum class TrainJob : uint8_t { dense, twell };
+
+// Thrown by TrainingRunner::load for a case the device cannot hold: reported and skipped, not a
+// failure (the default suite's M = 262144 case needs ~36 GB).
+struct SkipCase : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 // One step's outputs, downloaded: y and dx in the problem's dtype, weight gradients f32 [N, K].
 struct TrainingOutputs {
