@@ -82,6 +82,13 @@ inline int64_t count_nonfinite(const std::vector<uint8_t>& bytes, DType t) {
   return bad;
 }
 
+// Free memory on the current device, in bytes.
+inline size_t device_free_bytes() {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return 0;
+  return free_bytes;
+}
+
 inline bool has_device() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

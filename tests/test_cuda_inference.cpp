@@ -338,6 +338,7 @@ const CaseShape kLargeCases[] = {
 TEST(CudaLarge, InferenceIndicesPast32Bits) {
   TWELL_REQUIRE_DEVICE();
   if (small_only()) GTEST_SKIP() << "large shapes only without TWELL_SMALL";
+  if (device_free_bytes() < (size_t(14) << 30)) GTEST_SKIP() << "needs 14 GiB of free device memory";
   const bool fused = gpu::gate_pack_available(gpu::query_device(0, "test"));
   uint64_t salt = 1400;
   for (const CaseShape& lc : kLargeCases) {
