@@ -579,7 +579,7 @@ TEST(CudaLarge, TrainingIndicesPast32Bits) {
   };
   uint64_t salt = 1900;
   for (const CaseShape& lc : cases) {
-    Case c = problem_case<Case>(lc);
+    const Case c = problem_case<Case>(lc);
     TrainingOptions o = options_of(c);
     o.l1_coef = 0;
     DeviceStep d(spec_of(c, ++salt), o, L1From::options, 0.0f);
@@ -596,7 +596,6 @@ TEST(CudaLarge, TrainingIndicesPast32Bits) {
 
     std::vector<std::vector<float> > stats;
     for (const Dispatch form : {Dispatch::force_sparse, Dispatch::force_dense}) {
-      c.dispatch = form;
       o.dispatch = form;
       d.plan = std::make_unique<TrainingPlan>(d.weights(), o);
       d.saved = DeviceBuffer(d.plan->saved_shape(lc.m).bytes(d.plan->saved_dtype()));

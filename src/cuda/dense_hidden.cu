@@ -13,6 +13,7 @@
 #include "cuda/element.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/launch.cuh"
+#include "cuda/train_scan.cuh"
 
 namespace twell::gpu {
 
@@ -57,15 +58,8 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x % kWarpSize == 0 && seen != 0) atomicAdd(active, seen);
   if constexpr (kL1) {
     __shared__ float warp_l1[kThreads / kWarpSize];
-#pragma unroll
-    for (int d = kWarpSize / 2; d > 0; d >>= 1) l1 += __shfl_xor_sync(kFullMask, l1, d);
-    if (threadIdx.x % kWarpSize == 0) warp_l1[threadIdx.x / kWarpSize] = l1;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float total = 0.0f;
-      for (int w = 0; w < kThreads / kWarpSize; ++w) total += warp_l1[w];
-      l1_partials[blockIdx.x] = total;
-    }
+    const float total = scan::cta_sum(l1, warp_l1);
+    if (threadIdx.x == 0) l1_partials[blockIdx.x] = total;
   }
 }
 

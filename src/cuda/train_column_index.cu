@@ -92,6 +92,17 @@ __device__ __forceinline__ int row_of_entry(const BlockEntries& sm, int32_t j) {
   return lo;
 }
 
+// Entry j < total of the block's tile: its row within the block and its slot in the layout.
+struct BlockEntry {
+  int row;
+  int64_t slot;
+};
+__device__ __forceinline__ BlockEntry block_entry(const BlockEntries& sm, const RowRange& range, int tile,
+                                                  int tiles, int capacity, int32_t j) {
+  const int i = row_of_entry(sm, j);
+  return {i, ((range.first + i) * tiles + tile) * int64_t(capacity) + (j - sm.start[i])};
+}
+
 __global__ void __launch_bounds__(Cfg::kThreads)
     count_kernel(TwellView tw, int32_t* __restrict__ block_counts) {
   chain_entry();
@@ -104,11 +115,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   for (int j = threadIdx.x; j < width; j += blockDim.x) count[j] = 0;
   const int32_t total = number_entries(tw, range, tile, tiles, sm);  // synchronises: count[] is zero
 
-  for (int32_t j = threadIdx.x; j < total; j += blockDim.x) {
-    const int i = row_of_entry(sm, j);
-    const int64_t tile_index = (range.first + i) * tiles + tile;
-    atomicAdd(&count[tw.cols[tile_index * tw.shape.capacity + (j - sm.start[i])]], 1);
-  }
+  for (int32_t j = threadIdx.x; j < total; j += blockDim.x)
+    atomicAdd(&count[tw.cols[block_entry(sm, range, tile, tiles, tw.shape.capacity, j).slot]], 1);
   __syncthreads();
   int32_t* out = block_counts + int64_t(blockIdx.x) * tw.shape.cols + int64_t(tile) * tw.shape.tile;
   for (int j = threadIdx.x; j < width; j += blockDim.x) out[j] = count[j];
@@ -196,19 +204,17 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int32_t total = number_entries(tw, range, tile, tiles, sm);  // synchronises: masks are zero
 
   for (int32_t j = threadIdx.x; j < total; j += blockDim.x) {
-    const int i = row_of_entry(sm, j);
-    const int64_t pos = ((range.first + i) * tiles + tile) * capacity + (j - sm.start[i]);
-    atomicOr(&mask[i / Cfg::kChunkRows][tw.cols[pos]], 1ull << (i % Cfg::kChunkRows));
+    const BlockEntry e = block_entry(sm, range, tile, tiles, capacity, j);
+    atomicOr(&mask[e.row / Cfg::kChunkRows][tw.cols[e.slot]], 1ull << (e.row % Cfg::kChunkRows));
   }
   __syncthreads();
   for (int32_t j = threadIdx.x; j < total; j += blockDim.x) {
-    const int i = row_of_entry(sm, j);
-    const int64_t pos = ((range.first + i) * tiles + tile) * capacity + (j - sm.start[i]);
-    const int col = tw.cols[pos];
-    const int chunk = i / Cfg::kChunkRows;
-    int rank = __popcll(mask[chunk][col] & ((1ull << (i % Cfg::kChunkRows)) - 1));
+    const BlockEntry e = block_entry(sm, range, tile, tiles, capacity, j);
+    const int col = tw.cols[e.slot];
+    const int chunk = e.row / Cfg::kChunkRows;
+    int rank = __popcll(mask[chunk][col] & ((1ull << (e.row % Cfg::kChunkRows)) - 1));
     for (int c = 0; c < chunk; ++c) rank += __popcll(mask[c][col]);
-    position[pos] = first[col] + rank;
+    position[e.slot] = first[col] + rank;
   }
 }
 

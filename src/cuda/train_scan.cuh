@@ -1,5 +1,7 @@
-// A CTA-wide exclusive prefix sum of one int64 per thread (integer, so the order of the additions
-// does not matter): warp shuffles, then the warp totals scanned by warp 0.
+// CTA-wide reductions. exclusive_scan: a prefix sum of one int64 per thread (integer, so the order
+// of the additions does not matter): warp shuffles, then the warp totals scanned by warp 0.
+// cta_sum: a sum of one float or double per thread in a fixed order (shuffles, then the warp totals
+// in warp order), so a run gives the same bits every time.
 #pragma once
 #include <cstdint>
 
@@ -41,6 +43,20 @@ __device__ __forceinline__ int64_t exclusive_scan(int64_t v, ScanShared& sm, int
   __syncthreads();
   total = sm.total;
   return sm.warp_offset[warp] + inclusive - v;
+}
+
+// The CTA-wide sum of v, valid in thread 0 (kWarps = the CTA's warps); every thread must call it.
+template <typename F, int kWarps>
+__device__ __forceinline__ F cta_sum(F v, F (&warp_sums)[kWarps]) {
+#pragma unroll
+  for (int d = kWarpSize / 2; d > 0; d >>= 1) v += __shfl_xor_sync(kFullMask, v, d);
+  if (threadIdx.x % kWarpSize == 0) warp_sums[threadIdx.x / kWarpSize] = v;
+  __syncthreads();
+  F total = 0;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < kWarps; ++w) total += warp_sums[w];
+  __syncthreads();  // warp_sums may be rewritten by the caller's next call
+  return total;
 }
 
 }  // namespace twell::gpu::scan

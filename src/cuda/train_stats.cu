@@ -12,31 +12,18 @@
 #include "cuda/launch.cuh"
 #include "cuda/train_config.hpp"
 #include "cuda/train_kernels.hpp"
+#include "cuda/train_scan.cuh"
 
 namespace twell::gpu {
 
 namespace {
 
+using scan::cta_sum;
+using scan::kWarpSize;
 constexpr int kThreads = TrainStatsConfig::kThreads;
-constexpr int kWarpSize = 32;
 constexpr int kWarps = kThreads / kWarpSize;
-constexpr unsigned kFullMask = 0xffffffffu;
 
 static_assert(kThreads % kWarpSize == 0 && kThreads <= 1024, "whole warps within the CTA size limit");
-
-// The CTA-wide sum of v, valid in thread 0; every thread must call it.
-template <typename F>
-__device__ __forceinline__ F cta_sum(F v, F (&warp_sums)[kWarps]) {
-#pragma unroll
-  for (int d = kWarpSize / 2; d > 0; d >>= 1) v += __shfl_xor_sync(kFullMask, v, d);
-  if (threadIdx.x % kWarpSize == 0) warp_sums[threadIdx.x / kWarpSize] = v;
-  __syncthreads();
-  F total = 0;
-  if (threadIdx.x == 0)
-    for (int w = 0; w < kWarps; ++w) total += warp_sums[w];
-  __syncthreads();  // warp_sums may be rewritten by the caller's next call
-  return total;
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -79,19 +66,17 @@ __global__ void __launch_bounds__(kThreads)
 void launch_stats(const StatsArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const char* op = "TrainingPlan::forward";
   if (a.rows == 0) return;
-  if (a.partials > 0) {
-    launch(stats_kernel, dim3(1), dim3(kThreads), 0, s, a.row_l1, a.partials, a.rows, a.active, a.stats);
-    check_launch(op, "statistics kernel");
-    return;
+  const int64_t sums = a.partials > 0 ? a.partials : a.rows;
+  if (a.partials == 0) {  // the routed rows' sums join the compact rows' in row_l1
+    const int64_t grid = std::min<int64_t>(a.rows, int64_t(dev.sm_count) * TrainStatsConfig::kCtasPerSm);
+    with_element_type(a.dtype, op, [&](auto tag) {
+      using T = decltype(tag);
+      launch(routed_l1_kernel<T>, dim3(unsigned(grid)), dim3(kThreads), 0, s, static_cast<const T*>(a.hidden),
+             a.n, a.routed_rows, a.num_routed, a.row_l1);
+    });
+    check_launch(op, "routed-row L1 kernel");
   }
-  const int64_t grid = std::min<int64_t>(a.rows, int64_t(dev.sm_count) * TrainStatsConfig::kCtasPerSm);
-  with_element_type(a.dtype, op, [&](auto tag) {
-    using T = decltype(tag);
-    launch(routed_l1_kernel<T>, dim3(unsigned(grid)), dim3(kThreads), 0, s, static_cast<const T*>(a.hidden),
-           a.n, a.routed_rows, a.num_routed, a.row_l1);
-  });
-  check_launch(op, "routed-row L1 kernel");
-  launch(stats_kernel, dim3(1), dim3(kThreads), 0, s, a.row_l1, a.rows, a.rows, a.active, a.stats);
+  launch(stats_kernel, dim3(1), dim3(kThreads), 0, s, a.row_l1, sums, a.rows, a.active, a.stats);
   check_launch(op, "statistics kernel");
 }
 

@@ -622,8 +622,8 @@ void CudaTraining::backward_dense(const TrainingBackwardArgs& args, const Tensor
   launch_dense_backward_hidden(e, device_, s);
 
   // dx = [dg | du] [Wg; Wu] (one GEMM of depth 2N over a copy of the two weights, or over the
-  // weights themselves where Wu follows Wg in memory, as a fused gate-up parameter has them), plain
-  // dg Wu
+  // weights themselves where Wu follows Wg in memory, as a fused gate-up parameter has them);
+  // plain: dg Wu
   const void* stacked = first_weight();
   const bool adjacent_weights =
       gated && static_cast<const char*>(weights_.up.data) ==
