@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""twell model benchmark: a Hugging Face Llama whose MLPs run on twell against the same model
+with its own MLPs (dense, cuBLAS through PyTorch): prefill and training-step time, tokens/s, peak
+memory and agreement, written as harness rows (suite "model") to DIR/model.json.
+
+The model is the paper's shape (hidden 2048, intermediate 5632, 32 heads, vocabulary 49152, ReLU
+gate; --layers 28 is its 1.5B model), built from a LlamaConfig with random weights (nothing is
+downloaded), in bf16 on CUDA (float32 on the CPU). Its activations are made sparse the way an L1
+penalty leaves them, but without training: channel 0 of the residual stream is a constant (the
+embeddings carry it, and every o_proj and down_proj row 0 is zero, so no layer writes it), which
+makes column 0 of each gate weight a per-layer bias; layer by layer, that bias is set so that the
+target fraction of the gate's pre-activations is positive (--density). Which units fire depends on
+the token and on each unit's random weights, so the pattern is close to "uniform" with a mild
+per-unit spread. Every other weight keeps the library's random initialisation.
+
+Both models are one model: twell's modules share the nn.Linear weights (twell.torch.patch_model),
+and the benchmark swaps the MLP modules between the two runs. Timing: CUDA events (wall time on
+the CPU) around one prefill (forward of batch x seq tokens, logits of the last position only, no
+KV cache) or one training step (forward over all positions with the language-model loss, plus
+twell's L1 term for twell, then backward; no optimizer step), warm-ups of both (automatic dispatch
+tries each path), then reps alternating dense and twell; median, p20, p80. Peak memory is
+torch.cuda.max_memory_allocated over one more step of each. Agreement: the last position's logits
+(prefill) or the loss and every parameter's gradient, the L1 term left out (training), relative to
+the dense model's, ||twell - dense|| / ||dense||; above --tolerance the command fails.
+
+    python3 bench/model.py [--out DIR | --no-write] [--layers 28] [--densities 0.005,0.01]
+"""
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import transformers
+
+import twell
+import twell.torch as tt
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=["cuda", "cpu"], default=None,
+                   help="default: cuda when PyTorch sees a GPU and twell was built with CUDA")
+    p.add_argument("--layers", type=int, default=28)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--intermediate", type=int, default=5632)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--vocab", type=int, default=49152)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--densities", default="0.005,0.01", help="comma-separated target densities")
+    p.add_argument("--modes", default="inference,training")
+    p.add_argument("--l1", type=float, default=2e-5, help="L1 coefficient of twell's layers")
+    p.add_argument("--dispatch", choices=["auto", "sparse", "dense"], default="auto")
+    p.add_argument("--warmup", type=int, default=6)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--tolerance", type=float, default=5e-2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="folder for model.json (default: no file)")
+    p.add_argument("--no-write", action="store_true")
+    return p.parse_args(argv)
+
+
+def build(args, device, dtype):
+    config = transformers.LlamaConfig(
+        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads,
+        num_key_value_heads=args.heads, max_position_embeddings=args.seq, hidden_act="relu",
+        tie_word_embeddings=False)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(args.seed)
+    with torch.device(device):  # initialised where it runs: a 1.5B model takes minutes on a CPU
+        model = transformers.LlamaForCausalLM(config)
+    model.to(dtype=dtype)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 1.0  # the constant channel
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[0, :] = 0
+            layer.mlp.down_proj.weight[0, :] = 0
+    return model
+
+
+class _Stop(Exception):
+    pass
+
+
+def calibrate(model, ids, density):
+    """Sets each layer's gate column 0 so that `density` of its pre-activations are positive."""
+    layers = model.model.layers
+    with torch.no_grad():
+        for layer in layers:
+            layer.mlp.gate_proj.weight[:, 0] = 0
+        for layer in layers:
+            captured = {}
+
+            def hook(_module, inputs):
+                captured["x"] = inputs[0]
+                raise _Stop
+
+            handle = layer.mlp.register_forward_pre_hook(hook)
+            try:
+                model(ids, use_cache=False, logits_to_keep=1)
+            except _Stop:
+                pass
+            finally:
+                handle.remove()
+            x = captured["x"].reshape(-1, captured["x"].shape[-1]).float()
+            w = layer.mlp.gate_proj.weight.float()
+            r = (x @ w.t()) / x[:, :1]  # pre-activation = x0 * (r - t) with bias weight -t
+            r = r.flatten()
+            if r.numel() > 1 << 22:
+                r = r[torch.randint(0, r.numel(), (1 << 22,), device=r.device)]
+            k = max(1, min(r.numel(), int(round((1 - density) * r.numel()))))
+            t = r.kthvalue(k).values
+            layer.mlp.gate_proj.weight[:, 0] = -t.to(layer.mlp.gate_proj.weight.dtype)
+
+
+class Swap:
+    """Puts either the twell modules or the model's own MLPs in place."""
+
+    def __init__(self, model, l1, dispatch):
+        tt.patch_model(model, l1_coef=l1, dispatch=dispatch)
+        tt.freeze(model)
+        self.model = model
+        self.sparse = tt.sparse_modules(model)
+        self.dense = [(n, m.__dict__["_twell_original"]) for n, m in self.sparse]
+
+    def use(self, which):
+        for name, module in (self.sparse if which == "twell" else self.dense):
+            parent, _, child = name.rpartition(".")
+            setattr(self.model.get_submodule(parent), child, module)
+
+
+class Timer:
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn):
+        if self.cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            return a.elapsed_time(b)
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+
+def summary(times):
+    s = sorted(times)
+
+    def q(f):
+        return s[min(len(s) - 1, int(f * (len(s) - 1) + 0.5))]
+
+    return {"median": statistics.median(s), "p20": q(0.2), "p80": q(0.8)}
+
+
+def peak(device, fn):
+    if device.type != "cuda":
+        fn()
+        return -1
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated()
+
+
+def gb(b):
+    return "n/a" if b < 0 else f"{b / 1e9:.2f}"
+
+
+def rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+def run_case(args, model, swap, ids, mode, device):
+    timer = Timer(device)
+    params = [p for p in model.parameters()]
+    if mode == "inference":
+        model.eval()
+        for p in params:
+            p.requires_grad_(False)
+
+        def step(which):
+            with torch.no_grad():
+                return model(ids, use_cache=False, logits_to_keep=1).logits
+    else:
+        model.train()
+        for p in params:
+            p.requires_grad_(True)
+
+        def step(which, with_l1=True):
+            for p in params:
+                p.grad = None
+            loss = model(ids, labels=ids, use_cache=False).loss
+            total = loss + tt.l1_loss(model) if which == "twell" and with_l1 else loss
+            total.backward()
+            return loss.detach()
+
+    # Agreement (the L1 term left out of training's loss).
+    swap.use("dense")
+    ref = step("dense") if mode == "inference" else step("dense", with_l1=False)
+    ref_grads = None if mode == "inference" else [p.grad.detach().clone() for p in params]
+    swap.use("twell")
+    got = step("twell") if mode == "inference" else step("twell", with_l1=False)
+    l0 = [v for v in tt.l0_per_layer(model).values()]
+    if mode == "inference":
+        diff = rel(got, ref)
+        extra = {}
+    else:
+        num = sum(float((p.grad.float() - g.float()).norm() ** 2) for p, g in zip(params, ref_grads))
+        den = sum(float(g.float().norm() ** 2) for g in ref_grads)
+        diff = max(math.sqrt(num / max(den, 1e-30)), abs(float(got) - float(ref)) / abs(float(ref)))
+        extra = {"loss_dense": float(ref), "loss_twell": float(got)}
+        del ref_grads
+    # Warm-ups, then alternating reps.
+    for _ in range(args.warmup):
+        for which in ("dense", "twell"):
+            swap.use(which)
+            step(which)
+    times = {"dense": [], "twell": []}
+    for _ in range(args.reps):
+        for which in ("dense", "twell"):
+            swap.use(which)
+            times[which].append(timer(lambda: step(which)))
+    peaks = {}
+    for which in ("dense", "twell"):
+        swap.use(which)
+        peaks[which] = peak(device, lambda: step(which))
+    for p in params:
+        p.grad = None
+    return diff, l0, times, peaks, extra
+
+
+def device_name(device):
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    want_cuda = args.device == "cuda" or (
+        args.device is None and torch.cuda.is_available() and twell.cuda_compiled())
+    device = torch.device("cuda" if want_cuda else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    densities = [float(d) for d in args.densities.split(",") if d]
+    modes = [m for m in args.modes.split(",") if m]
+    for m in modes:
+        if m not in ("inference", "training"):
+            sys.exit(f"model bench: unknown mode {m!r}")
+    start = time.perf_counter()
+    model = build(args, device, dtype)
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters, {args.layers} "
+          f"layers, {device_name(device)}, built in {time.perf_counter() - start:.1f} s", flush=True)
+    gen = torch.Generator(device="cpu").manual_seed(args.seed + 1)
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen).to(device)
+    calib_ids = ids[: min(args.batch, 2)]
+    tokens = args.batch * args.seq
+    rows, failed = [], False
+    swap = None
+    for density in densities:
+        if swap is not None:
+            swap.use("dense")
+        calibrate(model, calib_ids, density)
+        if swap is None:
+            swap = Swap(model, args.l1, args.dispatch)
+        else:
+            swap.use("twell")
+            tt.freeze(model)  # the gate weights changed: new neuron-major copies
+        for mode in modes:
+            diff, l0, times, peaks, extra = run_case(args, model, swap, ids, mode, device)
+            d, t = summary(times["dense"]), summary(times["twell"])
+            row = {
+                "suite": "model", "device": device_name(device), "backend": device.type,
+                "dtype": str(dtype).replace("torch.", ""), "mode": mode, "layers": args.layers,
+                "hidden": args.hidden, "intermediate": args.intermediate, "heads": args.heads,
+                "vocab": args.vocab, "batch": args.batch, "seq": args.seq, "tokens": tokens,
+                "target_density": density,
+                "density": statistics.mean(l0) / args.intermediate,
+                "density_min": min(l0) / args.intermediate,
+                "density_max": max(l0) / args.intermediate,
+                "l1_coef": args.l1, "dispatch": args.dispatch,
+                "dense_ms": d, "twell_ms": t, "speedup": d["median"] / t["median"],
+                "dense_tokens_per_s": tokens / d["median"] * 1e3,
+                "twell_tokens_per_s": tokens / t["median"] * 1e3,
+                "peak_bytes_dense": peaks["dense"], "peak_bytes_twell": peaks["twell"],
+                "rel_diff": diff, "tolerance": args.tolerance, **extra,
+            }
+            rows.append(row)
+            ok = diff <= args.tolerance and math.isfinite(diff)
+            failed |= not ok
+            print(f"[{len(rows)}] {mode:9s} layers {args.layers} tokens {tokens} density "
+                  f"{100 * row['density']:.2f}% (layers {100 * row['density_min']:.2f}-"
+                  f"{100 * row['density_max']:.2f}%): dense {d['median']:.2f} ms, twell "
+                  f"{t['median']:.2f} ms, {row['speedup']:.3f}x; peak {gb(peaks['dense'])} / "
+                  f"{gb(peaks['twell'])} GB; rel diff {diff:.1e}{'' if ok else ' FAILED'}",
+                  flush=True)
+            if args.out and not args.no_write:  # after every row: a run cut short keeps its rows
+                os.makedirs(args.out, exist_ok=True)
+                with open(os.path.join(args.out, "model.json"), "w") as f:
+                    json.dump(rows, f, indent=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
