@@ -4,8 +4,8 @@ with its own MLPs (dense, cuBLAS through PyTorch): prefill and training-step tim
 memory and agreement, written as harness rows (suite "model") to DIR/model.json.
 
 The model is the paper's shape (hidden 2048, intermediate 5632, 32 heads, vocabulary 49152, ReLU
-gate; --layers 28 is its 1.5B model), built from a LlamaConfig with random weights (nothing is
-downloaded), in bf16 on CUDA (float32 on the CPU). Its activations are made sparse the way an L1
+gate; the default 38 layers is its 2B model, 28 its 1.5B), built from a LlamaConfig with random
+weights (nothing is downloaded), in bf16 on CUDA (float32 on the CPU). Its activations are made sparse the way an L1
 penalty leaves them, but without training: channel 0 of the residual stream is a constant (the
 embeddings carry it, and every o_proj and down_proj row 0 is zero, so no layer writes it), which
 makes column 0 of each gate weight a per-layer bias; layer by layer, that bias is set so that the
@@ -21,9 +21,10 @@ twell's L1 term for twell, then backward; no optimizer step), warm-ups of both (
 tries each path), then reps alternating dense and twell; median, p20, p80. Peak memory is
 torch.cuda.max_memory_allocated over one more step of each. Agreement: the last position's logits
 (prefill) or the loss and every parameter's gradient, the L1 term left out (training), relative to
-the dense model's, ||twell - dense|| / ||dense||; above --tolerance the command fails.
+the dense model's, ||twell - dense|| / ||dense||; above --tolerance the command fails. A case the
+GPU has no memory for (the 2B training step needs ~70 GB) is skipped, saying so, not failed.
 
-    python3 bench/model.py [--out DIR | --no-write] [--layers 28] [--densities 0.005,0.01]
+    python3 bench/model.py [--out DIR | --no-write] [--layers 38] [--densities 0.005,0.01]
 """
 import argparse
 import json
@@ -45,7 +46,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["cuda", "cpu"], default=None,
                    help="default: cuda when PyTorch sees a GPU and twell was built with CUDA")
-    p.add_argument("--layers", type=int, default=28)
+    p.add_argument("--layers", type=int, default=38)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--intermediate", type=int, default=5632)
     p.add_argument("--heads", type=int, default=32)
@@ -58,7 +59,10 @@ def parse_args(argv):
     p.add_argument("--dispatch", choices=["auto", "sparse", "dense"], default="auto")
     p.add_argument("--warmup", type=int, default=6)
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--tolerance", type=float, default=5e-2)
+    # Both models round in bf16 at different places (twell keeps h and dh in fp32), and over tens
+    # of random layers the whole gradient drifts by a few 1e-2 (1.4e-2 to 3.2e-2 at 28 layers);
+    # a wrong FFN gives O(1).
+    p.add_argument("--tolerance", type=float, default=1e-1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="folder for model.json (default: no file)")
     p.add_argument("--no-write", action="store_true")
@@ -276,7 +280,16 @@ def main(argv=None):
             swap.use("twell")
             tt.freeze(model)  # the gate weights changed: new neuron-major copies
         for mode in modes:
-            diff, l0, times, peaks, extra = run_case(args, model, swap, ids, mode, device)
+            try:
+                diff, l0, times, peaks, extra = run_case(args, model, swap, ids, mode, device)
+            except torch.OutOfMemoryError as e:
+                for p in model.parameters():
+                    p.grad = None
+                torch.cuda.empty_cache()
+                print(f"[-] {mode:9s} layers {args.layers} tokens {tokens} density target "
+                      f"{100 * density:.2f}%: skipped, out of device memory "
+                      f"({str(e).splitlines()[0][:120]})", flush=True)
+                continue
             d, t = summary(times["dense"]), summary(times["twell"])
             row = {
                 "suite": "model", "device": device_name(device), "backend": device.type,
