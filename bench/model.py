@@ -300,7 +300,7 @@ def main(argv=None):
                 "density": statistics.mean(l0) / args.intermediate,
                 "density_min": min(l0) / args.intermediate,
                 "density_max": max(l0) / args.intermediate,
-                "l1_coef": args.l1, "dispatch": args.dispatch,
+                "l1_coef": args.l1, "dispatch": args.dispatch, "warmup": args.warmup, "reps": args.reps,
                 "dense_ms": d, "twell_ms": t, "speedup": d["median"] / t["median"],
                 "dense_tokens_per_s": tokens / d["median"] * 1e3,
                 "twell_tokens_per_s": tokens / t["median"] * 1e3,
