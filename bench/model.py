@@ -40,6 +40,7 @@ import transformers
 
 import twell
 import twell.torch as tt
+from twell.torch.patch import _set as set_module
 
 
 def parse_args(argv):
@@ -88,39 +89,29 @@ def build(args, device, dtype):
     return model
 
 
-class _Stop(Exception):
-    pass
-
-
 def calibrate(model, ids, density):
-    """Sets each layer's gate column 0 so that `density` of its pre-activations are positive."""
-    layers = model.model.layers
-    with torch.no_grad():
-        for layer in layers:
-            layer.mlp.gate_proj.weight[:, 0] = 0
-        for layer in layers:
-            captured = {}
+    """Sets each layer's gate column 0 so that `density` of its pre-activations are positive: one
+    forward, each MLP's bias set from its own input just before it runs (the layers after it see
+    its calibrated output)."""
 
-            def hook(_module, inputs):
-                captured["x"] = inputs[0]
-                raise _Stop
+    def set_bias(mlp, inputs):
+        x = inputs[0].reshape(-1, inputs[0].shape[-1]).float()
+        w = mlp.gate_proj.weight
+        w[:, 0] = 0
+        r = (x @ w.float().t()) / x[:, :1]  # pre-activation = x0 * (r - t) with bias weight -t
+        r = r.flatten()
+        if r.numel() > 1 << 22:
+            r = r[torch.randint(0, r.numel(), (1 << 22,), device=r.device)]
+        k = max(1, min(r.numel(), int(round((1 - density) * r.numel()))))
+        w[:, 0] = -r.kthvalue(k).values.to(w.dtype)
 
-            handle = layer.mlp.register_forward_pre_hook(hook)
-            try:
-                model(ids, use_cache=False, logits_to_keep=1)
-            except _Stop:
-                pass
-            finally:
-                handle.remove()
-            x = captured["x"].reshape(-1, captured["x"].shape[-1]).float()
-            w = layer.mlp.gate_proj.weight.float()
-            r = (x @ w.t()) / x[:, :1]  # pre-activation = x0 * (r - t) with bias weight -t
-            r = r.flatten()
-            if r.numel() > 1 << 22:
-                r = r[torch.randint(0, r.numel(), (1 << 22,), device=r.device)]
-            k = max(1, min(r.numel(), int(round((1 - density) * r.numel()))))
-            t = r.kthvalue(k).values
-            layer.mlp.gate_proj.weight[:, 0] = -t.to(layer.mlp.gate_proj.weight.dtype)
+    handles = [layer.mlp.register_forward_pre_hook(set_bias) for layer in model.model.layers]
+    try:
+        with torch.no_grad():
+            model(ids, use_cache=False, logits_to_keep=1)
+    finally:
+        for h in handles:
+            h.remove()
 
 
 class Swap:
@@ -135,8 +126,7 @@ class Swap:
 
     def use(self, which):
         for name, module in (self.sparse if which == "twell" else self.dense):
-            parent, _, child = name.rpartition(".")
-            setattr(self.model.get_submodule(parent), child, module)
+            set_module(self.model, name, module)
 
 
 class Timer:
@@ -167,8 +157,7 @@ def summary(times):
 
 def peak(device, fn):
     if device.type != "cuda":
-        fn()
-        return -1
+        return -1  # no allocator statistics: not measured
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     fn()
@@ -186,7 +175,7 @@ def rel(a, b):
 
 def run_case(args, model, swap, ids, mode, device):
     timer = Timer(device)
-    params = [p for p in model.parameters()]
+    params = list(model.parameters())
     if mode == "inference":
         model.eval()
         for p in params:
