@@ -97,7 +97,6 @@ class CudaTrainingRunner final : public TrainingRunner {
     check(cudaMemcpy(x_.p, p.x.data(), p.x.size(), cudaMemcpyHostToDevice), "upload x");
     check(cudaMemcpy(dy_.p, dy.data(), dy.size(), cudaMemcpyHostToDevice), "upload dy");
     follow_saved_form();
-    workspace_.alloc(plan_->workspace_bytes(s_.m));  // one buffer: forward and backward in turn
 
     // Dense: [G | U] (saved), [dh -> dg | du] and h.
     gu_.alloc(2 * m * n * es);
@@ -179,14 +178,16 @@ class CudaTrainingRunner final : public TrainingRunner {
   }
 
   // As a framework does before each step: allocate the saved form the plan asks for (automatic
-  // dispatch: each form for two timed steps per regime, then the faster; dense above its
-  // threshold). Outside the timed region; settles during warm-up.
+  // dispatch: each form for three timed steps per regime, then the faster; dense above its
+  // threshold), and the workspace that form needs (one buffer: forward and backward in turn).
+  // Outside the timed region; settles during warm-up.
   void follow_saved_form() {
     const TwellShape shape = plan_->saved_shape(s_.m);
     if (saved_.p != nullptr && shape.backup_capacity == view_.shape.backup_capacity) return;
     saved_.reset();
     saved_.alloc(shape.bytes(plan_->saved_dtype()));
     view_ = make_twell_view(saved_.p, shape, plan_->saved_dtype(), Device::cuda(0));
+    workspace_.alloc(plan_->workspace_bytes(s_.m, shape.backup_capacity > 0 ? SavedForm::dense : SavedForm::compact));
   }
 
   void step(TrainJob j) {

@@ -20,7 +20,8 @@ namespace twell::bench {
 // [relu(G) | U], twell the saved TwELL layout. peak: every buffer the job's step has allocated at
 // its peak (backward): x, dy, y, dx, the three weights, the three f32 weight gradients, the stats,
 // plus dense: [relu(G) | U], [dg | du], h and the cuBLAS workspace; twell: the saved layout and
-// the workspace (TrainingPlan::workspace_bytes(M), forward and backward share it).
+// the workspace of the saved form the step runs (TrainingPlan::workspace_bytes(M, form), forward
+// and backward share it).
 struct TrainingMemory {
   size_t saved = 0, peak = 0;
 };

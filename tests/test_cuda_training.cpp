@@ -58,6 +58,7 @@ struct DeviceStep {
   std::unique_ptr<TrainingPlan> plan;
   DeviceBuffer x, gate, up, down, dy, y, dx, dgate, dup, ddown, stats, l1, saved;
   DeviceBuffer pair, dpair;  // make_adjacent(): [Wg; Wu] and [dWg; dWu] in one buffer each
+  DeviceBuffer workspace;    // a caller workspace where set (else the plan's own)
   TwellView view;
 
   DeviceStep(const ProblemSpec& spec, const TrainingOptions& o, L1From from, float tensor_value)
@@ -131,9 +132,13 @@ struct DeviceStep {
     return TensorView::matrix(b.get(), t, r, c, Device::cuda(0));
   }
   TensorView x_view() const { return mat(x, p.spec.dtype, p.spec.m, p.spec.k); }
+  TensorView workspace_view() const {
+    if (workspace.get() == nullptr) return {};
+    return TensorView::vector(workspace.get(), DType::u8, int64_t(workspace.bytes()), Device::cuda(0));
+  }
   TrainingForwardArgs forward_args() const {
     return {x_view(), mat(y, p.spec.dtype, p.spec.m, p.spec.k),
-            TensorView::vector(stats.get(), DType::f32, 2, Device::cuda(0))};
+            TensorView::vector(stats.get(), DType::f32, 2, Device::cuda(0)), workspace_view()};
   }
   TrainingBackwardArgs backward_args() const {
     const ProblemSpec& s = p.spec;
@@ -145,10 +150,11 @@ struct DeviceStep {
     a.dup = TensorView::matrix(dup_data(), DType::f32, s.n, s.k, Device::cuda(0));
     a.ddown = mat(ddown, DType::f32, s.n, s.k);
     if (l1_from == L1From::tensor) a.l1_coef = TensorView::vector(l1.get(), DType::f32, 1, Device::cuda(0));
+    a.workspace = workspace_view();
     return a;
   }
   void poison_outputs() {
-    for (DeviceBuffer* b : {&y, &dx, &dgate, &dup, &ddown, &stats, &saved, &dpair}) b->poison();
+    for (DeviceBuffer* b : {&y, &dx, &dgate, &dup, &ddown, &stats, &saved, &dpair, &workspace}) b->poison();
   }
   // Forward then backward on s, on the saved view v.
   void enqueue(const TwellView& v, cudaStream_t s) {
@@ -724,6 +730,72 @@ TEST_P(CudaTrainingRoutedBlas, LearnedCublasShareMatchesOracle) {
   }
 }
 
+// Backward's routed rows in two chunks (RoutedChunkConfig: their dense rows for all M rows take
+// more than kMinBytes), in a caller workspace of exactly workspace_bytes(M, compact), poisoned
+// before every step. Uniform 2.5% at tile 64, capacity 4 routes about 60% of the rows: the first
+// chunk full, the second part-full, all on the kernels; the same data again with cuBLAS taking the
+// learned share (capped at the chunk: the first chunk all cuBLAS); every row routed (both chunks
+// full); a few rows routed (the second chunk empty). Deterministic: reruns bit-identical.
+class CudaTrainingRoutedChunks : public ::testing::TestWithParam<DeterminismCase> {};
+
+TEST_P(CudaTrainingRoutedChunks, MatchOracle) {
+  TWELL_REQUIRE_DEVICE();
+  if (small_only()) GTEST_SKIP() << "large shapes only without TWELL_SMALL";
+  const DeterminismCase& k = GetParam();
+  const bool gated = k.kind == FfnKind::gated;
+  const int64_t m = 2304, n = gated ? 2560 : 4096;
+  ASSERT_GT(size_t(m * n) * dtype_size(k.dtype) * (gated ? 3 : 2), twell::gpu::RoutedChunkConfig::kMinBytes);
+  const int64_t chunk = (m / 2 + twell::gpu::RoutedChunkConfig::kRowMultiple - 1) /
+                        twell::gpu::RoutedChunkConfig::kRowMultiple * twell::gpu::RoutedChunkConfig::kRowMultiple;
+  for (const Determinism det : {Determinism::fast, Determinism::deterministic}) {
+    SCOPED_TRACE(det == Determinism::fast ? "fast" : "deterministic");
+    const Case c = problem_case<Case>(k.kind, k.dtype, Pattern::uniform, gated ? 0.025 : 0.022, m, 64, n, 64, 4);
+    TrainingOptions o = options_of(c);
+    o.determinism = det;
+    DeviceStep d(spec_of(c, 1270), o, L1From::options, 0.0f);
+    d.workspace = DeviceBuffer(d.plan->workspace_bytes(m, SavedForm::compact));
+    EXPECT_LE(d.workspace.bytes(), d.plan->workspace_bytes(m));
+    const StepOutputs first = run_step(d);
+    expect_matches_oracle(d, first, "routed rows past the first chunk");
+    EXPECT_GT(first.routed, chunk) << "the case should route rows into the second chunk";
+    EXPECT_LT(first.routed, m) << "the case should keep some rows compact";
+    const StepOutputs second = run_step(d);
+    if (det == Determinism::deterministic) {
+      EXPECT_EQ(first.y, second.y);
+      EXPECT_EQ(first.dx, second.dx);
+      EXPECT_EQ(first.dgate, second.dgate);
+      EXPECT_EQ(first.dup, second.dup);
+      EXPECT_EQ(first.ddown, second.ddown);
+    } else {
+      expect_matches_oracle(d, second, "the first chunk through cuBLAS");
+    }
+    EXPECT_EQ(second.routed, first.routed);
+
+    Case dense = c;
+    dense.pattern = Pattern::all_dense;
+    load_problem(d, testing::make_problem(spec_of(dense, 1271)));
+    const StepOutputs all = run_step(d);
+    expect_matches_oracle(d, all, "every row routed");
+    EXPECT_EQ(all.routed, m);
+
+    Case few = c;
+    few.pattern = Pattern::edge_rows;
+    few.density = 0.01;
+    load_problem(d, testing::make_problem(spec_of(few, 1272)));
+    const StepOutputs some = run_step(d);
+    expect_matches_oracle(d, some, "a few rows routed");
+    EXPECT_GT(some.routed, 0);
+    EXPECT_LT(some.routed, chunk);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, CudaTrainingRoutedChunks,
+                         ::testing::Values(DeterminismCase{FfnKind::gated, DType::bf16},
+                                           DeterminismCase{FfnKind::plain, DType::f16}),
+                         [](const ::testing::TestParamInfo<DeterminismCase>& i) {
+                           return std::string(ffn_kind_name(i.param.kind)) + "_" + dtype_name(i.param.dtype);
+                         });
+
 INSTANTIATE_TEST_SUITE_P(Kinds, CudaTrainingRoutedBlas,
                          ::testing::Values(DeterminismCase{FfnKind::gated, DType::bf16},
                                            DeterminismCase{FfnKind::plain, DType::f16}),
@@ -902,6 +974,43 @@ TEST(CudaTrainingApi, AdjacentGateAndUpMatchOracle) {
       d.make_adjacent();
       expect_matches_oracle(d, run_step(d), form == Dispatch::force_dense ? "dense form" : "compact form");
     }
+}
+
+// The workspace per saved form: at the LLM shape the compact form's (backward's routed rows in two
+// chunks) is below its unchunked routed-row buffers alone, either form's is at most the plan-wide
+// figure, the dense form's holds a copy of [Wg; Wu] only where Wu does not follow Wg; a step runs
+// in exactly its form's bytes, and one byte less raises.
+TEST(CudaTrainingApi, WorkspacePerSavedForm) {
+  TWELL_REQUIRE_DEVICE();
+  const int64_t n = 5632, k = 2048, m = 16384;
+  const size_t es = dtype_size(DType::bf16);
+  DeviceBuffer storage;
+  const FfnWeights w = device_weights(DType::bf16, n, k, storage);  // Wu right after Wg
+  TrainingPlan plan(w);
+  const size_t compact = plan.workspace_bytes(m, SavedForm::compact);
+  const size_t dense = plan.workspace_bytes(m, SavedForm::dense);
+  EXPECT_EQ(plan.workspace_bytes(m), std::max(compact, dense));
+  EXPECT_LT(compact, size_t(3 * m * n) * es);  // [g | u | dh] for every row
+  FfnWeights apart = w;  // Wu no longer after Wg
+  std::swap(apart.up, apart.down);
+  plan.set_weights(apart);
+  EXPECT_EQ(plan.workspace_bytes(m, SavedForm::dense), dense + size_t(2 * n * k) * es);
+  EXPECT_EQ(plan.workspace_bytes(m, SavedForm::compact), compact);
+  TrainingOptions sparse;
+  sparse.dispatch = Dispatch::force_sparse;
+  EXPECT_EQ(TrainingPlan(w, sparse).workspace_bytes(m), compact);
+  expect_error([&] { plan.workspace_bytes(-1, SavedForm::compact); }, "rows");
+
+  for (const Dispatch form : {Dispatch::force_sparse, Dispatch::force_dense}) {
+    Case c = problem_case<Case>(FfnKind::gated, DType::bf16, Pattern::edge_rows, 0.05, 257, 136, 1000);
+    c.dispatch = form;
+    DeviceStep d(spec_of(c, 1960), options_of(c), L1From::options, 0.0f);
+    const SavedForm f = form == Dispatch::force_dense ? SavedForm::dense : SavedForm::compact;
+    d.workspace = DeviceBuffer(d.plan->workspace_bytes(c.m, f) - 1);
+    expect_error([&] { d.plan->forward(d.forward_args(), d.view); }, "workspace");
+    d.workspace = DeviceBuffer(d.plan->workspace_bytes(c.m, f));
+    expect_matches_oracle(d, run_step(d), form == Dispatch::force_dense ? "dense form" : "compact form");
+  }
 }
 
 TEST(CudaTrainingApi, EmptyBatchWritesZeroGradients) {

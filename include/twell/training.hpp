@@ -48,8 +48,8 @@ struct TrainingOptions {
   GateKernel gate = GateKernel::automatic;  // the compact forward's gate GEMM + pack (ffn.hpp)
 };
 
-// workspace (forward and backward, optional): uint8 [>= TrainingPlan::workspace_bytes(M)] on x's
-// device. Without one the plan grows its own (outside CUDA-graph capture only); with one the
+// workspace (forward and backward, optional): uint8 [>= TrainingPlan::workspace_bytes(M, form of
+// the saved state)] on x's device. Without one the plan grows its own (outside CUDA-graph capture only); with one the
 // caller's allocator owns the scratch, e.g. a framework's, as graph capture of a training step
 // needs.
 struct TrainingForwardArgs {
@@ -104,8 +104,14 @@ class TrainingPlan {
   // tells the forms apart by their size).
   TwellShape saved_shape(int64_t rows, SavedForm form) const;
   DType saved_dtype() const;
-  // Scratch bytes one forward or backward of M rows needs in a caller workspace (0: none needed).
+  // Scratch bytes one forward or backward of M rows needs in a caller workspace (0: none needed),
+  // whichever saved form it runs: enough for every form dispatch may ask for.
   size_t workspace_bytes(int64_t rows) const;
+  // The same for a step whose saved state has this form: a caller that allocates the scratch per
+  // step (a framework's allocator) needs no more. On CUDA the dense form's includes a copy of
+  // [Wg; Wu] unless Wu follows Wg in memory (a fused gate-up parameter): ask again after
+  // set_weights.
+  size_t workspace_bytes(int64_t rows, SavedForm form) const;
   // Points the plan at other weight memory of the same kind, shapes, dtype and device (Error
   // otherwise), e.g. a neuron-major down weight a framework makes anew each step. Host-only: safe
   // between the calls of a CUDA-graph capture.

@@ -276,7 +276,10 @@ void bind_plans(nb::module_& m) {
       .def("set_weights", &PyTrainingPlan::set_weights, "gate"_a.none(), "up"_a, "down"_a,
            "borrow"_a = false, "Points the plan at other weights of the same shapes and dtype.")
       .def("workspace_bytes", [](const PyTrainingPlan& p, int64_t rows) { return p.plan().workspace_bytes(rows); },
-           "rows"_a, "Scratch bytes of one forward or backward of `rows` rows (0: none needed).")
+           "rows"_a, "Scratch bytes of one forward or backward of `rows` rows, either saved form (0: none needed).")
+      .def("workspace_bytes",
+           [](const PyTrainingPlan& p, int64_t rows, SavedForm form) { return p.plan().workspace_bytes(rows, form); },
+           "rows"_a, "form"_a, "Scratch bytes of one forward or backward of `rows` rows whose saved state has this form.")
       .def("forward", &PyTrainingPlan::forward, "x"_a, "y"_a, "saved"_a, "stats"_a = nb::none(),
            "stream"_a = 0, "workspace"_a = nb::none(),
            "y = FFN(x); fills saved; stats: optional float32 [2] {L0, L1 value}; workspace: "

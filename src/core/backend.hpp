@@ -32,7 +32,8 @@ class TrainingBackend {
  public:
   virtual ~TrainingBackend() = default;
   virtual DType saved_dtype() const = 0;
-  virtual size_t workspace_bytes(int64_t rows) const = 0;
+  // Scratch for a forward or backward of `rows` rows whose saved state has this form.
+  virtual size_t workspace_bytes(int64_t rows, SavedForm form) const = 0;
   // Whether saved_shape(rows) should be the dense form (the backend's dispatch decision; never
   // waits for the device), and whether the backend runs that form at all.
   virtual bool wants_dense_layout(int64_t rows) = 0;
@@ -41,7 +42,7 @@ class TrainingBackend {
   virtual void set_weights(const FfnWeights& w) = 0;
   // Arguments are validated; `saved` has the plan's saved_shape(M) in either form (dense:
   // backup_capacity == M > 0); a defined args.workspace holds
-  // at least workspace_bytes(M) bytes.
+  // at least workspace_bytes(M, that form) bytes.
   virtual void forward(const TrainingForwardArgs& args, const TwellView& saved, Stream stream) = 0;
   virtual void backward(const TrainingBackwardArgs& args, const TensorView& x,
                         const TwellView& saved, Stream stream) = 0;

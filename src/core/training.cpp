@@ -1,5 +1,6 @@
 // The training plan: validation and backend dispatch for forward (saving the hybrid layout) and
 // backward.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -71,9 +72,10 @@ class TrainingPlan::Impl {
       throw Error(op, "saved", "every array of the layout", "a null pointer");
   }
 
-  void check_workspace(const char* op, const TensorView& ws, int64_t rows) const {
+  void check_workspace(const char* op, const TensorView& ws, int64_t rows, const TwellView& saved) const {
     if (!ws.defined()) return;
-    const size_t need = backend->workspace_bytes(rows);
+    const bool dense = rows > 0 && saved.shape.backup_capacity == rows;
+    const size_t need = backend->workspace_bytes(rows, dense ? SavedForm::dense : SavedForm::compact);
     if (ws.rank != 1 || ws.dtype != DType::u8 || !ws.is_contiguous())
       throw Error(op, "workspace", "a contiguous uint8 vector", ws.shape_string() + " " + dtype_name(ws.dtype));
     if (ws.device != weights.up.device)
@@ -119,8 +121,23 @@ TwellShape TrainingPlan::saved_shape(int64_t rows) const {
 TwellShape TrainingPlan::saved_shape(int64_t rows, SavedForm form) const {
   return impl_->shape(rows, form == SavedForm::dense);
 }
+namespace {
+void check_workspace_rows(int64_t rows) {
+  if (rows < 0) throw Error("TrainingPlan::workspace_bytes", "rows", ">= 0", std::to_string(rows));
+}
+}  // namespace
+
 size_t TrainingPlan::workspace_bytes(int64_t rows) const {
-  return impl_->backend->workspace_bytes(rows);
+  check_workspace_rows(rows);
+  // Either form is accepted whatever dispatch asks (forward and backward take the saved view's),
+  // except where the backend runs only the compact one.
+  const detail::TrainingBackend& b = *impl_->backend;
+  const size_t compact = b.workspace_bytes(rows, SavedForm::compact);
+  return b.supports_dense_layout() ? std::max(compact, b.workspace_bytes(rows, SavedForm::dense)) : compact;
+}
+size_t TrainingPlan::workspace_bytes(int64_t rows, SavedForm form) const {
+  check_workspace_rows(rows);
+  return impl_->backend->workspace_bytes(rows, form);
 }
 
 void TrainingPlan::set_weights(const FfnWeights& w) {
@@ -147,7 +164,7 @@ void TrainingPlan::forward(const TrainingForwardArgs& args, const TwellView& sav
   detail::check_matrix(op, "y", args.y, args.x.shape[0], w.hidden(), w.up.dtype, dev);
   if (args.stats.defined()) detail::check_vector(op, "stats", args.stats, 2, DType::f32, dev);
   impl_->check_saved(op, saved, args.x.shape[0]);
-  impl_->check_workspace(op, args.workspace, args.x.shape[0]);
+  impl_->check_workspace(op, args.workspace, args.x.shape[0], saved);
   impl_->backend->forward(args, saved, stream);
 }
 
@@ -166,7 +183,7 @@ void TrainingPlan::backward(const TrainingBackwardArgs& args, const TensorView& 
   detail::check_matrix(op, "dup", args.dup, n, k, DType::f32, dev);
   detail::check_matrix(op, "ddown", args.ddown, n, k, DType::f32, dev);
   if (args.l1_coef.defined()) detail::check_vector(op, "l1_coef", args.l1_coef, 1, DType::f32, dev);
-  impl_->check_workspace(op, args.workspace, m);
+  impl_->check_workspace(op, args.workspace, m, saved);
   impl_->backend->backward(args, x, saved, stream);
 }
 

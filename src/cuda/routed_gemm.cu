@@ -115,8 +115,8 @@ struct Params {
   int64_t depth = 0;                  // reduction length (ignored when routed == depth)
   Routed routed = Routed::rows;
   const int32_t* count = nullptr;
-  int64_t first = 0;                  // the routed extent is *count - first (the lists and dense
-                                      // buffers are already offset by `first` rows)
+  int64_t first = 0;                  // the routed extent is min(*count, end) - first (the lists
+  int64_t end = INT64_MAX;            // and dense buffers are already offset to row `first`)
   SplitK split_k;                     // rows problems only (null: never split)
 };
 
@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) routed_gemm_kernel(
   using S = Shared<T, kA, kB>;
   __shared__ S sm;
 
-  const int64_t routed = max(int64_t(0), int64_t(*p.count) - p.first);
+  const int64_t routed = max(int64_t(0), min(int64_t(*p.count), p.end) - p.first);
   const Extent x{p.routed == Routed::rows ? routed : p.rows, p.routed == Routed::depth ? routed : p.depth};
   if (x.rows == 0 || x.depth == 0) return;
   const int64_t tiles_n = (p.cols + Cfg::kBlockN - 1) / Cfg::kBlockN;
@@ -491,28 +491,30 @@ void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cuda
   p.a_rows = a.order + a.first;
   p.b = a.weight;
   p.ldb = a.k;
-  p.out = static_cast<char*>(a.out) + size_t(a.first * a.ldo) * dtype_size(a.dtype);
+  p.out = static_cast<char*>(a.out) + size_t((a.first - a.chunk.base) * a.ldo) * dtype_size(a.dtype);
   p.ldo = a.ldo;
   p.first = a.first;
-  p.rows = a.max_rows;
+  p.end = a.chunk.end;
+  p.rows = std::min(a.max_rows, a.chunk.end) - a.first;
   p.cols = a.n_out;
   p.depth = a.k;
   p.routed = Routed::rows;
   p.count = a.count;
   p.split_k = a.split_k;
   if (a.act == Activation::relu)
-    launch_gemm<ALayout::row_major, BLayout::n_by_k, Epilogue::store_relu>(p, a.dtype, a.max_rows, dev, s,
+    launch_gemm<ALayout::row_major, BLayout::n_by_k, Epilogue::store_relu>(p, a.dtype, p.rows, dev, s,
                                                                            "routed recompute GEMM");
   else
-    launch_gemm<ALayout::row_major, BLayout::n_by_k, Epilogue::store>(p, a.dtype, a.max_rows, dev, s,
+    launch_gemm<ALayout::row_major, BLayout::n_by_k, Epilogue::store>(p, a.dtype, p.rows, dev, s,
                                                                       "routed recompute GEMM");
 }
 
 void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   Params p;
-  p.a = static_cast<const char*>(a.grad) + size_t(a.first_row * a.depth) * dtype_size(a.dtype);
+  p.a = static_cast<const char*>(a.grad) + size_t((a.first_row - a.chunk.base) * a.depth) * dtype_size(a.dtype);
   p.lda = a.depth;
   p.first = a.first_row;
+  p.end = a.chunk.end;
   p.b = a.first;
   p.ldb = a.k;
   p.b_second = a.second;
@@ -520,21 +522,22 @@ void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cud
   p.out = a.dx;
   p.ldo = a.k;
   p.out_rows = a.order + a.first_row;
-  p.rows = a.max_rows;
+  p.rows = std::min(a.max_rows, a.chunk.end) - a.first_row;
   p.cols = a.k;
   p.depth = a.depth;
   p.routed = Routed::rows;
   p.count = a.count;
   p.split_k = a.split_k;
-  launch_gemm<ALayout::row_major, BLayout::k_by_n, Epilogue::store>(p, a.dtype, a.max_rows, dev, s,
+  launch_gemm<ALayout::row_major, BLayout::k_by_n, Epilogue::store>(p, a.dtype, p.rows, dev, s,
                                                                     "routed input-gradient GEMM");
 }
 
 void launch_routed_weight_grad(const WeightGradGemmArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   Params p;
-  p.a = static_cast<const char*>(a.grad) + size_t(a.first * a.lda) * dtype_size(a.dtype);
+  p.a = static_cast<const char*>(a.grad) + size_t((a.first - a.chunk.base) * a.lda) * dtype_size(a.dtype);
   p.lda = a.lda;
   p.first = a.first;
+  p.end = a.chunk.end;
   p.b = a.src;
   p.ldb = a.k;
   p.b_rows = a.order + a.first;

@@ -78,6 +78,16 @@ struct WeightGradConfig {
 static_assert(WeightGradConfig::kChunkRows % ColumnIndexConfig::kRowsPerBlock == 0,
               "a weight-gradient pass covers whole row blocks of the column index");
 
+// Backward's routed rows in chunks (train_workspace.cpp, routed_chunk_rows). Their dense rows (p:
+// g then h; q: [u | dh] then [dg | du]) take 3 N values a row gated, 2 N plain: at R = M that is
+// more than anything else backward holds. Above kMinBytes for all M rows, the rows go in two
+// chunks (each with its own launches), so the buffers take half as many rows, or as many as fit
+// in the bytes the column index's records hold before them, whichever is more.
+struct RoutedChunkConfig {
+  static constexpr size_t kMinBytes = size_t(32) << 20;
+  static constexpr int64_t kRowMultiple = 64;  // a chunk's rows (RoutedBlasConfig::kRowMultiple too)
+};
+
 // The elementwise backward of the routed rows (train_routed_hidden.cu).
 struct TrainElementwiseConfig {
   static constexpr int kThreads = 256;   // threads per CTA

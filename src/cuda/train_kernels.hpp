@@ -128,6 +128,14 @@ struct WeightGradArgs {
 int64_t weight_grad_passes(int64_t rows);
 void launch_weight_grads(const WeightGradArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
+// Backward's routed rows in chunks (train_workspace.hpp, routed_chunk_rows): one chunk's launches
+// take the rows s in [first, min(R, end)), whose dense rows (grad, out, p, q) are rows s - base of
+// their buffers. The default is one chunk of every row.
+struct RoutedChunk {
+  int64_t base = 0;
+  int64_t end = INT64_MAX;
+};
+
 // routed_gemm.cu (shared with the inference backup): tensor-core GEMMs over the R routed rows (fp32
 // accumulation).
 // Recompute: out[s] = act(src[order[s]] W^T), s < R; src [rows, K], W [n_out, K], out [R, ldo].
@@ -144,6 +152,7 @@ struct RecomputeArgs {
   const int32_t* order = nullptr;
   const int32_t* count = nullptr;
   int64_t first = 0;                 // only s >= first (the rows before: cuBLAS)
+  RoutedChunk chunk;
   SplitK split_k;
 };
 void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cudaStream_t s);
@@ -164,6 +173,7 @@ struct InputGradArgs {
   const int32_t* order = nullptr;
   const int32_t* count = nullptr;
   int64_t first_row = 0;             // only s >= first_row (the rows before: cuBLAS)
+  RoutedChunk chunk;
   SplitK split_k;
 };
 void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cudaStream_t s);
@@ -181,6 +191,7 @@ struct WeightGradGemmArgs {
   const int32_t* order = nullptr;
   const int32_t* count = nullptr;
   int64_t first = 0;                 // only s >= first (the rows before: cuBLAS)
+  RoutedChunk chunk;
 };
 void launch_routed_weight_grad(const WeightGradGemmArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
@@ -197,6 +208,7 @@ struct RoutedHiddenArgs {
   int64_t rows = 0;            // M: the L1 normalisation and the worst case R
   L1Coef l1;
   const int32_t* count = nullptr;
+  RoutedChunk chunk;                 // rows s in [chunk.base, min(R, chunk.end)), p / q row s - base
 };
 void launch_routed_hidden(const RoutedHiddenArgs& a, const DeviceInfo& dev, cudaStream_t s);
 

@@ -3,8 +3,8 @@
 //          dg = dh' * u where g > 0 (else 0), du = dh' * g
 //   plain: p = g = h (kept);  q = dh -> dg = dh + l1 / M where g > 0 (else 0)
 // every value rounded to the dtype once (the GEMMs that consume them read 16-bit operands).
-//   CTA: kThreads threads over a grid-stride range of 16-byte vectors of [R, N]; R read on the
-//        device (the grid is sized for R = M; CTAs past R*N exit).
+//   CTA: kThreads threads over a grid-stride range of 16-byte vectors of the chunk's rows of
+//        [R, N]; R read on the device (the grid is sized for R = M; CTAs past R*N exit).
 //   warp / thread: one vector of p (and the matching vectors of q) per step.
 #include <algorithm>
 
@@ -24,10 +24,10 @@ constexpr int kThreads = TrainElementwiseConfig::kThreads;
 template <typename T, FfnKind kKind>
 __global__ void __launch_bounds__(kThreads)
     routed_hidden_kernel(T* __restrict__ p, T* __restrict__ q, int64_t n, int64_t rows, L1Coef l1,
-                         const int32_t* __restrict__ count) {
+                         const int32_t* __restrict__ count, RoutedChunk chunk) {
   chain_entry();
   const int64_t row_vectors = n / kVecElems;
-  const int64_t vectors = int64_t(*count) * row_vectors;
+  const int64_t vectors = max(int64_t(0), min(int64_t(*count), chunk.end) - chunk.base) * row_vectors;
   const float scale = l1_scale(l1, rows);
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors; v += stride) {
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kThreads)
 
 void launch_routed_hidden(const RoutedHiddenArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const char* op = "TrainingPlan::backward";
-  const int64_t vectors = a.rows * (a.n / kVecElems);
+  const int64_t vectors = (std::min(a.rows, a.chunk.end) - a.chunk.base) * (a.n / kVecElems);
   if (vectors == 0) return;
   const int64_t grid = std::min<int64_t>((vectors + kThreads - 1) / kThreads,
                                          int64_t(dev.sm_count) * TrainElementwiseConfig::kCtasPerSm);
@@ -76,10 +76,10 @@ void launch_routed_hidden(const RoutedHiddenArgs& a, const DeviceInfo& dev, cuda
     auto* q = static_cast<T*>(a.q);
     if (a.kind == FfnKind::gated)
       launch(routed_hidden_kernel<T, FfnKind::gated>, dim3(unsigned(grid)), dim3(kThreads), 0, s, p, q, a.n,
-             a.rows, a.l1, a.count);
+             a.rows, a.l1, a.count, a.chunk);
     else
       launch(routed_hidden_kernel<T, FfnKind::plain>, dim3(unsigned(grid)), dim3(kThreads), 0, s, p, q, a.n,
-             a.rows, a.l1, a.count);
+             a.rows, a.l1, a.count, a.chunk);
   });
   check_launch(op, "routed hidden kernel");
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cuda/config.hpp"
+#include "cuda/train_config.hpp"
 #include "cuda/train_kernels.hpp"
 
 namespace twell::gpu {
@@ -48,13 +49,37 @@ TrainForwardLayout train_forward_layout(const ProblemDims& d, int64_t rows) {
   return l;
 }
 
+namespace {
+
+size_t routed_row_bytes(const ProblemDims& d) {
+  return size_t(d.n) * dtype_size(d.dtype) * (d.kind == FfnKind::gated ? 3 : 2);
+}
+
+size_t entry_slots(const ProblemDims& d, int64_t rows) {
+  return size_t(rows) * size_t(d.num_tiles()) * size_t(d.capacity);
+}
+
+}  // namespace
+
+int64_t routed_chunk_rows(const ProblemDims& d, int64_t rows) {
+  const size_t row_bytes = routed_row_bytes(d);
+  if (size_t(rows) * row_bytes <= RoutedChunkConfig::kMinBytes) return rows;
+  constexpr int64_t kMul = RoutedChunkConfig::kRowMultiple;
+  const size_t record_bytes = entry_slots(d, rows) * (sizeof(EntryRecord) + sizeof(int64_t));
+  const int64_t fit = int64_t(record_bytes / row_bytes) / kMul * kMul;
+  const int64_t half = ((rows + 1) / 2 + kMul - 1) / kMul * kMul;
+  return std::min(rows, std::max(fit, half));
+}
+
 TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows) {
   TrainBackwardLayout l;
   if (rows == 0) return l;
-  const size_t m = size_t(rows);
   const size_t n = size_t(d.n);
-  const size_t slots = m * size_t(d.num_tiles()) * size_t(d.capacity);
+  const size_t slots = entry_slots(d, rows);
   const size_t es = dtype_size(d.dtype);
+  l.chunk_rows = routed_chunk_rows(d, rows);
+  const size_t m = size_t(rows);
+  const size_t chunk = size_t(l.chunk_rows);
   Carver c;
   l.dh = c.take(slots * sizeof(float));
   l.block_counts = c.take(size_t(column_index_blocks(rows)) * n * sizeof(int32_t));
@@ -62,11 +87,12 @@ TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows) {
   l.col_ptr = c.take((n + 1) * sizeof(int64_t));
   l.heavy = c.take((n + 2) * sizeof(int32_t));
   l.queue = c.take(size_t(weight_grad_passes(rows)) * sizeof(int32_t));
-  l.p = c.take(m * n * es);
-  l.q = c.take(m * n * es * (d.kind == FfnKind::gated ? 2 : 1));
+  l.p = c.take(chunk * n * es);
+  l.q = c.take(chunk * n * es * (d.kind == FfnKind::gated ? 2 : 1));
   // The records and their positions live in p and q (free until the routed rows' pass, which
   // follows the weight gradients) when they fit: with the default capacity (tile / 8) they take
-  // 2 M N and M N bytes of p and q's 6 M N (gated; 4 M N plain).
+  // 2 M N and M N bytes, which is what p and q take for the chunk routed_chunk_rows gives where
+  // the rows are chunked (gated; plain: 0.75 M rows, 3 M N bytes).
   const size_t record_bytes = slots * sizeof(EntryRecord);
   const size_t position_bytes = slots * sizeof(int64_t);
   const size_t free_bytes = c.end() - l.p;
@@ -87,7 +113,7 @@ TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows) {
   return l;
 }
 
-TrainDenseBackwardLayout train_dense_backward_layout(const ProblemDims& d, int64_t rows) {
+TrainDenseBackwardLayout train_dense_backward_layout(const ProblemDims& d, int64_t rows, bool copy_weights) {
   TrainDenseBackwardLayout l;
   if (rows == 0) return l;
   const bool gated = d.kind == FfnKind::gated;
@@ -96,7 +122,7 @@ TrainDenseBackwardLayout train_dense_backward_layout(const ProblemDims& d, int64
   l.lt = c.take(LtConfig::kWorkspaceBytes);
   l.dh = c.take(mn * es);
   l.q = c.take(mn * es * (gated ? 2 : 1));
-  l.stacked = c.take(gated ? 2 * size_t(d.n) * size_t(d.k) * es : 0);
+  l.stacked = c.take(gated && copy_weights ? 2 * size_t(d.n) * size_t(d.k) * es : 0);
   l.bytes = c.bytes();
   return l;
 }

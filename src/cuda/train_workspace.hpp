@@ -37,8 +37,9 @@ struct TrainBackwardLayout {
   size_t col_ptr = 0;       // int64 [N + 1]
   size_t heavy = 0;         // int32 [N + 2]: the weight gradients' heavy neurons
   size_t queue = 0;         // int32 [weight_grad_passes(M)]: the weight gradients' item queues
-  size_t p = 0;             // dtype [M, N]: routed rows' g, then h
-  size_t q = 0;             // dtype [M, 2N] gated ([u | dh], then [dg | du]); [M, N] plain (dh, then dg)
+  size_t p = 0;             // dtype [chunk_rows, N]: routed rows' g, then h
+  size_t q = 0;             // dtype [chunk_rows, 2N] gated ([u | dh], then [dg | du]); [chunk_rows, N] plain
+  int64_t chunk_rows = 0;   // routed rows per chunk (routed_chunk_rows)
   size_t records = 0;       // EntryRecord [M * slots_per_row]: entries by neuron (in p and q if they fit)
   size_t position = 0;      // int64 [M * slots_per_row]: each entry's record (after them if they fit)
   size_t control = 0;       // int32 [kRowQueueWords]: the row pass's queues (train_kernels.hpp)
@@ -51,15 +52,21 @@ struct TrainBackwardLayout {
   size_t bytes = 0;         // 0 when M = 0
 };
 TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows);
+// Routed rows per chunk of backward's routed pass (RoutedChunkConfig): M when their dense rows for
+// all M rows take at most RoutedChunkConfig::kMinBytes; else the larger of ceil(M / 2) and the rows
+// whose dense rows fit in the column index's records and positions (both rounded to
+// RoutedChunkConfig::kRowMultiple), at most M.
+int64_t routed_chunk_rows(const ProblemDims& d, int64_t rows);
 
 // The dense path's backward (the dense saved form).
 struct TrainDenseBackwardLayout {
   size_t lt = 0;        // cuBLASLt / cuBLAS scratch
   size_t dh = 0;        // dtype [M, N]: dy Wd^T, then (gated) h = g u over it, element by element
   size_t q = 0;         // dtype [M, 2N] gated ([dg | du]); [M, N] plain (dg)
-  size_t stacked = 0;   // dtype [2N, K]: [Wg; Wu] (gated)
+  size_t stacked = 0;   // dtype [2N, K]: a copy of [Wg; Wu] (gated, where the layout has one)
   size_t bytes = 0;     // 0 when M = 0
 };
-TrainDenseBackwardLayout train_dense_backward_layout(const ProblemDims& d, int64_t rows);
+// copy_weights: room for the [Wg; Wu] copy (gated weights that do not lie one after the other).
+TrainDenseBackwardLayout train_dense_backward_layout(const ProblemDims& d, int64_t rows, bool copy_weights);
 
 }  // namespace twell::gpu

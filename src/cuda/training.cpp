@@ -103,10 +103,11 @@ class CudaTraining final : public detail::TrainingBackend {
 
   DType saved_dtype() const override { return dims_.dtype; }
   void set_weights(const FfnWeights& w) override { weights_ = w; }
-  size_t workspace_bytes(int64_t rows) const override {
-    return std::max({train_forward_layout(dims_, rows).bytes, train_backward_layout(dims_, rows).bytes,
-                     options_.dispatch == Dispatch::force_sparse ? size_t(0)
-                                                                 : train_dense_backward_layout(dims_, rows).bytes});
+  size_t workspace_bytes(int64_t rows, SavedForm form) const override {
+    // The dense form's forward carves the forward layout too (its G and h).
+    const size_t forward = train_forward_layout(dims_, rows).bytes;
+    if (form == SavedForm::dense) return std::max(forward, dense_backward_layout(rows).bytes);
+    return std::max(forward, train_backward_layout(dims_, rows).bytes);
   }
   bool supports_dense_layout() const override { return options_.dispatch != Dispatch::force_sparse; }
   bool wants_dense_layout(int64_t rows) override {
@@ -147,13 +148,27 @@ class CudaTraining final : public detail::TrainingBackend {
     if (!capturing && last_stream_ != nullptr && last_stream_ != s)
       check_cuda(cudaStreamWaitEvent(s, done_, 0), op, "previous run");
     if (caller.defined()) return aligned_base(caller.data);
-    return aligned_base(own_.reserve(workspace_bytes(rows), s, done_, capturing, op));
+    // Sized for every form dispatch may pick (it persists from run to run, and a capture cannot grow it).
+    size_t bytes = workspace_bytes(rows, SavedForm::compact);
+    if (supports_dense_layout()) bytes = std::max(bytes, workspace_bytes(rows, SavedForm::dense));
+    return aligned_base(own_.reserve(bytes, s, done_, capturing, op));
   }
 
   void end(cudaStream_t s, bool capturing, const char* op) {
     if (capturing) return;
     check_cuda(cudaEventRecord(done_, s), op, "run event");
     last_stream_ = s;
+  }
+
+  // The dense backward's [Wg; Wu]: the weights themselves where Wu follows Wg in memory (a fused
+  // gate-up parameter), else a copy in the workspace.
+  bool adjacent_weights() const {
+    return dims_.kind == FfnKind::gated &&
+           static_cast<const char*>(weights_.up.data) ==
+               static_cast<const char*>(weights_.gate.data) + size_t(dims_.n * dims_.k) * dtype_size(dims_.dtype);
+  }
+  TrainDenseBackwardLayout dense_backward_layout(int64_t rows) const {
+    return train_dense_backward_layout(dims_, rows, dims_.kind == FfnKind::gated && !adjacent_weights());
   }
 
   const void* first_weight() const {
@@ -167,7 +182,8 @@ class CudaTraining final : public detail::TrainingBackend {
     char* p = nullptr;
     char* q = nullptr;
     SplitK split_k;
-    int64_t blas_rows = 0;    // C: rows order[0 .. C) through cuBLAS
+    int64_t chunk_rows = 0;   // rows of p and q: the routed rows go in chunks of this many
+    int64_t blas_rows = 0;    // C: rows order[0 .. C) through cuBLAS (at most chunk_rows)
     char* blas = nullptr;     // their x, dy (dtype) and dx (f32) rows, [C, K] each
     void* lt = nullptr;       // cuBLAS(Lt) scratch, LtConfig::kWorkspaceBytes
   };
@@ -376,7 +392,8 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   rb.p = base + l.p;
   rb.q = base + l.q;
   rb.split_k = {at<float>(base, l.split_partials), at<int32_t>(base, l.split_counters)};
-  rb.blas_rows = routed_capacity_.capacity(rows, l.blas_rows, capturing);
+  rb.chunk_rows = l.chunk_rows;
+  rb.blas_rows = std::min(routed_capacity_.capacity(rows, l.blas_rows, capturing), l.chunk_rows);
   rb.blas = base + l.routed_blas;
   rb.lt = base + l.lt;
   check_cuda(cudaMemsetAsync(rb.split_k.counters, 0, RoutedGemmConfig::kMaxSplitTiles * sizeof(int32_t), s),
@@ -442,8 +459,9 @@ void CudaTraining::backward_routed(const void* x, const void* dy, const Grads& g
   const size_t es = dtype_size(dims_.dtype);
   const size_t ws = LtConfig::kWorkspaceBytes;  // b.lt's bytes
   char* q_second = b.q + size_t(n) * es;  // gated: columns N .. 2N-1 of q
-  // Rows order[0 .. C) through cuBLAS, from gathered x and dy rows (zero past R); the rest on the
-  // tensor-core kernel, each launch starting at row C.
+  // Rows order[0 .. C) through cuBLAS, from gathered x and dy rows (zero past R), into rows 0 .. C
+  // of p and q; the rest on the tensor-core kernels, chunk by chunk (p and q hold chunk_rows rows:
+  // chunk j takes the rows [j chunk_rows, (j + 1) chunk_rows), the first of them from row C).
   const int64_t c = b.blas_rows;
   const RowList list{b.order, b.count, c};
   char* x_rows = b.blas;
@@ -463,94 +481,103 @@ void CudaTraining::backward_routed(const void* x, const void* dy, const Grads& g
     call.ldd = q_cols;
     lt_->run(call, s, b.lt);
   }
-  RecomputeArgs r;
-  r.dtype = dims_.dtype;
-  r.n_out = n;
-  r.k = k;
-  r.max_rows = rows;
-  r.order = b.order;
-  r.count = b.count;
-  r.first = c;
-  r.split_k = b.split_k;
-  r.act = Activation::relu;
-  r.src = x;
-  r.weight = first_weight();
-  r.out = b.p;
-  r.ldo = n;
-  launch_routed_recompute(r, device_, s);
-  r.act = Activation::none;
-  r.ldo = q_cols;
-  if (gated) {
-    r.weight = weights_.up.data;
-    r.out = b.q;
+  for (int64_t start = 0; start < rows; start += b.chunk_rows) {
+    const RoutedChunk chunk{start, start + b.chunk_rows};
+    const int64_t first = start == 0 ? c : start;  // the kernels' first row of this chunk
+    RecomputeArgs r;
+    r.dtype = dims_.dtype;
+    r.n_out = n;
+    r.k = k;
+    r.max_rows = rows;
+    r.order = b.order;
+    r.count = b.count;
+    r.first = first;
+    r.chunk = chunk;
+    r.split_k = b.split_k;
+    r.act = Activation::relu;
+    r.src = x;
+    r.weight = first_weight();
+    r.out = b.p;
+    r.ldo = n;
     launch_routed_recompute(r, device_, s);
-  }
-  r.src = dy;
-  r.weight = weights_.down.data;
-  r.out = gated ? q_second : b.q;
-  launch_routed_recompute(r, device_, s);
+    r.act = Activation::none;
+    r.ldo = q_cols;
+    if (gated) {
+      r.weight = weights_.up.data;
+      r.out = b.q;
+      launch_routed_recompute(r, device_, s);
+    }
+    r.src = dy;
+    r.weight = weights_.down.data;
+    r.out = gated ? q_second : b.q;
+    launch_routed_recompute(r, device_, s);
 
-  RoutedHiddenArgs h;
-  h.kind = dims_.kind;
-  h.dtype = dims_.dtype;
-  h.p = b.p;
-  h.q = b.q;
-  h.n = n;
-  h.rows = rows;
-  h.l1 = l1;
-  h.count = b.count;
-  launch_routed_hidden(h, device_, s);
+    RoutedHiddenArgs h;
+    h.kind = dims_.kind;
+    h.dtype = dims_.dtype;
+    h.p = b.p;
+    h.q = b.q;
+    h.n = n;
+    h.rows = rows;
+    h.l1 = l1;
+    h.count = b.count;
+    h.chunk = chunk;
+    launch_routed_hidden(h, device_, s);
 
-  // dx rows = [dg | du] [W1; Wu]  (plain: dg W1)
-  if (c > 0) {
-    blas_->matmul(b.q, q_cols, first_weight(), c, n, k, dx_rows, 0.0f, s, b.lt, ws);
-    if (gated) blas_->matmul(q_second, q_cols, weights_.up.data, c, n, k, dx_rows, 1.0f, s, b.lt, ws);
-    launch_scatter_rows(dims_.dtype, dx_rows, true, k, list, g.dx, device_, s, kBackwardOp);
-  }
-  InputGradArgs in;
-  in.dtype = dims_.dtype;
-  in.grad = b.q;
-  in.first = first_weight();
-  in.second = gated ? weights_.up.data : nullptr;
-  in.depth = q_cols;
-  in.split = n;
-  in.dx = g.dx;
-  in.k = k;
-  in.max_rows = rows;
-  in.order = b.order;
-  in.count = b.count;
-  in.first_row = c;
-  in.split_k = b.split_k;
-  launch_routed_input_grad(in, device_, s);
+    // dx rows = [dg | du] [W1; Wu]  (plain: dg W1)
+    if (start == 0 && c > 0) {
+      blas_->matmul(b.q, q_cols, first_weight(), c, n, k, dx_rows, 0.0f, s, b.lt, ws);
+      if (gated) blas_->matmul(q_second, q_cols, weights_.up.data, c, n, k, dx_rows, 1.0f, s, b.lt, ws);
+      launch_scatter_rows(dims_.dtype, dx_rows, true, k, list, g.dx, device_, s, kBackwardOp);
+    }
+    InputGradArgs in;
+    in.dtype = dims_.dtype;
+    in.grad = b.q;
+    in.first = first_weight();
+    in.second = gated ? weights_.up.data : nullptr;
+    in.depth = q_cols;
+    in.split = n;
+    in.dx = g.dx;
+    in.k = k;
+    in.max_rows = rows;
+    in.order = b.order;
+    in.count = b.count;
+    in.first_row = first;
+    in.chunk = chunk;
+    in.split_k = b.split_k;
+    launch_routed_input_grad(in, device_, s);
 
-  // dW1 += dg^T x;  gated: dWu += du^T x;  dWd += h^T dy (cuBLAS's rows first, then the kernel's)
-  if (c > 0) {
-    blas_->weight_grad(b.q, q_cols, x_rows, c, n, k, g.dfirst, 1.0f, s, b.lt, ws);
-    if (gated) blas_->weight_grad(q_second, q_cols, x_rows, c, n, k, g.dup, 1.0f, s, b.lt, ws);
-    blas_->weight_grad(b.p, n, dy_rows, c, n, k, g.ddown, 1.0f, s, b.lt, ws);
-  }
-  WeightGradGemmArgs w;
-  w.dtype = dims_.dtype;
-  w.n = n;
-  w.k = k;
-  w.order = b.order;
-  w.count = b.count;
-  w.first = c;
-  w.grad = b.q;
-  w.lda = q_cols;
-  w.src = x;
-  w.dw = g.dfirst;
-  launch_routed_weight_grad(w, device_, s);
-  if (gated) {
-    w.grad = q_second;
-    w.dw = g.dup;
+    // dW1 += dg^T x;  gated: dWu += du^T x;  dWd += h^T dy (cuBLAS's rows first, then the kernel's,
+    // chunk by chunk: a fixed order)
+    if (start == 0 && c > 0) {
+      blas_->weight_grad(b.q, q_cols, x_rows, c, n, k, g.dfirst, 1.0f, s, b.lt, ws);
+      if (gated) blas_->weight_grad(q_second, q_cols, x_rows, c, n, k, g.dup, 1.0f, s, b.lt, ws);
+      blas_->weight_grad(b.p, n, dy_rows, c, n, k, g.ddown, 1.0f, s, b.lt, ws);
+    }
+    WeightGradGemmArgs w;
+    w.dtype = dims_.dtype;
+    w.n = n;
+    w.k = k;
+    w.order = b.order;
+    w.count = b.count;
+    w.first = first;
+    w.chunk = chunk;
+    w.grad = b.q;
+    w.lda = q_cols;
+    w.src = x;
+    w.dw = g.dfirst;
+    launch_routed_weight_grad(w, device_, s);
+    if (gated) {
+      w.grad = q_second;
+      w.dw = g.dup;
+      launch_routed_weight_grad(w, device_, s);
+    }
+    w.grad = b.p;
+    w.lda = n;
+    w.src = dy;
+    w.dw = g.ddown;
     launch_routed_weight_grad(w, device_, s);
   }
-  w.grad = b.p;
-  w.lda = n;
-  w.src = dy;
-  w.dw = g.ddown;
-  launch_routed_weight_grad(w, device_, s);
 }
 
 
@@ -593,7 +620,7 @@ void CudaTraining::forward_dense(const TrainingForwardArgs& args, const TwellVie
 
 void CudaTraining::backward_dense(const TrainingBackwardArgs& args, const TensorView& x, const TwellView& saved,
                                   const Grads& g, int64_t rows, char* base, const L1Coef& l1, cudaStream_t s) {
-  const TrainDenseBackwardLayout l = train_dense_backward_layout(dims_, rows);
+  const TrainDenseBackwardLayout l = dense_backward_layout(rows);
   const bool gated = dims_.kind == FfnKind::gated;
   const int64_t n = dims_.n, k = dims_.k;
   const size_t es = dtype_size(dims_.dtype);
@@ -625,10 +652,7 @@ void CudaTraining::backward_dense(const TrainingBackwardArgs& args, const Tensor
   // weights themselves where Wu follows Wg in memory, as a fused gate-up parameter has them);
   // plain: dg Wu
   const void* stacked = first_weight();
-  const bool adjacent_weights =
-      gated && static_cast<const char*>(weights_.up.data) ==
-                   static_cast<const char*>(weights_.gate.data) + size_t(n * k) * es;
-  if (gated && !adjacent_weights) {
+  if (gated && !adjacent_weights()) {
     const size_t bytes = size_t(n * k) * es;
     check_cuda(cudaMemcpyAsync(base + l.stacked, weights_.gate.data, bytes, cudaMemcpyDeviceToDevice, s),
                kBackwardOp, "stacked weights");

@@ -137,6 +137,10 @@ def test_saved_layout_mirror(m, n, tile, capacity, gated):
     for dt, np_dt in ((twell.DType.f32, np.float32), (twell.DType.bf16, np.float16)):
         assert dense.bytes(dt) == layout.saved_bytes(m, n, plan.tile, plan.capacity, 1 + gated,
                                                      np.dtype(np_dt), dense=True)
+    # The CPU backend keeps its own host scratch: no caller workspace, for either form.
+    assert plan.workspace_bytes(m) == 0
+    for form in (twell.SavedForm.compact, twell.SavedForm.dense):
+        assert plan.workspace_bytes(m, form) == 0
 
 
 def test_inference_options_resolved():
@@ -199,3 +203,5 @@ def test_bad_inputs():
     expect("dgate", lambda: t.backward(y, x.copy(), None, g[1], g[2], x, saved))
     expect("ddown", lambda: t.backward(y, x.copy(), g[0], g[1], g[2].astype(np.float16), x, saved))
     expect("options.l1_coef", lambda: twell.TrainingPlan(w, w, w, l1_coef=-1.0))
+    expect("rows", lambda: t.workspace_bytes(-1, twell.SavedForm.compact))
+    expect("rows", lambda: t.workspace_bytes(-1))

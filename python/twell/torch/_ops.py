@@ -25,6 +25,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
+import twell
 from twell import layout
 from twell.torch import _plans
 
@@ -59,10 +60,15 @@ def _(x, gate, up, down, tile, capacity, dispatch, dense_above):
     return x.new_empty(x.shape), x.new_empty(2, dtype=torch.int64)
 
 
-def _workspace(plan, x):
+def _workspace(plan, x, gate, up, tile, capacity, saved_nbytes):
     """Training scratch from PyTorch's allocator (a capture-safe pool inside CUDA-graph capture),
-    so the plan never allocates while a step is captured; None where none is needed."""
-    nbytes = plan.workspace_bytes(x.shape[0])
+    so the plan never allocates while a step is captured; None where none is needed. Sized for the
+    saved form the step runs, which the saved buffer's size tells (as the C++ binding reads it:
+    the dense form's bytes exactly, and not also the compact form's)."""
+    dense = (saved_nbytes == _saved_bytes(x, gate, up, tile, capacity, dense=True)
+             and saved_nbytes != _saved_bytes(x, gate, up, tile, capacity))
+    form = twell.SavedForm.dense if dense else twell.SavedForm.compact
+    nbytes = plan.workspace_bytes(x.shape[0], form)
     return _plans.dl(x.new_empty(nbytes, dtype=torch.uint8)) if nbytes else None
 
 
@@ -81,7 +87,7 @@ def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile:
     saved = x.new_zeros(nbytes, dtype=torch.uint8)
     stats = x.new_empty(2, dtype=torch.float32)
     plan.forward(_plans.dl(x), _plans.dl(y), _plans.dl(saved), _plans.dl(stats),
-                 _plans.stream_of(x.device), _workspace(plan, x))
+                 _plans.stream_of(x.device), _workspace(plan, x, gate, up, tile, capacity, nbytes))
     return y, saved, stats
 
 
@@ -114,7 +120,8 @@ def ffn_train_backward(dy: Tensor, x: Tensor, gate: Optional[Tensor], up: Tensor
     dgate = grads[0] if gate is not None else None
     plan.backward(_plans.dl(dy), _plans.dl(dx), _plans.dl(dgate), _plans.dl(grads[-2]),
                   _plans.dl(grads[-1]), _plans.dl(x), _plans.dl(saved), _plans.dl(l1_coef),
-                  _plans.stream_of(x.device), _workspace(plan, x))
+                  _plans.stream_of(x.device),
+                  _workspace(plan, x, gate, up, tile, capacity, saved.numel()))
     return [dx] + grads
 
 
