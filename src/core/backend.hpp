@@ -1,6 +1,7 @@
 // The seam between the public plans (src/core) and the backends (src/cpu, src/cuda). A plan
 // validates arguments, resolves options and then talks to one backend object through this.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 
@@ -38,6 +39,11 @@ class TrainingBackend {
   // waits for the device), and whether the backend runs that form at all.
   virtual bool wants_dense_layout(int64_t rows) = 0;
   virtual bool supports_dense_layout() const = 0;
+  // Scratch for a step of either form this backend runs (TrainingPlan::workspace_bytes(M)).
+  size_t any_form_workspace_bytes(int64_t rows) const {
+    const size_t compact = workspace_bytes(rows, SavedForm::compact);
+    return supports_dense_layout() ? std::max(compact, workspace_bytes(rows, SavedForm::dense)) : compact;
+  }
   // Weights already checked to match the plan's in kind, shapes, dtype and device.
   virtual void set_weights(const FfnWeights& w) = 0;
   // Arguments are validated; `saved` has the plan's saved_shape(M) in either form (dense:

@@ -1,6 +1,5 @@
 // The training plan: validation and backend dispatch for forward (saving the hybrid layout) and
 // backward.
-#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -47,9 +46,14 @@ class TrainingPlan::Impl {
   TrainingOptions options;
   std::shared_ptr<detail::TrainingBackend> backend;
 
+  // The form of a saved view of `rows` rows (its shape is checked by check_saved).
+  static SavedForm form_of(const TwellView& saved, int64_t rows) {
+    return rows > 0 && saved.shape.backup_capacity == rows ? SavedForm::dense : SavedForm::compact;
+  }
+
   void check_saved(const char* op, const TwellView& saved, int64_t rows) const {
     const TwellShape& got = saved.shape;
-    const bool dense = rows > 0 && got.backup_capacity == rows;
+    const bool dense = form_of(saved, rows) == SavedForm::dense;
     if (dense && !backend->supports_dense_layout())
       throw Error(op, "saved shape", "backup 0 (this backend saves the compact form only)",
                   "backup " + std::to_string(got.backup_capacity));
@@ -74,8 +78,7 @@ class TrainingPlan::Impl {
 
   void check_workspace(const char* op, const TensorView& ws, int64_t rows, const TwellView& saved) const {
     if (!ws.defined()) return;
-    const bool dense = rows > 0 && saved.shape.backup_capacity == rows;
-    const size_t need = backend->workspace_bytes(rows, dense ? SavedForm::dense : SavedForm::compact);
+    const size_t need = backend->workspace_bytes(rows, form_of(saved, rows));
     if (ws.rank != 1 || ws.dtype != DType::u8 || !ws.is_contiguous())
       throw Error(op, "workspace", "a contiguous uint8 vector", ws.shape_string() + " " + dtype_name(ws.dtype));
     if (ws.device != weights.up.device)
@@ -129,11 +132,8 @@ void check_workspace_rows(int64_t rows) {
 
 size_t TrainingPlan::workspace_bytes(int64_t rows) const {
   check_workspace_rows(rows);
-  // Either form is accepted whatever dispatch asks (forward and backward take the saved view's),
-  // except where the backend runs only the compact one.
-  const detail::TrainingBackend& b = *impl_->backend;
-  const size_t compact = b.workspace_bytes(rows, SavedForm::compact);
-  return b.supports_dense_layout() ? std::max(compact, b.workspace_bytes(rows, SavedForm::dense)) : compact;
+  // Either form is accepted whatever dispatch asks (forward and backward take the saved view's).
+  return impl_->backend->any_form_workspace_bytes(rows);
 }
 size_t TrainingPlan::workspace_bytes(int64_t rows, SavedForm form) const {
   check_workspace_rows(rows);

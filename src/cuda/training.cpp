@@ -149,9 +149,7 @@ class CudaTraining final : public detail::TrainingBackend {
       check_cuda(cudaStreamWaitEvent(s, done_, 0), op, "previous run");
     if (caller.defined()) return aligned_base(caller.data);
     // Sized for every form dispatch may pick (it persists from run to run, and a capture cannot grow it).
-    size_t bytes = workspace_bytes(rows, SavedForm::compact);
-    if (supports_dense_layout()) bytes = std::max(bytes, workspace_bytes(rows, SavedForm::dense));
-    return aligned_base(own_.reserve(bytes, s, done_, capturing, op));
+    return aligned_base(own_.reserve(any_form_workspace_bytes(rows), s, done_, capturing, op));
   }
 
   void end(cudaStream_t s, bool capturing, const char* op) {
@@ -160,15 +158,15 @@ class CudaTraining final : public detail::TrainingBackend {
     last_stream_ = s;
   }
 
-  // The dense backward's [Wg; Wu]: the weights themselves where Wu follows Wg in memory (a fused
-  // gate-up parameter), else a copy in the workspace.
-  bool adjacent_weights() const {
+  // Whether the dense backward copies [Wg; Wu] into the workspace (gated weights where Wu does not
+  // follow Wg in memory; a fused gate-up parameter is read in place).
+  bool copies_weights() const {
     return dims_.kind == FfnKind::gated &&
-           static_cast<const char*>(weights_.up.data) ==
+           static_cast<const char*>(weights_.up.data) !=
                static_cast<const char*>(weights_.gate.data) + size_t(dims_.n * dims_.k) * dtype_size(dims_.dtype);
   }
   TrainDenseBackwardLayout dense_backward_layout(int64_t rows) const {
-    return train_dense_backward_layout(dims_, rows, dims_.kind == FfnKind::gated && !adjacent_weights());
+    return train_dense_backward_layout(dims_, rows, copies_weights());
   }
 
   const void* first_weight() const {
@@ -652,7 +650,7 @@ void CudaTraining::backward_dense(const TrainingBackwardArgs& args, const Tensor
   // weights themselves where Wu follows Wg in memory, as a fused gate-up parameter has them);
   // plain: dg Wu
   const void* stacked = first_weight();
-  if (gated && !adjacent_weights()) {
+  if (copies_weights()) {
     const size_t bytes = size_t(n * k) * es;
     check_cuda(cudaMemcpyAsync(base + l.stacked, weights_.gate.data, bytes, cudaMemcpyDeviceToDevice, s),
                kBackwardOp, "stacked weights");

@@ -63,11 +63,10 @@ def _(x, gate, up, down, tile, capacity, dispatch, dense_above):
 def _workspace(plan, x, gate, up, tile, capacity, saved_nbytes):
     """Training scratch from PyTorch's allocator (a capture-safe pool inside CUDA-graph capture),
     so the plan never allocates while a step is captured; None where none is needed. Sized for the
-    saved form the step runs, which the saved buffer's size tells (as the C++ binding reads it:
-    the dense form's bytes exactly, and not also the compact form's)."""
-    dense = (saved_nbytes == _saved_bytes(x, gate, up, tile, capacity, dense=True)
-             and saved_nbytes != _saved_bytes(x, gate, up, tile, capacity))
-    form = twell.SavedForm.dense if dense else twell.SavedForm.compact
+    saved form the step runs, which the saved buffer's size tells: the compact form's bytes, or
+    the dense form's (a buffer of neither size is the plan's error)."""
+    compact = saved_nbytes == _saved_bytes(x, gate, up, tile, capacity)
+    form = twell.SavedForm.compact if compact else twell.SavedForm.dense
     nbytes = plan.workspace_bytes(x.shape[0], form)
     return _plans.dl(x.new_empty(nbytes, dtype=torch.uint8)) if nbytes else None
 
