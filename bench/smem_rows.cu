@@ -84,16 +84,18 @@ __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {  // round to n
 }
 
 // ---- reference: a warp per token, 4 KB rows from L2, two entries a step
+constexpr int kRowVecs = kK / 8;
+
+__device__ __forceinline__ int next_token(int* head, int lane) {  // from the queue, warp-uniform
+  return __shfl_sync(~0u, lane == 0 ? atomicAdd(head, 1) : 0, 0);
+}
+
 __global__ void __launch_bounds__(128, 4)
 ref_dots(const uint4* __restrict__ x, const uint4* __restrict__ wu, const int32_t* __restrict__ rp,
          const uint16_t* __restrict__ ncol, const float* __restrict__ gval, float* __restrict__ h,
          int M, int* head) {
   const int lane = threadIdx.x & 31;
-  constexpr int kRowVecs = kK / 8;
-  for (;;) {
-    int m = lane == 0 ? atomicAdd(head, 1) : 0;
-    m = __shfl_sync(~0u, m, 0);
-    if (m >= M) return;
+  for (int m = next_token(head, lane); m < M; m = next_token(head, lane)) {
     uint4 xv[8];
 #pragma unroll
     for (int c = 0; c < 8; ++c) xv[c] = x[(size_t)m * kRowVecs + c * 32 + lane];
@@ -129,11 +131,7 @@ __global__ void __launch_bounds__(128, 4)
 ref_axpys(const uint4* __restrict__ wd, const int32_t* __restrict__ rp, const uint16_t* __restrict__ ncol,
           const float* __restrict__ h, uint4* __restrict__ y, int M, int* head) {
   const int lane = threadIdx.x & 31;
-  constexpr int kRowVecs = kK / 8;
-  for (;;) {
-    int m = lane == 0 ? atomicAdd(head, 1) : 0;
-    m = __shfl_sync(~0u, m, 0);
-    if (m >= M) return;
+  for (int m = next_token(head, lane); m < M; m = next_token(head, lane)) {
     float acc[8][8] = {};
     const int lo = rp[m], hi = rp[m + 1];
     for (int e = lo; e < hi; e += 2) {
