@@ -20,6 +20,7 @@
 // Every kernel is timed alone (median of 10 after 2, L2 flushed before each run), and h and y are
 // checked against fp64. Needs 128 SMs and 180 KB of shared memory per block (Hopper).
 //   twell_smem_rows [--m M] [--density PERCENT_x100] [--seed S]   (defaults 16384, 50 = 0.5%)
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -76,11 +77,8 @@ __device__ __forceinline__ void axpy8(float h, uint4 w, float* acc) {
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {  // round to nearest even
-  auto r = [](float f) {
-    const uint32_t u = __float_as_uint(f);
-    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  };
-  return r(a) | (r(b) << 16);
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // ---- reference: a warp per token, 4 KB rows from L2, two entries a step
@@ -439,19 +437,6 @@ int64_t arg(int argc, char** argv, const char* name, int64_t fallback) {
   return fallback;
 }
 
-float bf16_to_float(uint16_t b) {
-  const uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -471,10 +456,10 @@ int main(int argc, char** argv) {
 
   // data: x, Wu, Wd bf16; entries uniform at the density, neurons ascending per token
   std::uniform_real_distribution<float> uni(-1.f, 1.f);
-  std::vector<uint16_t> hx(size_t(M) * kK), hwu(size_t(kN) * kK), hwd(size_t(kN) * kK);
-  for (auto& v : hx) v = float_to_bf16(uni(rng));
-  for (auto& v : hwu) v = float_to_bf16(uni(rng) * 0.05f);
-  for (auto& v : hwd) v = float_to_bf16(uni(rng) * 0.05f);
+  std::vector<__nv_bfloat16> hx(size_t(M) * kK), hwu(size_t(kN) * kK), hwd(size_t(kN) * kK);
+  for (auto& v : hx) v = __float2bfloat16(uni(rng));
+  for (auto& v : hwu) v = __float2bfloat16(uni(rng) * 0.05f);
+  for (auto& v : hwd) v = __float2bfloat16(uni(rng) * 0.05f);
   std::vector<int32_t> rp(M + 1, 0), gp(size_t(M) * (kGroups + 1));
   std::vector<uint16_t> ncol;
   std::vector<float> gval;
@@ -627,7 +612,7 @@ int main(int argc, char** argv) {
   // checks on 256 random tokens: h (the last pipeline's and the reference's) against fp64 from
   // x, Wu, g; y (both) against fp64 from each one's own h
   std::vector<float> h(E), h_ref(E);
-  std::vector<uint16_t> y(size_t(M) * kK), y_ref(size_t(M) * kK);
+  std::vector<__nv_bfloat16> y(size_t(M) * kK), y_ref(size_t(M) * kK);
   check(cudaMemcpy(h.data(), dh, size_t(E) * 4, cudaMemcpyDeviceToHost), "copy");
   check(cudaMemcpy(h_ref.data(), dh_ref, size_t(E) * 4, cudaMemcpyDeviceToHost), "copy");
   check(cudaMemcpy(y.data(), dy, y.size() * 2, cudaMemcpyDeviceToHost), "copy");
@@ -640,18 +625,18 @@ int main(int argc, char** argv) {
     for (int e = rp[m]; e < rp[m + 1]; ++e) {
       double d = 0;
       for (int k = 0; k < kK; ++k)
-        d += double(bf16_to_float(hx[size_t(m) * kK + k])) * bf16_to_float(hwu[size_t(ncol[e]) * kK + k]);
+        d += double(__bfloat162float(hx[size_t(m) * kK + k])) * __bfloat162float(hwu[size_t(ncol[e]) * kK + k]);
       d *= gval[e];
       err_h += (h[e] - d) * (h[e] - d);
       err_h_ref += (h_ref[e] - d) * (h_ref[e] - d);
       norm_h += d * d;
       for (int k = 0; k < kK; ++k) {
-        yd[k] += double(h[e]) * bf16_to_float(hwd[size_t(ncol[e]) * kK + k]);
-        yd_ref[k] += double(h_ref[e]) * bf16_to_float(hwd[size_t(ncol[e]) * kK + k]);
+        yd[k] += double(h[e]) * __bfloat162float(hwd[size_t(ncol[e]) * kK + k]);
+        yd_ref[k] += double(h_ref[e]) * __bfloat162float(hwd[size_t(ncol[e]) * kK + k]);
       }
     }
     for (int k = 0; k < kK; ++k) {
-      const double a = bf16_to_float(y[size_t(m) * kK + k]), b = bf16_to_float(y_ref[size_t(m) * kK + k]);
+      const double a = __bfloat162float(y[size_t(m) * kK + k]), b = __bfloat162float(y_ref[size_t(m) * kK + k]);
       err_y += (a - yd[k]) * (a - yd[k]);
       err_y_ref += (b - yd_ref[k]) * (b - yd_ref[k]);
       norm_y += yd[k] * yd[k];
