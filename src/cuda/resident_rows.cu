@@ -1,0 +1,719 @@
+// The resident row stage: up + down over compact rows with the weights held in shared memory.
+//   lists (a warp per batch of kTokens rows): count pass (each row's entries; routed and long rows
+//     to the dense backup), a scan of the per-batch list sizes, a fill pass that sorts each batch's
+//     entries into the dots lists (per neuron group) and the axpys halves (per row), ordered so
+//     that the 8 rows of every ldmatrix phase fall on distinct shared-memory bank positions.
+//   dots (gated; CTA = neuron group g x K slice s, one per SM, 16 warps): Wu's group rows over the
+//     slice stay in shared memory; a warp takes a contiguous range of batches, its rows' x slices
+//     as mma B fragments in registers (loaded straight from global memory, two batches ahead),
+//     16 list entries per m16n8k16 A tile (ldmatrix rows gathered from the resident block); the
+//     lane holding entry i's token column stores its partial dot into the row's G row.
+//   reduce (a warp per row): h = g * (partials summed in slice order), rounded once, into the
+//     entry's axpys slot.
+//   axpys (CTA = K slice of kAxpysCols, one per SM, 16 warps): Wd over the slice for every neuron
+//     in shared memory; a warp streams its batches' halves (cp.async ring) and accumulates
+//     y^T[16 cols, 8 rows] on tensor cores (A = Wd^T gathered by ldmatrix.trans, B = the halves'
+//     h on their row's column), then writes the rows' 16 columns.
+// docs/kernels.md ("Resident row stage") has the reasoning and the measurements.
+#include <algorithm>
+#include <mutex>
+#include <string>
+#include <type_traits>
+
+#include "cuda/config.hpp"
+#include "cuda/cp_async.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/element.cuh"
+#include "cuda/kernels.hpp"
+#include "cuda/launch.cuh"
+#include "cuda/mma.cuh"
+#include "cuda/train_scan.cuh"
+#include "cuda/warp_rows.cuh"
+
+namespace twell::gpu {
+
+namespace {
+
+using Cfg = ResidentConfig;
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kMaxGroups = 16;              // dots groups the list pass sorts by (bins: x 8 keys)
+constexpr int kBankKeys = 8;                // 16-byte positions of a 128-byte shared-memory line
+constexpr int kDotsRowBytes = Cfg::kDotsCols * 2;    // 256: a resident Wu row over the slice
+constexpr int kAxpysRowBytes = Cfg::kAxpysCols * 2;  // 32: a resident Wd row over the slice
+constexpr int kHalf = 8;                    // entries of one row per axpys half
+constexpr int kHalfBytes = 32;              // 8 x uint16 neuron words, 8 x 16-bit h
+constexpr uint32_t kPadEntry = 0xffffu;     // the entry field of a dots pad slot
+constexpr int kNeuronBits = 13;             // axpys neuron word: neuron | row in batch << 13
+constexpr int kScanThreads = 1024;
+static_assert(Cfg::kTokens == 8, "the mma's n8 is the batch's rows");
+static_assert(Cfg::kMaxNeurons == 1 << kNeuronBits, "axpys neuron words keep 13 bits of neuron");
+static_assert(Cfg::kListBytes % (kWarpSize * 16) == 0, "a list step is one 16-byte copy per lane");
+static_assert(Cfg::kMaxEntries < int(kPadEntry), "entries fit the dots words' 16-bit field");
+
+struct Params {
+  FfnKind kind;
+  int64_t rows, k, n;
+  TwellView tw;
+  int32_t tiles_per_group, groups, slices, e_max;
+  const void* x;
+  const void* up;
+  const void* down;
+  void* y;
+  void* hidden;
+  int32_t* heavy_rows;
+  int32_t* num_heavy;
+  int32_t* row_entries;
+  int32_t* dots_offsets;
+  int32_t* half_offsets;
+  uint32_t* dots_lists;
+  uint16_t* halves;
+};
+
+__host__ __device__ __forceinline__ int64_t num_batches(int64_t rows) {
+  return (rows + Cfg::kTokens - 1) / Cfg::kTokens;
+}
+
+// A resident row's G row as 32-bit words: partials [slices][e_max], then axpys slots [e_max].
+template <typename T>
+__device__ __forceinline__ float* row_words(const Params& p, int64_t row) {
+  return reinterpret_cast<float*>(static_cast<T*>(p.hidden) + row * p.n);
+}
+
+// The bank position of Wd row n's first 16-byte chunk in the axpys block: 128-byte lines hold 4
+// rows; XOR with the line number spreads rows over all 8 positions.
+__device__ __forceinline__ int axpys_key(int n) { return (2 * (n & 3)) ^ ((n >> 2) & 7); }
+
+// ------------------------------------------------------------------------------------------------
+// Lists.
+
+// Count pass: row_entries for the batch's rows, the routed and long rows listed for the backup
+// (long ones written densely into G), and the sizes of the batch's lists.
+template <typename T>
+__global__ void __launch_bounds__(Cfg::kListWarps* kWarpSize) count_kernel(Params p) {
+  chain_entry();
+  __shared__ int group_entries[Cfg::kListWarps][kMaxGroups];
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int64_t batches = num_batches(p.rows);
+  const int64_t b = int64_t(blockIdx.x) * Cfg::kListWarps + warp;
+  if (b >= batches) return;
+  const TwellView& tw = p.tw;
+  const int num_tiles = int((tw.shape.cols + tw.shape.tile - 1) / tw.shape.tile);
+  if (lane < kMaxGroups) group_entries[warp][lane] = 0;
+  __syncwarp();
+  int halves = 0;
+  for (int t = 0; t < Cfg::kTokens; ++t) {
+    const int64_t row = b * Cfg::kTokens + t;
+    if (row >= p.rows) break;
+    int entries = -1;
+    if (tw.row_slot[row] == -1) {
+      const int total = warp_rows::row_entries(tw, row, lane);
+      if (total <= p.e_max) {
+        entries = total;
+        for (int tile = lane; tile < num_tiles; tile += kWarpSize) {
+          const int c = tw.counts[row * num_tiles + tile];
+          if (c > 0 && p.slices > 0) atomicAdd(&group_entries[warp][tile / p.tiles_per_group], c);
+        }
+      } else {
+        warp_rows::densify_row(tw, row, static_cast<T*>(p.hidden) + row * p.n, lane, kWarpSize,
+                               [] { __syncwarp(); });
+      }
+    }
+    if (entries < 0 && lane == 0) p.heavy_rows[atomicAdd(p.num_heavy, 1)] = int32_t(row);
+    if (lane == 0) p.row_entries[row] = entries;
+    halves += entries > 0 ? (entries + kHalf - 1) / kHalf : 0;
+  }
+  __syncwarp();
+  if (lane < p.groups) {
+    const int e = group_entries[warp][lane];
+    p.dots_offsets[lane * batches + b] = (e + 15) / 16 * 16;  // whole m16 tiles
+  }
+  if (lane == 0) p.half_offsets[b] = halves + (halves & 1);  // whole tiles of two halves
+}
+
+// In place: a[0, n) becomes its exclusive prefix sum and a[n] the total (CTA 0: the dots offsets,
+// CTA 1: the halves' offsets).
+__global__ void __launch_bounds__(kScanThreads) scan_kernel(int32_t* dots, int64_t dots_n, int32_t* halves,
+                                                            int64_t halves_n) {
+  chain_entry();
+  __shared__ scan::ScanShared sm;
+  int32_t* a = blockIdx.x == 0 ? dots : halves;
+  const int64_t n = blockIdx.x == 0 ? dots_n : halves_n;
+  if (a == nullptr) return;
+  constexpr int kPerThread = 4;
+  int64_t carry = 0;
+  for (int64_t base = 0; base < n; base += int64_t(kScanThreads) * kPerThread) {
+    const int64_t i = base + int64_t(threadIdx.x) * kPerThread;
+    int32_t v[kPerThread];
+    int64_t sum = 0;
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      v[j] = i + j < n ? a[i + j] : 0;
+      sum += v[j];
+    }
+    int64_t total = 0;
+    int64_t run = carry + scan::exclusive_scan(sum, sm, total);
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      if (i + j < n) a[i + j] = int32_t(run);
+      run += v[j];
+    }
+    carry += total;
+    __syncthreads();  // sm is reused by the next chunk
+  }
+  if (threadIdx.x == 0) a[n] = int32_t(carry);
+}
+
+// Stable counting sort of a warp's staged entries by key(word) in [0, bins): calls
+// emit(word, position) once per entry. start (optional, bins + 1 ints) receives each key's first
+// position. The histogram's atomics are order-free; positions come from ballot ranks, so the
+// result is the same every run.
+template <typename Key, typename Emit>
+__device__ void sort_entries(const uint32_t* stage, int n, int bins, int* count, int* start, Key&& key,
+                             Emit&& emit, int lane) {
+  for (int i = lane; i < bins; i += kWarpSize) count[i] = 0;
+  __syncwarp();
+  for (int i = lane; i < n; i += kWarpSize) atomicAdd(&count[key(stage[i])], 1);
+  __syncwarp();
+  // Exclusive scan of the bins, up to 4 per lane.
+  int local[4], sum = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int bin = lane * 4 + j;
+    local[j] = bin < bins ? count[bin] : 0;
+    sum += local[j];
+  }
+  int incl = sum;
+#pragma unroll
+  for (int d = 1; d < kWarpSize; d <<= 1) {
+    const int v = __shfl_up_sync(kFullMask, incl, d);
+    if (lane >= d) incl += v;
+  }
+  int run = incl - sum;
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int bin = lane * 4 + j;
+    if (bin < bins) {
+      count[bin] = run;
+      if (start != nullptr) start[bin] = run;
+    }
+    run += local[j];
+  }
+  if (start != nullptr && lane == kWarpSize - 1) start[bins] = incl;
+  __syncwarp();
+  for (int i0 = 0; i0 < n; i0 += kWarpSize) {
+    const int i = i0 + lane;
+    const bool active = i < n;
+    const unsigned members = __ballot_sync(kFullMask, active);
+    uint32_t word = 0;
+    int k = 0, pos = 0, base = 0;
+    unsigned peers = 0;
+    if (active) {
+      word = stage[i];
+      k = key(word);
+      peers = __match_any_sync(members, k);
+      base = count[k];
+      pos = base + __popc(peers & ((1u << lane) - 1));
+    }
+    __syncwarp();
+    if (active && lane == __ffs(peers) - 1) count[k] = base + __popc(peers);
+    __syncwarp();
+    if (active) emit(word, pos);
+  }
+  __syncwarp();
+}
+
+// Staged entry: neuron | row in batch << 16 | entry within the row << 19.
+__device__ __forceinline__ int staged_neuron(uint32_t w) { return int(w & 0xffffu); }
+__device__ __forceinline__ int staged_token(uint32_t w) { return int(w >> 16 & 7u); }
+__device__ __forceinline__ int staged_entry(uint32_t w) { return int(w >> 19); }
+
+
+// The fill pass's shared memory per warp, in 32-bit words: the stage, the sort's bins and each
+// key's first position, and the batch's per-row and per-group figures.
+constexpr int kBins = kMaxGroups * kBankKeys;
+constexpr int kInfoWords = 4 * Cfg::kTokens + kMaxGroups;
+__host__ __device__ __forceinline__ int fill_warp_words(int e_max) {
+  return Cfg::kTokens * e_max + kBins + (kBins + 1) + kInfoWords;
+}
+
+// Fill pass: the batch's entries staged in shared memory, then sorted into its axpys halves and
+// (gated) its dots lists; each resident row's G row records where its entries went in the halves.
+template <typename T>
+__global__ void __launch_bounds__(Cfg::kListWarps* kWarpSize) fill_kernel(Params p) {
+  chain_entry();
+  extern __shared__ uint32_t list_smem[];
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int64_t batches = num_batches(p.rows);
+  const int64_t b = int64_t(blockIdx.x) * Cfg::kListWarps + warp;
+  if (b >= batches) return;
+  uint32_t* stage = list_smem + size_t(warp) * fill_warp_words(p.e_max);
+  int* count = reinterpret_cast<int*>(stage + Cfg::kTokens * p.e_max);
+  int* start = count + kBins;
+  int* info = start + kBins + 1;
+  int* row_count = info;                     // entries of row t (0 for the backup's rows)
+  int* row_base = info + Cfg::kTokens;       // its first stage position
+  int* row_halves = info + 2 * Cfg::kTokens;
+  int* row_half = info + 3 * Cfg::kTokens;   // its first half within the batch
+  int* group_offset = info + 4 * Cfg::kTokens;
+  const TwellView& tw = p.tw;
+  const int64_t row0 = b * Cfg::kTokens;
+
+  int entries = 0;
+  if (lane < Cfg::kTokens && row0 + lane < p.rows) entries = max(p.row_entries[row0 + lane], 0);
+  const int halves = (entries + kHalf - 1) / kHalf;
+  int entry_end = entries, half_end = halves;  // inclusive prefix sums over the rows
+#pragma unroll
+  for (int d = 1; d < Cfg::kTokens; d <<= 1) {
+    const int e = __shfl_up_sync(kFullMask, entry_end, d);
+    const int h = __shfl_up_sync(kFullMask, half_end, d);
+    if (lane >= d) {
+      entry_end += e;
+      half_end += h;
+    }
+  }
+  const int total = __shfl_sync(kFullMask, entry_end, Cfg::kTokens - 1);
+  if (lane < Cfg::kTokens) {
+    row_count[lane] = entries;
+    row_base[lane] = entry_end - entries;
+    row_halves[lane] = halves;
+    row_half[lane] = half_end - halves;
+  }
+  if (lane < p.groups) group_offset[lane] = p.dots_offsets[lane * batches + b];
+
+  // Zero the batch's halves: pad slots keep neuron 0 and h = 0 (a row's every half has a real
+  // first slot, which names the half's row; the batch's odd last half is all zero).
+  const int64_t half0 = p.half_offsets[b];
+  const int64_t half_words = (p.half_offsets[b + 1] - half0) * (kHalfBytes / 16);
+  uint4* hv = reinterpret_cast<uint4*>(p.halves) + half0 * (kHalfBytes / 16);
+  for (int64_t i = lane; i < half_words; i += kWarpSize) hv[i] = make_uint4(0, 0, 0, 0);
+  // Pad the dots lists: a pad slot's entry field is kPadEntry (its partial is never stored).
+  for (int g = 0; g < p.groups; ++g) {
+    const int64_t first = p.dots_offsets[g * batches + b], last = p.dots_offsets[g * batches + b + 1];
+    for (int64_t i = first + lane; i < last; i += kWarpSize) p.dots_lists[i] = kPadEntry << 16;
+  }
+
+  // Stage every entry of the batch's resident rows: rows in order, TwELL order inside a row.
+  for (int t = 0; t < Cfg::kTokens; ++t) {
+    const int e_t = __shfl_sync(kFullMask, entries, t);
+    if (e_t == 0) continue;
+    const int base = __shfl_sync(kFullMask, entry_end - entries, t);
+    int seen = 0;
+    warp_rows::for_each_entry_group(tw, row0 + t, lane, [&](int neuron, int64_t, int group_count) {
+      if (lane < group_count)
+        stage[base + seen + lane] = uint32_t(neuron) | uint32_t(t) << 16 | uint32_t(seen + lane) << 19;
+      seen += group_count;
+    });
+  }
+  __syncwarp();
+
+  // Axpys: row t's entries sorted by bank key and dealt round-robin over its halves, so each half
+  // (an ldmatrix phase of 8 rows) holds distinct keys wherever no key has more entries than the
+  // row has halves.
+  sort_entries(
+      stage, total, Cfg::kTokens * kBankKeys, count, nullptr,
+      [](uint32_t w) { return staged_token(w) * kBankKeys + axpys_key(staged_neuron(w)); },
+      [&](uint32_t w, int pos) {
+        const int t = staged_token(w);
+        const int local = pos - row_base[t], h = row_halves[t];
+        const int64_t half = half0 + row_half[t] + local % h;
+        const int slot = local / h;
+        p.halves[half * (kHalfBytes / 2) + slot] = uint16_t(staged_neuron(w) | t << kNeuronBits);
+        reinterpret_cast<int32_t*>(row_words<T>(p, row0 + t))[p.slices * p.e_max + staged_entry(w)] =
+            int32_t(half * kHalf + slot);
+      },
+      lane);
+  if (p.slices == 0) return;
+
+  // Dots: group g's entries sorted by bank key (the resident row's index mod 8) and dealt
+  // round-robin over the group's 8-row phases, in whole m16 tiles.
+  const int group_rows = p.tiles_per_group * tw.shape.tile;
+  auto group_of = [&](uint32_t w) { return staged_neuron(w) / group_rows; };
+  sort_entries(
+      stage, total, p.groups * kBankKeys, count, start,
+      [&](uint32_t w) { return group_of(w) * kBankKeys + (staged_neuron(w) - group_of(w) * group_rows) % kBankKeys; },
+      [&](uint32_t w, int pos) {
+        const int g = group_of(w);
+        const int first = start[g * kBankKeys], n_g = start[(g + 1) * kBankKeys] - first;
+        const int phases = (n_g + 15) / 16 * 2, local = pos - first;
+        const int slot = local % phases * kHalf + local / phases;
+        const uint32_t in_group = uint32_t(staged_neuron(w) - g * group_rows);
+        p.dots_lists[group_offset[g] + slot] =
+            in_group | uint32_t(staged_token(w)) << 12 | uint32_t(staged_entry(w)) << 16;
+      },
+      lane);
+}
+
+// Reduce pass (a warp per row): each resident row's h = g * (its partial dots summed in slice
+// order) or g (plain), rounded once, into the entry's axpys slot.
+template <typename T>
+__global__ void __launch_bounds__(Cfg::kListWarps* kWarpSize) reduce_kernel(Params p) {
+  chain_entry();
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row = int64_t(blockIdx.x) * Cfg::kListWarps + threadIdx.x / kWarpSize;
+  if (row >= p.rows || p.row_entries[row] <= 0) return;
+  const float* partial = row_words<T>(p, row);
+  const auto* slots = reinterpret_cast<const int32_t*>(partial) + p.slices * p.e_max;
+  const auto* values = static_cast<const T*>(p.tw.values);
+  auto* h_out = reinterpret_cast<T*>(p.halves);
+  int seen = 0;
+  warp_rows::for_each_entry_group(p.tw, row, lane, [&](int, int64_t slot, int count) {
+    const int j = seen + lane;
+    if (lane < count) {
+      float h = Elem<T>::to_float(values[slot]);
+      if (p.slices > 0) {
+        float dot = 0.0f;
+        for (int s = 0; s < p.slices; ++s) dot += partial[s * p.e_max + j];
+        h *= dot;
+      }
+      const int32_t q = slots[j];
+      h_out[int64_t(q / kHalf) * (kHalfBytes / 2) + kHalf + q % kHalf] = Elem<T>::from_float(h);
+    }
+    seen += count;
+  });
+}
+
+// ------------------------------------------------------------------------------------------------
+// Dots.
+
+// The resident block of a dots CTA: row r (the group's r-th neuron) is 256 bytes, 16 chunks of 16
+// bytes; chunk c sits in the row's line c / 8 at position (c % 8) ^ (r % 8). Its K order is
+// permuted within each 32 columns so that a lane's one 16-byte load of x gives its B fragments
+// for two mma steps: chunk 4u + w, word q, holds x columns 32u + 8q + 2w and + 1 (w = 0..3).
+template <typename T>
+__device__ __forceinline__ void load_dots_block(const Params& p, char* block, int64_t n0, int64_t col0) {
+  const int group_rows = p.tiles_per_group * p.tw.shape.tile;
+  const T* up = static_cast<const T*>(p.up);
+  for (int idx = threadIdx.x; idx < group_rows * 16; idx += blockDim.x) {
+    const int r = idx / 16, piece = idx % 16, u = piece / 4, q = piece % 4;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (n0 + r < p.n) v = load_readonly(up + (n0 + r) * p.k + col0 + 32 * u + 8 * q);
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const int c = 4 * u + w;
+      *reinterpret_cast<uint32_t*>(block + r * kDotsRowBytes + (c / 8) * 128 + (((c % 8) ^ (r % 8)) << 4) + q * 4) =
+          words[w];
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(Cfg::kDotsWarps* kWarpSize, 1) dots_kernel(Params p) {
+  extern __shared__ uint4 dots_smem[];
+  char* block = reinterpret_cast<char*>(dots_smem);
+  const int g = blockIdx.x / p.slices, slice = blockIdx.x % p.slices;
+  const int64_t col0 = int64_t(slice) * Cfg::kDotsCols;
+  // The weights are constant for the run: loaded before waiting for the list pass.
+  load_dots_block<T>(p, block, int64_t(g) * p.tiles_per_group * p.tw.shape.tile, col0);
+  __syncthreads();
+  chain_entry();
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int tk = lane / 4, q = lane % 4, hf = lane / 16;
+  const int64_t batches = num_batches(p.rows);
+  const int64_t b0 = batches * warp / Cfg::kDotsWarps, b1 = batches * (warp + 1) / Cfg::kDotsWarps;
+  if (b0 >= b1) return;
+  const int32_t* offsets = p.dots_offsets + int64_t(g) * batches;
+  const int64_t end = offsets[b1];
+  int64_t base = offsets[b0];
+  auto list_word = [&](int64_t i) { return i < end ? __ldg(p.dots_lists + i) : 0u; };
+  // The warp's list words stream through a ring of four 32-word registers (two tiles each).
+  uint32_t c0 = list_word(base + lane), c1 = list_word(base + 32 + lane), c2 = list_word(base + 64 + lane),
+           c3 = list_word(base + 96 + lane);
+  const T* x = static_cast<const T*>(p.x) + col0 + 8 * q;
+  auto load_x = [&](int64_t b, uint4 (&v)[4]) {
+    const int64_t row = b * Cfg::kTokens + tk;
+    const bool valid = b < b1 && row < p.rows;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = valid ? load_readonly(x + row * p.k + 32 * u) : make_uint4(0, 0, 0, 0);
+  };
+  uint4 xa[4], xb[4], xc[4];
+  load_x(b0, xa);
+  load_x(b0 + 1, xb);
+  load_x(b0 + 2, xc);
+  int64_t e0 = base, e1 = offsets[b0 + 1];
+  int64_t e2 = b0 + 2 <= b1 ? offsets[b0 + 2] : e1;
+  const unsigned block_at = unsigned(__cvta_generic_to_shared(block));
+  for (int64_t b = b0; b < b1; ++b) {
+    uint32_t bf[8][2];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      bf[2 * u][0] = xa[u].x;
+      bf[2 * u][1] = xa[u].y;
+      bf[2 * u + 1][0] = xa[u].z;
+      bf[2 * u + 1][1] = xa[u].w;
+    }
+    for (int64_t pos = e0; pos < e1; pos += 16) {
+      while (pos >= base + 32) {
+        c0 = c1;
+        c1 = c2;
+        c2 = c3;
+        base += 32;
+        c3 = list_word(base + 96 + lane);
+      }
+      const uint32_t w = __shfl_sync(kFullMask, c0, int(pos - base) + (lane & 15));
+      const uint32_t in_group = w & 0xfffu;
+      const uint32_t key = uint32_t(hf) ^ (in_group % 8);
+      const unsigned row_at = block_at + in_group * kDotsRowBytes;
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int st = 0; st < 8; ++st) {
+        uint32_t a[4];
+        ldmatrix_x4_at<false>(a, row_at + (st / 4) * 128 + (((2u * (st % 4)) ^ key) << 4));
+        mma_16816<T>(d, a, bf[st][0], bf[st][1]);
+      }
+      // Entry i's dot is D[i][its row]: lane 4 (i % 8) + row / 2 holds it.
+      const uint32_t w_lo = __shfl_sync(kFullMask, w, lane / 4), w_hi = __shfl_sync(kFullMask, w, lane / 4 + 8);
+      auto store = [&](uint32_t word, float even, float odd) {
+        const uint32_t j = word >> 16;
+        const int t = int(word >> 12 & 7u);
+        if (j != kPadEntry && t / 2 == q)
+          row_words<T>(p, b * Cfg::kTokens + t)[slice * p.e_max + int(j)] = t % 2 ? odd : even;
+      };
+      store(w_lo, d[0], d[1]);
+      store(w_hi, d[2], d[3]);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      xa[u] = xb[u];
+      xb[u] = xc[u];
+    }
+    load_x(b + 3, xc);
+    e0 = e1;
+    e1 = e2;
+    e2 = b + 3 <= b1 ? offsets[b + 3] : e1;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Axpys.
+
+// The resident block of an axpys CTA: Wd row n over the slice (32 bytes, 2 chunks) in 128-byte
+// line n / 4, chunk c at position axpys_key(n) ^ c.
+__host__ __device__ __forceinline__ size_t axpys_block_bytes(int64_t n) { return size_t((n + 3) / 4) * 128; }
+constexpr int kAxpysWarpBytes = Cfg::kListStages * Cfg::kListBytes + Cfg::kTokens * Cfg::kAxpysCols * 2;
+constexpr int kHalvesPerStep = Cfg::kListBytes / kHalfBytes;
+
+template <typename T>
+__global__ void __launch_bounds__(Cfg::kAxpysWarps* kWarpSize, 1) axpys_kernel(Params p) {
+  extern __shared__ uint4 axpys_smem[];
+  char* block = reinterpret_cast<char*>(axpys_smem);
+  const int64_t col0 = int64_t(blockIdx.x) * Cfg::kAxpysCols;
+  const T* down = static_cast<const T*>(p.down);
+  for (int64_t idx = threadIdx.x; idx < p.n * 2; idx += blockDim.x) {
+    const int n = int(idx / 2), c = int(idx % 2);
+    *reinterpret_cast<uint4*>(block + (n / 4) * 128 + ((axpys_key(n) ^ c) << 4)) =
+        load_readonly(down + int64_t(n) * p.k + col0 + 8 * c);
+  }
+  __syncthreads();
+  chain_entry();
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int tk = lane / 4, q = lane % 4;
+  const int64_t batches = num_batches(p.rows);
+  const int64_t b0 = batches * warp / Cfg::kAxpysWarps, b1 = batches * (warp + 1) / Cfg::kAxpysWarps;
+  if (b0 >= b1) return;
+  char* ring = block + axpys_block_bytes(p.n) + size_t(warp) * kAxpysWarpBytes;
+  T* ystage = reinterpret_cast<T*>(ring + Cfg::kListStages * Cfg::kListBytes);
+  const int64_t h_begin = p.half_offsets[b0], h_end = p.half_offsets[b1];
+  const char* halves = reinterpret_cast<const char*>(p.halves);
+  auto issue = [&](int64_t step) {
+    const int64_t at = h_begin * kHalfBytes + step * Cfg::kListBytes + lane * 16;
+    cp_async_16(ring + (step % Cfg::kListStages) * Cfg::kListBytes + lane * 16, halves + at,
+                at < h_end * kHalfBytes);
+  };
+  for (int st = 0; st < Cfg::kListStages; ++st) {
+    issue(st);
+    cp_async_commit();
+  }
+  int64_t step = -1;  // the list step resident in the ring
+  int64_t hb1 = p.half_offsets[b0 + 1], hb2 = b0 + 2 <= b1 ? p.half_offsets[b0 + 2] : hb1;
+  int32_t rows_next = lane < 16 && b0 * Cfg::kTokens + lane / 2 < p.rows ? p.row_entries[b0 * Cfg::kTokens + lane / 2] : -1;
+  int64_t hb0 = h_begin;
+  const unsigned block_at = unsigned(__cvta_generic_to_shared(block));
+  for (int64_t b = b0; b < b1; ++b) {
+    const int32_t row_state = rows_next;
+    const int64_t after = (b + 1) * Cfg::kTokens + lane / 2;
+    rows_next = lane < 16 && b + 1 < b1 && after < p.rows ? p.row_entries[after] : -1;
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t h = hb0; h < hb1; h += 2) {
+      const int64_t want = (h - h_begin) / kHalvesPerStep;
+      while (step < want) {
+        if (step >= 0) {
+          __syncwarp();  // every lane is done with the step's stage
+          issue(step + Cfg::kListStages);
+        }
+        cp_async_commit();
+        ++step;
+        cp_async_wait<Cfg::kListStages - 1>();
+        __syncwarp();
+      }
+      const char* tile = ring + (step % Cfg::kListStages) * Cfg::kListBytes + ((h - h_begin) % kHalvesPerStep) * kHalfBytes;
+      const int word = *reinterpret_cast<const uint16_t*>(tile + (lane / 16) * kHalfBytes + (lane % 8) * 2);
+      const int neuron = word & (Cfg::kMaxNeurons - 1);
+      const int row_a = __shfl_sync(kFullMask, word, 0) >> kNeuronBits;
+      const int row_b = __shfl_sync(kFullMask, word, 16) >> kNeuronBits;
+      uint32_t a[4];
+      ldmatrix_x4_at<true>(a, block_at + (neuron / 4) * 128 + ((axpys_key(neuron) ^ ((lane / 8) % 2)) << 4));
+      const uint32_t pair_a = *reinterpret_cast<const uint32_t*>(tile + 16 + 4 * q);
+      const uint32_t pair_b = *reinterpret_cast<const uint32_t*>(tile + kHalfBytes + 16 + 4 * q);
+      mma_16816<T>(d, a, tk == row_a ? pair_a : 0u, tk == row_b ? pair_b : 0u);
+    }
+    // D is y^T over the slice: lane holds columns lane / 4 and + 8 of rows 2q and 2q + 1.
+    const int col = lane / 4;
+    ystage[(2 * q) * Cfg::kAxpysCols + col] = Elem<T>::from_float(d[0]);
+    ystage[(2 * q + 1) * Cfg::kAxpysCols + col] = Elem<T>::from_float(d[1]);
+    ystage[(2 * q) * Cfg::kAxpysCols + col + 8] = Elem<T>::from_float(d[2]);
+    ystage[(2 * q + 1) * Cfg::kAxpysCols + col + 8] = Elem<T>::from_float(d[3]);
+    __syncwarp();
+    const int64_t row = b * Cfg::kTokens + lane / 2;
+    if (lane < 16 && row_state >= 0)
+      *reinterpret_cast<uint4*>(static_cast<T*>(p.y) + row * p.k + col0 + 8 * (lane % 2)) =
+          *reinterpret_cast<const uint4*>(ystage + (lane / 2) * Cfg::kAxpysCols + 8 * (lane % 2));
+    __syncwarp();
+    hb0 = hb1;
+    hb1 = hb2;
+    hb2 = b + 3 <= b1 ? p.half_offsets[b + 3] : hb1;
+  }
+  cp_async_wait<0>();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Host.
+
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes, const char* what) {
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+             "InferencePlan::run", what);
+}
+
+template <typename T>
+void launch_typed(const ResidentArgs& a, const DeviceInfo& dev, cudaStream_t s) {
+  (void)dev;
+  const CompactArgs& c = a.compact;
+  const ResidentShape& r = a.shape;
+  Params p{};
+  p.kind = c.kind;
+  p.rows = c.twell.shape.rows;
+  p.k = c.hidden;
+  p.n = c.twell.shape.cols;
+  p.tw = c.twell;
+  p.tiles_per_group = r.tiles_per_group;
+  p.groups = r.groups;
+  p.slices = r.slices;
+  p.e_max = r.e_max;
+  p.x = c.x;
+  p.up = c.up;
+  p.down = c.down;
+  p.y = c.y;
+  p.hidden = a.hidden;
+  p.heavy_rows = a.heavy_rows;
+  p.num_heavy = &a.control->num_heavy;
+  p.row_entries = a.row_entries;
+  p.dots_offsets = a.dots_offsets;
+  p.half_offsets = a.half_offsets;
+  p.dots_lists = a.dots_lists;
+  p.halves = a.halves;
+  const int64_t batches = num_batches(p.rows);
+  const auto list_ctas = unsigned((batches + Cfg::kListWarps - 1) / Cfg::kListWarps);
+  constexpr int kListThreads = Cfg::kListWarps * kWarpSize;
+  launch(count_kernel<T>, dim3(list_ctas), dim3(kListThreads), 0, s, p);
+  launch(scan_kernel, dim3(2), dim3(kScanThreads), 0, s, r.slices > 0 ? p.dots_offsets : nullptr,
+         int64_t(r.groups) * batches, p.half_offsets, batches);
+  allow_smem(fill_kernel<T>, r.list_smem, "resident list kernel shared memory");
+  launch(fill_kernel<T>, dim3(list_ctas), dim3(kListThreads), r.list_smem, s, p);
+  if (r.slices > 0) {
+    allow_smem(dots_kernel<T>, r.dots_smem, "resident dots kernel shared memory");
+    launch(dots_kernel<T>, dim3(unsigned(r.dots_ctas)), dim3(Cfg::kDotsWarps * kWarpSize), r.dots_smem, s, p);
+  }
+  launch(reduce_kernel<T>, dim3(unsigned((p.rows + Cfg::kListWarps - 1) / Cfg::kListWarps)), dim3(kListThreads), 0,
+         s, p);
+  allow_smem(axpys_kernel<T>, r.axpys_smem, "resident axpys kernel shared memory");
+  launch(axpys_kernel<T>, dim3(unsigned(r.axpys_ctas)), dim3(Cfg::kAxpysWarps * kWarpSize), r.axpys_smem, s, p);
+}
+
+size_t round_bytes(size_t v) { return (v + 255) / 256 * 256; }
+
+}  // namespace
+
+ResidentShape resident_shape(const ProblemDims& d, const DeviceInfo& dev) {
+  ResidentShape r;
+  const size_t optin = size_t(std::max(dev.smem_optin, 0));
+  const size_t smem = optin > Cfg::kSmemReserve ? optin - Cfg::kSmemReserve : 0;
+  const bool gated = d.kind == FfnKind::gated;
+  if (d.k % Cfg::kDotsCols != 0) {
+    r.reason = "K a multiple of " + std::to_string(Cfg::kDotsCols);
+    return r;
+  }
+  if (d.n > Cfg::kMaxNeurons) {
+    r.reason = "N at most " + std::to_string(Cfg::kMaxNeurons);
+    return r;
+  }
+  r.axpys_ctas = int32_t(d.k / Cfg::kAxpysCols);
+  r.axpys_smem = axpys_block_bytes(d.n) + size_t(Cfg::kAxpysWarps) * kAxpysWarpBytes;
+  if (r.axpys_smem > smem) {
+    r.reason = "N x " + std::to_string(kAxpysRowBytes) + " bytes of the down weight (plus staging) within the " +
+               std::to_string(smem) + " bytes of shared memory a block may use";
+    return r;
+  }
+  const size_t es = dtype_size(d.dtype);
+  const int64_t row_words = d.n * int64_t(es) / 4;  // 32-bit words of a G row
+  if (gated) {
+    r.slices = int32_t(d.k / Cfg::kDotsCols);
+    r.tiles_per_group = int32_t(std::min<size_t>(smem / (size_t(d.tile) * kDotsRowBytes), size_t(4096 / d.tile)));
+    if (r.tiles_per_group < 1) {
+      r.reason = "a TwELL tile of up weight rows over " + std::to_string(Cfg::kDotsCols) + " columns in shared memory";
+      return r;
+    }
+    r.groups = int32_t((d.num_tiles() + r.tiles_per_group - 1) / r.tiles_per_group);
+    if (r.groups > kMaxGroups) {
+      r.reason = "at most " + std::to_string(kMaxGroups) + " neuron groups of the up weight";
+      return r;
+    }
+    r.tiles_per_group = int32_t((d.num_tiles() + r.groups - 1) / r.groups);  // balanced groups
+    r.groups = int32_t((d.num_tiles() + r.tiles_per_group - 1) / r.tiles_per_group);
+    r.dots_ctas = r.groups * r.slices;
+    r.dots_smem = size_t(r.tiles_per_group) * d.tile * kDotsRowBytes;
+    r.e_max = int32_t(std::min<int64_t>(row_words / (r.slices + 1), Cfg::kMaxEntries));
+  } else {
+    r.e_max = int32_t(std::min<int64_t>(row_words, Cfg::kMaxEntries));
+  }
+  if (r.e_max < Cfg::kMinEntries) {
+    r.reason = "G rows holding at least " + std::to_string(Cfg::kMinEntries) + " entries' partial dots (N >= " +
+               std::to_string(int64_t(Cfg::kMinEntries) * (r.slices + 1) * 4 / int64_t(es)) + ")";
+    return r;
+  }
+  r.list_smem = size_t(Cfg::kListWarps) * fill_warp_words(r.e_max) * 4;
+  if (r.list_smem > smem) {
+    r.reason = "the list pass's staging in shared memory";
+    return r;
+  }
+  r.max_rows = (int64_t(INT32_MAX) - 4096) / (r.e_max + 2 * int64_t(r.groups) + 16);
+  const int sms = dev.sm_count;
+  r.fills_chip = 2 * r.axpys_ctas >= sms && r.axpys_ctas <= sms &&
+                 (!gated || (2 * r.dots_ctas >= sms && r.dots_ctas <= sms));
+  r.ok = true;
+  return r;
+}
+
+ResidentRegions resident_regions(const ResidentShape& r, int64_t rows) {
+  ResidentRegions g;
+  const size_t m = size_t(rows), batches = size_t(num_batches(rows));
+  g.row_entries = round_bytes(m * 4);
+  g.dots_offsets = round_bytes((size_t(r.groups) * batches + 1) * 4);
+  g.half_offsets = round_bytes((batches + 1) * 4);
+  // A batch's group list is its entries rounded up to whole tiles of 16; its halves, each row's
+  // entries in halves of 8, rounded up to an even count.
+  if (r.slices > 0) g.dots_lists = round_bytes((m * size_t(r.e_max) + 15 * size_t(r.groups) * batches) * 4);
+  g.halves = round_bytes((m * size_t((r.e_max + kHalf - 1) / kHalf) + batches) * kHalfBytes);
+  return g;
+}
+
+void launch_resident_rows(const ResidentArgs& a, const DeviceInfo& dev, cudaStream_t s) {
+  if (a.compact.twell.shape.rows == 0) return;
+  if (!a.shape.ok) throw Error("InferencePlan::run", "options.row_stage", "a layer the resident stage takes", a.shape.reason);
+  with_element_type(a.compact.twell.dtype, "InferencePlan::run", [&](auto tag) { launch_typed<decltype(tag)>(a, dev, s); });
+  check_launch("InferencePlan::run", "resident row kernels");
+}
+
+}  // namespace twell::gpu
