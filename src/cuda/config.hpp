@@ -129,8 +129,8 @@ struct ResidentConfig {
   static constexpr int kDotsWarps = 16;    // warps per dots CTA (one CTA per SM)
   static constexpr int kAxpysWarps = 16;   // warps per axpys CTA (one CTA per SM)
   static constexpr int kListWarps = 4;     // warps per CTA of the list kernels (a warp per batch)
-  static constexpr int kListBytes = 512;   // axpys: bytes of its list a warp stages per step
-  static constexpr int kListStages = 4;    // axpys: steps staged ahead (cp.async ring per warp)
+  static constexpr int kListBytes = 512;   // dots, axpys: list bytes a warp stages per step (a
+                                           // cp.async ring per warp)
   static constexpr int kMinEntries = 32;   // the fewest entries per row the layout must hold for
                                            // the resident stage to take a layer
   static constexpr int kMaxEntries = 512;  // rows with more active neurons go to the dense backup

@@ -88,10 +88,12 @@ __device__ __forceinline__ int axpys_key(int n) { return (2 * (n & 3)) ^ ((n >> 
 // Lists.
 
 // Count pass: row_entries for the batch's rows, the routed and long rows listed for the backup
-// (long ones written densely into G), and the sizes of the batch's lists.
+// (long ones written densely into G), and the sizes of the batch's lists. Lanes 4t .. 4t + 3 read
+// row t's tile counts (every 4th tile each), so the 8 rows' loads are in flight together.
 template <typename T>
 __global__ void __launch_bounds__(Cfg::kListWarps* kWarpSize) count_kernel(Params p) {
   chain_entry();
+  constexpr int kLanesPerRow = kWarpSize / Cfg::kTokens;
   __shared__ int group_entries[Cfg::kListWarps][kMaxGroups];
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int64_t batches = num_batches(p.rows);
@@ -101,28 +103,36 @@ __global__ void __launch_bounds__(Cfg::kListWarps* kWarpSize) count_kernel(Param
   const int num_tiles = int((tw.shape.cols + tw.shape.tile - 1) / tw.shape.tile);
   if (lane < kMaxGroups) group_entries[warp][lane] = 0;
   __syncwarp();
-  int halves = 0;
-  for (int t = 0; t < Cfg::kTokens; ++t) {
-    const int64_t row = b * Cfg::kTokens + t;
-    if (row >= p.rows) break;
-    int entries = -1;
-    if (tw.row_slot[row] == -1) {
-      const int total = warp_rows::row_entries(tw, row, lane);
-      if (total <= p.e_max) {
-        entries = total;
-        for (int tile = lane; tile < num_tiles; tile += kWarpSize) {
-          const int c = tw.counts[row * num_tiles + tile];
-          if (c > 0 && p.slices > 0) atomicAdd(&group_entries[warp][tile / p.tiles_per_group], c);
-        }
-      } else {
-        warp_rows::densify_row(tw, row, static_cast<T*>(p.hidden) + row * p.n, lane, kWarpSize,
-                               [] { __syncwarp(); });
-      }
+  const int t = lane / kLanesPerRow;
+  const int64_t row = b * Cfg::kTokens + t;
+  const bool compact = row < p.rows && tw.row_slot[row] == -1;
+  int total = 0;
+  if (compact)
+    for (int tile = lane % kLanesPerRow; tile < num_tiles; tile += kLanesPerRow) total += tw.counts[row * num_tiles + tile];
+#pragma unroll
+  for (int d = 1; d < kLanesPerRow; d <<= 1) total += __shfl_xor_sync(kFullMask, total, d);
+  const bool resident = compact && total <= p.e_max;
+  if (resident && p.slices > 0)
+    for (int tile = lane % kLanesPerRow; tile < num_tiles; tile += kLanesPerRow) {
+      const int c = tw.counts[row * num_tiles + tile];
+      if (c > 0) atomicAdd(&group_entries[warp][tile / p.tiles_per_group], c);
     }
-    if (entries < 0 && lane == 0) p.heavy_rows[atomicAdd(p.num_heavy, 1)] = int32_t(row);
-    if (lane == 0) p.row_entries[row] = entries;
-    halves += entries > 0 ? (entries + kHalf - 1) / kHalf : 0;
+  const int entries = resident ? total : -1;
+  if (lane % kLanesPerRow == 0 && row < p.rows) {
+    p.row_entries[row] = entries;
+    if (!resident) p.heavy_rows[atomicAdd(p.num_heavy, 1)] = int32_t(row);
   }
+  // Compact rows over e_max entries: written densely into their G rows for the backup.
+  for (int r = 0; r < Cfg::kTokens; ++r) {
+    const bool dense_row = __shfl_sync(kFullMask, compact && !resident, r * kLanesPerRow);
+    if (dense_row) {
+      const int64_t at = b * Cfg::kTokens + r;
+      warp_rows::densify_row(tw, at, static_cast<T*>(p.hidden) + at * p.n, lane, kWarpSize, [] { __syncwarp(); });
+    }
+  }
+  int halves = lane % kLanesPerRow == 0 && entries > 0 ? (entries + kHalf - 1) / kHalf : 0;
+#pragma unroll
+  for (int d = kWarpSize / 2; d > 0; d >>= 1) halves += __shfl_xor_sync(kFullMask, halves, d);
   __syncwarp();
   if (lane < p.groups) {
     const int e = group_entries[warp][lane];
@@ -140,7 +150,7 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(int32_t* dots, int64
   int32_t* a = blockIdx.x == 0 ? dots : halves;
   const int64_t n = blockIdx.x == 0 ? dots_n : halves_n;
   if (a == nullptr) return;
-  constexpr int kPerThread = 4;
+  constexpr int kPerThread = 16;  // consecutive values a thread loads at once
   int64_t carry = 0;
   for (int64_t base = 0; base < n; base += int64_t(kScanThreads) * kPerThread) {
     const int64_t i = base + int64_t(threadIdx.x) * kPerThread;
@@ -324,6 +334,18 @@ __global__ void __launch_bounds__(Cfg::kListWarps* kWarpSize) fill_kernel(Params
             int32_t(half * kHalf + slot);
       },
       lane);
+  // A pad slot (h = 0) names its half's first neuron: the same address as a real slot of its
+  // ldmatrix phase reads as one access, where neuron 0 would take a bank position of its own.
+  const int num_halves = int(p.half_offsets[b + 1] - half0);
+  for (int i = lane; i < num_halves * kHalf; i += kWarpSize) {
+    const int half = i / kHalf, slot = i % kHalf;
+    for (int t = 0; t < Cfg::kTokens; ++t) {
+      const int local = half - row_half[t];
+      if (local < 0 || local >= row_halves[t]) continue;
+      const int filled = (row_count[t] - local + row_halves[t] - 1) / row_halves[t];  // entries dealt to it
+      if (slot >= filled) p.halves[(half0 + half) * (kHalfBytes / 2) + slot] = p.halves[(half0 + half) * (kHalfBytes / 2)];
+    }
+  }
   if (p.slices == 0) return;
 
   // Dots: group g's entries sorted by bank key (the resident row's index mod 8) and dealt
@@ -343,6 +365,16 @@ __global__ void __launch_bounds__(Cfg::kListWarps* kWarpSize) fill_kernel(Params
             in_group | uint32_t(staged_token(w)) << 12 | uint32_t(staged_entry(w)) << 16;
       },
       lane);
+  // Pad slots read their phase's first row (one access with it; see the halves above).
+  for (int g = 0; g < p.groups; ++g) {
+    const int n_g = start[(g + 1) * kBankKeys] - start[g * kBankKeys];
+    const int phases = (n_g + 15) / 16 * 2;
+    for (int i = lane; i < phases * kHalf; i += kWarpSize) {
+      const int phase = i / kHalf, row = i % kHalf;
+      if (row * phases + phase >= n_g && phase < n_g)
+        p.dots_lists[group_offset[g] + i] = (p.dots_lists[group_offset[g] + phase * kHalf] & 0xfffu) | kPadEntry << 16;
+    }
+  }
 }
 
 // Reduce pass (a warp per row): each resident row's h = g * (its partial dots summed in slice
@@ -399,14 +431,57 @@ __device__ __forceinline__ void load_dots_block(const Params& p, char* block, in
   }
 }
 
+// A warp's stream of list bytes [begin, end) through a ring of kStages steps of kListBytes in
+// shared memory (cp.async, a 16-byte copy per lane per step); at(step) makes a step resident,
+// steps taken in order.
+template <int kStages>
+struct ListRing {
+  char* smem;
+  const char* src;
+  int64_t begin, end;
+  int lane;
+  int resident = -1;
+
+  __device__ void issue(int step) const {
+    const int64_t at = begin + int64_t(step) * Cfg::kListBytes + lane * 16;
+    cp_async_16(smem + (step % kStages) * Cfg::kListBytes + lane * 16, src + at, at < end);
+  }
+  __device__ void start() const {
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      issue(st);
+      cp_async_commit();
+    }
+  }
+  __device__ const char* at(int step) {
+    if (step != resident) {  // the next step: recycle the last one's stage, wait for this one
+      if (resident >= 0) {
+        __syncwarp();
+        issue(resident + kStages);
+      }
+      cp_async_commit();
+      ++resident;
+      cp_async_wait<kStages - 1>();
+      __syncwarp();
+    }
+    return smem + (resident % kStages) * Cfg::kListBytes;
+  }
+};
+constexpr int kDotsStages = 3;
+constexpr int kAxpysStages = 4;
+constexpr int kBatchesAhead = 3;  // batches whose x rows (dots) or list ends (both) are in flight
+constexpr int kWordsPerStep = Cfg::kListBytes / 4;
+constexpr size_t kDotsWarpBytes = size_t(kDotsStages) * Cfg::kListBytes;
+
 template <typename T>
 __global__ void __launch_bounds__(Cfg::kDotsWarps* kWarpSize, 1) dots_kernel(Params p) {
   extern __shared__ uint4 dots_smem[];
   char* block = reinterpret_cast<char*>(dots_smem);
   const int g = blockIdx.x / p.slices, slice = blockIdx.x % p.slices;
   const int64_t col0 = int64_t(slice) * Cfg::kDotsCols;
+  const int group_rows = p.tiles_per_group * p.tw.shape.tile;
   // The weights are constant for the run: loaded before waiting for the list pass.
-  load_dots_block<T>(p, block, int64_t(g) * p.tiles_per_group * p.tw.shape.tile, col0);
+  load_dots_block<T>(p, block, int64_t(g) * group_rows, col0);
   __syncthreads();
   chain_entry();
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -415,75 +490,68 @@ __global__ void __launch_bounds__(Cfg::kDotsWarps* kWarpSize, 1) dots_kernel(Par
   const int64_t b0 = batches * warp / Cfg::kDotsWarps, b1 = batches * (warp + 1) / Cfg::kDotsWarps;
   if (b0 >= b1) return;
   const int32_t* offsets = p.dots_offsets + int64_t(g) * batches;
-  const int64_t end = offsets[b1];
-  int64_t base = offsets[b0];
-  auto list_word = [&](int64_t i) { return i < end ? __ldg(p.dots_lists + i) : 0u; };
-  // The warp's list words stream through a ring of four 32-word registers (two tiles each).
-  uint32_t c0 = list_word(base + lane), c1 = list_word(base + 32 + lane), c2 = list_word(base + 64 + lane),
-           c3 = list_word(base + 96 + lane);
+  const int64_t word0 = offsets[b0];
+  ListRing<kDotsStages> ring{block + size_t(group_rows) * kDotsRowBytes + warp * kDotsWarpBytes,
+                             reinterpret_cast<const char*>(p.dots_lists), word0 * 4, int64_t(offsets[b1]) * 4, lane};
+  ring.start();
+  // Per batch in flight: its rows' x slices as B fragments and the end of its list (words from
+  // word0). Each of kBatchesAhead slots is refilled right after its batch, never moved.
+  struct Slot {
+    uint4 x[4];
+    int end;
+  } slot[kBatchesAhead];
   const T* x = static_cast<const T*>(p.x) + col0 + 8 * q;
-  auto load_x = [&](int64_t b, uint4 (&v)[4]) {
+  auto load = [&](int64_t b, Slot& sl) {
+    if (b >= b1) return;
     const int64_t row = b * Cfg::kTokens + tk;
-    const bool valid = b < b1 && row < p.rows;
 #pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = valid ? load_readonly(x + row * p.k + 32 * u) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < 4; ++u)
+      sl.x[u] = row < p.rows ? load_readonly(x + row * p.k + 32 * u) : make_uint4(0, 0, 0, 0);
+    sl.end = int(offsets[b + 1] - word0);
   };
-  uint4 xa[4], xb[4], xc[4];
-  load_x(b0, xa);
-  load_x(b0 + 1, xb);
-  load_x(b0 + 2, xc);
-  int64_t e0 = base, e1 = offsets[b0 + 1];
-  int64_t e2 = b0 + 2 <= b1 ? offsets[b0 + 2] : e1;
+#pragma unroll
+  for (int i = 0; i < kBatchesAhead; ++i) load(b0 + i, slot[i]);
   const unsigned block_at = unsigned(__cvta_generic_to_shared(block));
-  for (int64_t b = b0; b < b1; ++b) {
-    uint32_t bf[8][2];
+  const int row_bytes = int(p.n * int64_t(sizeof(T)));
+  int pos = 0;  // the next tile's first word
+  for (int64_t b = b0; b < b1; b += kBatchesAhead) {
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      bf[2 * u][0] = xa[u].x;
-      bf[2 * u][1] = xa[u].y;
-      bf[2 * u + 1][0] = xa[u].z;
-      bf[2 * u + 1][1] = xa[u].w;
-    }
-    for (int64_t pos = e0; pos < e1; pos += 16) {
-      while (pos >= base + 32) {
-        c0 = c1;
-        c1 = c2;
-        c2 = c3;
-        base += 32;
-        c3 = list_word(base + 96 + lane);
+    for (int i = 0; i < kBatchesAhead; ++i) {
+      Slot& sl = slot[i];
+      if (b + i < b1) {
+        char* partials = static_cast<char*>(p.hidden) + (b + i) * Cfg::kTokens * int64_t(row_bytes) +
+                         int64_t(slice) * p.e_max * 4;
+        for (; pos < sl.end; pos += 16) {
+          const char* words = ring.at(pos / kWordsPerStep) + (pos % kWordsPerStep) * 4;
+          const uint32_t w = *reinterpret_cast<const uint32_t*>(words + (lane % 16) * 4);
+          const uint32_t in_group = w & 0xfffu;
+          const uint32_t key = uint32_t(hf) ^ (in_group % 8);
+          const unsigned row_at = block_at + in_group * kDotsRowBytes;
+          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+          for (int st = 0; st < 8; ++st) {
+            uint32_t a[4];
+            ldmatrix_x4_at<false>(a, row_at + (st / 4) * 128 + (((2u * (st % 4)) ^ key) << 4));
+            const uint4& xv = sl.x[st / 2];
+            mma_16816<T>(d, a, st % 2 ? xv.z : xv.x, st % 2 ? xv.w : xv.y);
+          }
+          // Entry i's dot is D[i][its row]: lane 4 (i % 8) + row / 2 holds it.
+          const uint32_t w_lo = *reinterpret_cast<const uint32_t*>(words + (lane / 4) * 4);
+          const uint32_t w_hi = *reinterpret_cast<const uint32_t*>(words + (lane / 4 + 8) * 4);
+          auto store = [&](uint32_t word, float even, float odd) {
+            const uint32_t j = word >> 16;
+            const int t = int(word >> 12 & 7u);
+            if (j != kPadEntry && t / 2 == q)
+              *reinterpret_cast<float*>(partials + t * row_bytes + int(j) * 4) = t % 2 ? odd : even;
+          };
+          store(w_lo, d[0], d[1]);
+          store(w_hi, d[2], d[3]);
+        }
       }
-      const uint32_t w = __shfl_sync(kFullMask, c0, int(pos - base) + (lane & 15));
-      const uint32_t in_group = w & 0xfffu;
-      const uint32_t key = uint32_t(hf) ^ (in_group % 8);
-      const unsigned row_at = block_at + in_group * kDotsRowBytes;
-      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int st = 0; st < 8; ++st) {
-        uint32_t a[4];
-        ldmatrix_x4_at<false>(a, row_at + (st / 4) * 128 + (((2u * (st % 4)) ^ key) << 4));
-        mma_16816<T>(d, a, bf[st][0], bf[st][1]);
-      }
-      // Entry i's dot is D[i][its row]: lane 4 (i % 8) + row / 2 holds it.
-      const uint32_t w_lo = __shfl_sync(kFullMask, w, lane / 4), w_hi = __shfl_sync(kFullMask, w, lane / 4 + 8);
-      auto store = [&](uint32_t word, float even, float odd) {
-        const uint32_t j = word >> 16;
-        const int t = int(word >> 12 & 7u);
-        if (j != kPadEntry && t / 2 == q)
-          row_words<T>(p, b * Cfg::kTokens + t)[slice * p.e_max + int(j)] = t % 2 ? odd : even;
-      };
-      store(w_lo, d[0], d[1]);
-      store(w_hi, d[2], d[3]);
+      load(b + i + kBatchesAhead, sl);
     }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      xa[u] = xb[u];
-      xb[u] = xc[u];
-    }
-    load_x(b + 3, xc);
-    e0 = e1;
-    e1 = e2;
-    e2 = b + 3 <= b1 ? offsets[b + 3] : e1;
   }
+  cp_async_wait<0>();
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -492,8 +560,8 @@ __global__ void __launch_bounds__(Cfg::kDotsWarps* kWarpSize, 1) dots_kernel(Par
 // The resident block of an axpys CTA: Wd row n over the slice (32 bytes, 2 chunks) in 128-byte
 // line n / 4, chunk c at position axpys_key(n) ^ c.
 __host__ __device__ __forceinline__ size_t axpys_block_bytes(int64_t n) { return size_t((n + 3) / 4) * 128; }
-constexpr int kAxpysWarpBytes = Cfg::kListStages * Cfg::kListBytes + Cfg::kTokens * Cfg::kAxpysCols * 2;
-constexpr int kHalvesPerStep = Cfg::kListBytes / kHalfBytes;
+constexpr int kAxpysWarpBytes = kAxpysStages * Cfg::kListBytes + Cfg::kTokens * Cfg::kAxpysCols * 2;
+constexpr int kTilesPerStep = Cfg::kListBytes / (2 * kHalfBytes);
 
 template <typename T>
 __global__ void __launch_bounds__(Cfg::kAxpysWarps* kWarpSize, 1) axpys_kernel(Params p) {
@@ -513,67 +581,63 @@ __global__ void __launch_bounds__(Cfg::kAxpysWarps* kWarpSize, 1) axpys_kernel(P
   const int64_t batches = num_batches(p.rows);
   const int64_t b0 = batches * warp / Cfg::kAxpysWarps, b1 = batches * (warp + 1) / Cfg::kAxpysWarps;
   if (b0 >= b1) return;
-  char* ring = block + axpys_block_bytes(p.n) + size_t(warp) * kAxpysWarpBytes;
-  T* ystage = reinterpret_cast<T*>(ring + Cfg::kListStages * Cfg::kListBytes);
-  const int64_t h_begin = p.half_offsets[b0], h_end = p.half_offsets[b1];
-  const char* halves = reinterpret_cast<const char*>(p.halves);
-  auto issue = [&](int64_t step) {
-    const int64_t at = h_begin * kHalfBytes + step * Cfg::kListBytes + lane * 16;
-    cp_async_16(ring + (step % Cfg::kListStages) * Cfg::kListBytes + lane * 16, halves + at,
-                at < h_end * kHalfBytes);
+  char* warp_smem = block + axpys_block_bytes(p.n) + size_t(warp) * kAxpysWarpBytes;
+  T* ystage = reinterpret_cast<T*>(warp_smem + kAxpysStages * Cfg::kListBytes);
+  const int64_t h_begin = p.half_offsets[b0];
+  ListRing<kAxpysStages> ring{warp_smem, reinterpret_cast<const char*>(p.halves), h_begin * kHalfBytes,
+                              int64_t(p.half_offsets[b1]) * kHalfBytes, lane};
+  ring.start();
+  // Per batch in flight: the end of its tiles (from h_begin) and, lanes 0-15, its row 2 lane's
+  // entry count (-1: the backup's row, whose y this stage leaves alone).
+  struct Slot {
+    int end;
+    int row_state;
+  } slot[kBatchesAhead];
+  auto load = [&](int64_t b, Slot& sl) {
+    if (b >= b1) return;
+    const int64_t row = b * Cfg::kTokens + lane / 2;
+    sl.row_state = lane < 16 && row < p.rows ? p.row_entries[row] : -1;
+    sl.end = int((p.half_offsets[b + 1] - h_begin) / 2);
   };
-  for (int st = 0; st < Cfg::kListStages; ++st) {
-    issue(st);
-    cp_async_commit();
-  }
-  int64_t step = -1;  // the list step resident in the ring
-  int64_t hb1 = p.half_offsets[b0 + 1], hb2 = b0 + 2 <= b1 ? p.half_offsets[b0 + 2] : hb1;
-  int32_t rows_next = lane < 16 && b0 * Cfg::kTokens + lane / 2 < p.rows ? p.row_entries[b0 * Cfg::kTokens + lane / 2] : -1;
-  int64_t hb0 = h_begin;
+#pragma unroll
+  for (int i = 0; i < kBatchesAhead; ++i) load(b0 + i, slot[i]);
   const unsigned block_at = unsigned(__cvta_generic_to_shared(block));
-  for (int64_t b = b0; b < b1; ++b) {
-    const int32_t row_state = rows_next;
-    const int64_t after = (b + 1) * Cfg::kTokens + lane / 2;
-    rows_next = lane < 16 && b + 1 < b1 && after < p.rows ? p.row_entries[after] : -1;
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t h = hb0; h < hb1; h += 2) {
-      const int64_t want = (h - h_begin) / kHalvesPerStep;
-      while (step < want) {
-        if (step >= 0) {
-          __syncwarp();  // every lane is done with the step's stage
-          issue(step + Cfg::kListStages);
+  const int word_at = (lane / 16) * kHalfBytes + (lane % 8) * 2;  // this lane's neuron word in a tile
+  const int chunk = (lane / 8) % 2;
+  T* y = static_cast<T*>(p.y) + col0 + 8 * (lane % 2);
+  int tile = 0;
+  for (int64_t b = b0; b < b1; b += kBatchesAhead) {
+#pragma unroll
+    for (int i = 0; i < kBatchesAhead; ++i) {
+      Slot& sl = slot[i];
+      if (b + i < b1) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (; tile < sl.end; ++tile) {
+          const char* t64 = ring.at(tile / kTilesPerStep) + (tile % kTilesPerStep) * (2 * kHalfBytes);
+          const int word = *reinterpret_cast<const uint16_t*>(t64 + word_at);
+          const int row_a = *reinterpret_cast<const uint16_t*>(t64) >> kNeuronBits;
+          const int row_b = *reinterpret_cast<const uint16_t*>(t64 + kHalfBytes) >> kNeuronBits;
+          const int neuron = word & (Cfg::kMaxNeurons - 1);
+          uint32_t a[4];
+          ldmatrix_x4_at<true>(a, block_at + (neuron / 4) * 128 + ((axpys_key(neuron) ^ chunk) << 4));
+          const uint32_t pair_a = *reinterpret_cast<const uint32_t*>(t64 + 16 + 4 * q);
+          const uint32_t pair_b = *reinterpret_cast<const uint32_t*>(t64 + kHalfBytes + 16 + 4 * q);
+          mma_16816<T>(d, a, tk == row_a ? pair_a : 0u, tk == row_b ? pair_b : 0u);
         }
-        cp_async_commit();
-        ++step;
-        cp_async_wait<Cfg::kListStages - 1>();
+        // D is y^T over the slice: lane holds columns lane / 4 and + 8 of rows 2q and 2q + 1.
+        const int col = lane / 4;
+        ystage[(2 * q) * Cfg::kAxpysCols + col] = Elem<T>::from_float(d[0]);
+        ystage[(2 * q + 1) * Cfg::kAxpysCols + col] = Elem<T>::from_float(d[1]);
+        ystage[(2 * q) * Cfg::kAxpysCols + col + 8] = Elem<T>::from_float(d[2]);
+        ystage[(2 * q + 1) * Cfg::kAxpysCols + col + 8] = Elem<T>::from_float(d[3]);
+        __syncwarp();
+        if (sl.row_state >= 0)  // lanes 0-15: row lane / 2, columns 8 (lane % 2) .. + 8
+          *reinterpret_cast<uint4*>(y + ((b + i) * Cfg::kTokens + lane / 2) * p.k) =
+              *reinterpret_cast<const uint4*>(ystage + (lane / 2) * Cfg::kAxpysCols + 8 * (lane % 2));
         __syncwarp();
       }
-      const char* tile = ring + (step % Cfg::kListStages) * Cfg::kListBytes + ((h - h_begin) % kHalvesPerStep) * kHalfBytes;
-      const int word = *reinterpret_cast<const uint16_t*>(tile + (lane / 16) * kHalfBytes + (lane % 8) * 2);
-      const int neuron = word & (Cfg::kMaxNeurons - 1);
-      const int row_a = __shfl_sync(kFullMask, word, 0) >> kNeuronBits;
-      const int row_b = __shfl_sync(kFullMask, word, 16) >> kNeuronBits;
-      uint32_t a[4];
-      ldmatrix_x4_at<true>(a, block_at + (neuron / 4) * 128 + ((axpys_key(neuron) ^ ((lane / 8) % 2)) << 4));
-      const uint32_t pair_a = *reinterpret_cast<const uint32_t*>(tile + 16 + 4 * q);
-      const uint32_t pair_b = *reinterpret_cast<const uint32_t*>(tile + kHalfBytes + 16 + 4 * q);
-      mma_16816<T>(d, a, tk == row_a ? pair_a : 0u, tk == row_b ? pair_b : 0u);
+      load(b + i + kBatchesAhead, sl);
     }
-    // D is y^T over the slice: lane holds columns lane / 4 and + 8 of rows 2q and 2q + 1.
-    const int col = lane / 4;
-    ystage[(2 * q) * Cfg::kAxpysCols + col] = Elem<T>::from_float(d[0]);
-    ystage[(2 * q + 1) * Cfg::kAxpysCols + col] = Elem<T>::from_float(d[1]);
-    ystage[(2 * q) * Cfg::kAxpysCols + col + 8] = Elem<T>::from_float(d[2]);
-    ystage[(2 * q + 1) * Cfg::kAxpysCols + col + 8] = Elem<T>::from_float(d[3]);
-    __syncwarp();
-    const int64_t row = b * Cfg::kTokens + lane / 2;
-    if (lane < 16 && row_state >= 0)
-      *reinterpret_cast<uint4*>(static_cast<T*>(p.y) + row * p.k + col0 + 8 * (lane % 2)) =
-          *reinterpret_cast<const uint4*>(ystage + (lane / 2) * Cfg::kAxpysCols + 8 * (lane % 2));
-    __syncwarp();
-    hb0 = hb1;
-    hb1 = hb2;
-    hb2 = b + 3 <= b1 ? p.half_offsets[b + 3] : hb1;
   }
   cp_async_wait<0>();
 }
@@ -660,7 +724,9 @@ ResidentShape resident_shape(const ProblemDims& d, const DeviceInfo& dev) {
   const int64_t row_words = d.n * int64_t(es) / 4;  // 32-bit words of a G row
   if (gated) {
     r.slices = int32_t(d.k / Cfg::kDotsCols);
-    r.tiles_per_group = int32_t(std::min<size_t>(smem / (size_t(d.tile) * kDotsRowBytes), size_t(4096 / d.tile)));
+    const size_t staging = size_t(Cfg::kDotsWarps) * kDotsWarpBytes;
+    const size_t block = smem > staging ? smem - staging : 0;
+    r.tiles_per_group = int32_t(std::min<size_t>(block / (size_t(d.tile) * kDotsRowBytes), size_t(4096 / d.tile)));
     if (r.tiles_per_group < 1) {
       r.reason = "a TwELL tile of up weight rows over " + std::to_string(Cfg::kDotsCols) + " columns in shared memory";
       return r;
@@ -673,7 +739,7 @@ ResidentShape resident_shape(const ProblemDims& d, const DeviceInfo& dev) {
     r.tiles_per_group = int32_t((d.num_tiles() + r.groups - 1) / r.groups);  // balanced groups
     r.groups = int32_t((d.num_tiles() + r.tiles_per_group - 1) / r.tiles_per_group);
     r.dots_ctas = r.groups * r.slices;
-    r.dots_smem = size_t(r.tiles_per_group) * d.tile * kDotsRowBytes;
+    r.dots_smem = size_t(r.tiles_per_group) * d.tile * kDotsRowBytes + staging;
     r.e_max = int32_t(std::min<int64_t>(row_words / (r.slices + 1), Cfg::kMaxEntries));
   } else {
     r.e_max = int32_t(std::min<int64_t>(row_words, Cfg::kMaxEntries));
