@@ -247,9 +247,10 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
     r.shape = resident_;
     r.row_entries = reinterpret_cast<int32_t*>(b.base + b.layout.row_entries);
     r.dots_offsets = reinterpret_cast<int32_t*>(b.base + b.layout.dots_offsets);
-    r.half_offsets = reinterpret_cast<int32_t*>(b.base + b.layout.half_offsets);
+    r.axpys_offsets = reinterpret_cast<int32_t*>(b.base + b.layout.axpys_offsets);
     r.dots_lists = reinterpret_cast<uint32_t*>(b.base + b.layout.dots_lists);
-    r.halves = reinterpret_cast<uint16_t*>(b.base + b.layout.halves);
+    r.dots_taus = reinterpret_cast<uint32_t*>(b.base + b.layout.dots_taus);
+    r.axpys_lists = reinterpret_cast<uint32_t*>(b.base + b.layout.axpys_lists);
     launch_resident_rows(r, device_, s);
   } else if (row_kernel) {
     RowArgs row;

@@ -166,9 +166,10 @@ ResidentShape resident_shape(const ProblemDims& d, const DeviceInfo& dev);
 struct ResidentRegions {
   size_t row_entries = 0;   // [M] int32: a resident row's entries, -1 for the backup's rows
   size_t dots_offsets = 0;  // [groups * batches + 1] int32: the dots lists' offsets (group-major)
-  size_t half_offsets = 0;  // [batches + 1] int32: the axpys lists' offsets, in halves
+  size_t axpys_offsets = 0; // [batches + 1] int32: the axpys lists' offsets (words)
+  size_t dots_taus = 0;     // [groups * batches] uint32: the rows' chunk rotations (3 bits each)
   size_t dots_lists = 0;    // uint32 words: (neuron in group, row in batch, entry) per slot
-  size_t halves = 0;        // 32-byte halves: 8 x (neuron | row in batch << 13), 8 x h
+  size_t axpys_lists = 0;   // uint32 words: (neuron | row in batch << 13, h) per slot
 };
 ResidentRegions resident_regions(const ResidentShape& r, int64_t rows);
 
@@ -180,9 +181,10 @@ struct ResidentArgs {
   ResidentShape shape;
   int32_t* row_entries = nullptr;
   int32_t* dots_offsets = nullptr;
-  int32_t* half_offsets = nullptr;
+  int32_t* axpys_offsets = nullptr;
+  uint32_t* dots_taus = nullptr;
   uint32_t* dots_lists = nullptr;
-  uint16_t* halves = nullptr;
+  uint32_t* axpys_lists = nullptr;
 };
 void launch_resident_rows(const ResidentArgs& a, const DeviceInfo& dev, cudaStream_t s);
 

@@ -1,22 +1,22 @@
 // The resident row stage: up + down over compact rows with the weights held in shared memory.
-//   lists (a warp per batch of kTokens rows): count pass (each row's entries; routed and long rows
-//     to the dense backup), a scan of the per-batch list sizes, a fill pass that sorts each batch's
-//     entries into the dots lists (per neuron group) and the axpys halves (per row), ordered so
-//     that the 8 rows of every ldmatrix phase fall on distinct shared-memory bank positions.
-//   dots (gated; CTA = neuron group g x K slice s, one per SM, 16 warps): Wu's group rows over the
-//     slice stay in shared memory; a warp takes a contiguous range of batches, its rows' x slices
-//     as mma B fragments in registers (loaded straight from global memory, two batches ahead),
-//     16 list entries per m16n8k16 A tile (ldmatrix rows gathered from the resident block); the
-//     lane holding entry i's token column stores its partial dot into the row's G row.
-//   reduce (a warp per row): h = g * (partials summed in slice order), rounded once, into the
+//   lists (a warp per batch of kTokens rows): a count pass (each row's entries; routed rows and
+//     rows over e_max entries to the dense backup), a scan of the batches' list sizes, a fill pass
+//     that sorts each batch's entries into its dots lists (one per neuron group) and its axpys
+//     list, ordered so that the 8 rows of every ldmatrix phase fall on distinct shared-memory
+//     bank positions wherever the entries allow it.
+//   dots (gated; CTA = neuron group g x K slice s of kDotsCols, one per SM, 16 warps): Wu's group
+//     rows over the slice stay in shared memory; a warp takes a contiguous range of batches, its
+//     rows' x slices as mma B fragments in registers (loaded from global memory kBatchesAhead
+//     batches ahead), 16 list entries per m16n8k16 A tile (ldmatrix rows gathered from the block);
+//     the lane holding entry i's row column stores its partial dot into the row's G row.
+//   reduce (a warp per row): h = g * (the partials summed in slice order), rounded once, into the
 //     entry's axpys slot.
 //   axpys (CTA = K slice of kAxpysCols, one per SM, 16 warps): Wd over the slice for every neuron
-//     in shared memory; a warp streams its batches' halves (cp.async ring) and accumulates
-//     y^T[16 cols, 8 rows] on tensor cores (A = Wd^T gathered by ldmatrix.trans, B = the halves'
-//     h on their row's column), then writes the rows' 16 columns.
+//     in shared memory; a warp streams its batches' lists (cp.async ring) and accumulates
+//     y^T[16 columns, 8 rows] on tensor cores (A = Wd^T gathered by ldmatrix.trans, B = each
+//     slot's h in its row's column), then writes the rows' 16 columns.
 // docs/kernels.md ("Resident row stage") has the reasoning and the measurements.
 #include <algorithm>
-#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -41,15 +41,16 @@ constexpr int kMaxGroups = 16;              // dots groups the list pass sorts b
 constexpr int kBankKeys = 8;                // 16-byte positions of a 128-byte shared-memory line
 constexpr int kDotsRowBytes = Cfg::kDotsCols * 2;    // 256: a resident Wu row over the slice
 constexpr int kAxpysRowBytes = Cfg::kAxpysCols * 2;  // 32: a resident Wd row over the slice
-constexpr int kHalf = 8;                    // entries of one row per axpys half
-constexpr int kHalfBytes = 32;              // 8 x uint16 neuron words, 8 x 16-bit h
+constexpr int kTileSlots = 16;              // list entries per m16n8k16 tile (2 phases of 8)
+constexpr int kPhase = 8;                   // rows of one ldmatrix 8x8 matrix
 constexpr uint32_t kPadEntry = 0xffffu;     // the entry field of a dots pad slot
-constexpr int kNeuronBits = 13;             // axpys neuron word: neuron | row in batch << 13
+constexpr int kNeuronBits = 13;             // axpys word: neuron | row in batch << 13 | h << 16
 constexpr int kScanThreads = 1024;
 static_assert(Cfg::kTokens == 8, "the mma's n8 is the batch's rows");
-static_assert(Cfg::kMaxNeurons == 1 << kNeuronBits, "axpys neuron words keep 13 bits of neuron");
-static_assert(Cfg::kListBytes % (kWarpSize * 16) == 0, "a list step is one 16-byte copy per lane");
+static_assert(Cfg::kMaxNeurons == 1 << kNeuronBits, "axpys words keep 13 bits of neuron");
+static_assert(Cfg::kListBytes == kWarpSize * 16, "a list step is one 16-byte copy per lane");
 static_assert(Cfg::kMaxEntries < int(kPadEntry), "entries fit the dots words' 16-bit field");
+static_assert(Cfg::kDotsCols == 128, "the dots block's K order below is written for 128 columns");
 
 struct Params {
   FfnKind kind;
@@ -65,9 +66,10 @@ struct Params {
   int32_t* num_heavy;
   int32_t* row_entries;
   int32_t* dots_offsets;
-  int32_t* half_offsets;
+  int32_t* axpys_offsets;
+  uint32_t* dots_taus;
   uint32_t* dots_lists;
-  uint16_t* halves;
+  uint32_t* axpys_lists;
 };
 
 __host__ __device__ __forceinline__ int64_t num_batches(int64_t rows) {
@@ -130,25 +132,25 @@ __global__ void __launch_bounds__(Cfg::kListWarps* kWarpSize) count_kernel(Param
       warp_rows::densify_row(tw, at, static_cast<T*>(p.hidden) + at * p.n, lane, kWarpSize, [] { __syncwarp(); });
     }
   }
-  int halves = lane % kLanesPerRow == 0 && entries > 0 ? (entries + kHalf - 1) / kHalf : 0;
+  int batch_entries = lane % kLanesPerRow == 0 && entries > 0 ? entries : 0;
 #pragma unroll
-  for (int d = kWarpSize / 2; d > 0; d >>= 1) halves += __shfl_xor_sync(kFullMask, halves, d);
+  for (int d = kWarpSize / 2; d > 0; d >>= 1) batch_entries += __shfl_xor_sync(kFullMask, batch_entries, d);
   __syncwarp();
   if (lane < p.groups) {
     const int e = group_entries[warp][lane];
-    p.dots_offsets[lane * batches + b] = (e + 15) / 16 * 16;  // whole m16 tiles
+    p.dots_offsets[lane * batches + b] = (e + kTileSlots - 1) / kTileSlots * kTileSlots;  // whole tiles
   }
-  if (lane == 0) p.half_offsets[b] = halves + (halves & 1);  // whole tiles of two halves
+  if (lane == 0) p.axpys_offsets[b] = (batch_entries + kTileSlots - 1) / kTileSlots * kTileSlots;
 }
 
 // In place: a[0, n) becomes its exclusive prefix sum and a[n] the total (CTA 0: the dots offsets,
-// CTA 1: the halves' offsets).
-__global__ void __launch_bounds__(kScanThreads) scan_kernel(int32_t* dots, int64_t dots_n, int32_t* halves,
-                                                            int64_t halves_n) {
+// CTA 1: the axpys offsets).
+__global__ void __launch_bounds__(kScanThreads) scan_kernel(int32_t* dots, int64_t dots_n, int32_t* axpys,
+                                                            int64_t axpys_n) {
   chain_entry();
   __shared__ scan::ScanShared sm;
-  int32_t* a = blockIdx.x == 0 ? dots : halves;
-  const int64_t n = blockIdx.x == 0 ? dots_n : halves_n;
+  int32_t* a = blockIdx.x == 0 ? dots : axpys;
+  const int64_t n = blockIdx.x == 0 ? dots_n : axpys_n;
   if (a == nullptr) return;
   constexpr int kPerThread = 16;  // consecutive values a thread loads at once
   int64_t carry = 0;
@@ -239,17 +241,54 @@ __device__ __forceinline__ int staged_neuron(uint32_t w) { return int(w & 0xffff
 __device__ __forceinline__ int staged_token(uint32_t w) { return int(w >> 16 & 7u); }
 __device__ __forceinline__ int staged_entry(uint32_t w) { return int(w >> 19); }
 
-
-// The fill pass's shared memory per warp, in 32-bit words: the stage, the sort's bins and each
-// key's first position, and the batch's per-row and per-group figures.
-constexpr int kBins = kMaxGroups * kBankKeys;
-constexpr int kInfoWords = 4 * Cfg::kTokens + kMaxGroups;
-__host__ __device__ __forceinline__ int fill_warp_words(int e_max) {
-  return Cfg::kTokens * e_max + kBins + (kBins + 1) + kInfoWords;
+// Slot of the position-th entry of a list dealt over `phases` phases of 8 in sorted order: phase
+// position % phases, row position / phases (a key with no more entries than phases meets itself in
+// no phase).
+__device__ __forceinline__ int dealt_slot(int position, int phases) {
+  return position % phases * kPhase + position / phases;
 }
 
-// Fill pass: the batch's entries staged in shared memory, then sorted into its axpys halves and
-// (gated) its dots lists; each resident row's G row records where its entries went in the halves.
+// The fill pass's shared memory per warp, in 32-bit words: the stage, the sort's bins and each
+// key's first position, the batch's figures, and the (group, row, key) counts for the rotations.
+constexpr int kBins = kMaxGroups * kBankKeys;
+constexpr int kInfoWords = Cfg::kTokens + 2 * kMaxGroups;
+constexpr int kKeyCountWords = kMaxGroups * Cfg::kTokens * kBankKeys;
+__host__ __device__ __forceinline__ int fill_warp_words(int e_max) {
+  return Cfg::kTokens * e_max + kBins + (kBins + 1) + kInfoWords + kKeyCountWords;
+}
+
+// Dots rotations: each row t of group g's list reads its resident rows' chunks rotated by
+// tau_t (chunk c ^ tau_t at mma position c, its x slice rotated alike), which moves its
+// entries' bank keys to key ^ tau_t. Greedy over the rows: each takes the tau (lane tau < 8
+// tries it) that keeps the group's key histogram lowest (largest bin, then sum of squares).
+__device__ uint32_t choose_taus(const int* counts, int lane) {
+  int hist[kBankKeys] = {};
+  uint32_t taus = 0;
+  for (int t = 0; t < Cfg::kTokens; ++t) {
+    const int* c = counts + t * kBankKeys;
+    int score = 0, top = 0;
+#pragma unroll
+    for (int k = 0; k < kBankKeys; ++k) {
+      const int v = hist[k] + c[k ^ (lane % kBankKeys)];
+      top = max(top, v);
+      score += v * v;
+    }
+    // Largest bin (< 2^11: at most kTokens e_max entries), then the clamped sum of squares, then
+    // the candidate: one int per candidate, ordered.
+    int best = (top << 20) | (min(score, (1 << 17) - 1) << 3) | (lane % kBankKeys);
+#pragma unroll
+    for (int d = 1; d < kBankKeys; d <<= 1) best = min(best, __shfl_xor_sync(kFullMask, best, d));
+    const int tau = best & (kBankKeys - 1);
+#pragma unroll
+    for (int k = 0; k < kBankKeys; ++k) hist[k] += c[k ^ tau];
+    taus |= uint32_t(tau) << (3 * t);
+  }
+  return taus;
+}
+
+// Fill pass: the batch's entries staged in shared memory, then sorted into its axpys list and
+// (gated) its dots lists; each resident row's G row records where its entries went in the axpys
+// list (for the reduce pass's h).
 template <typename T>
 __global__ void __launch_bounds__(Cfg::kListWarps* kWarpSize) fill_kernel(Params p) {
   chain_entry();
@@ -261,48 +300,24 @@ __global__ void __launch_bounds__(Cfg::kListWarps* kWarpSize) fill_kernel(Params
   uint32_t* stage = list_smem + size_t(warp) * fill_warp_words(p.e_max);
   int* count = reinterpret_cast<int*>(stage + Cfg::kTokens * p.e_max);
   int* start = count + kBins;
-  int* info = start + kBins + 1;
-  int* row_count = info;                     // entries of row t (0 for the backup's rows)
-  int* row_base = info + Cfg::kTokens;       // its first stage position
-  int* row_halves = info + 2 * Cfg::kTokens;
-  int* row_half = info + 3 * Cfg::kTokens;   // its first half within the batch
-  int* group_offset = info + 4 * Cfg::kTokens;
+  int* row_base = start + kBins + 1;           // row t's first stage position
+  int* group_offset = row_base + Cfg::kTokens;  // group g's list for this batch
+  auto* group_tau = reinterpret_cast<uint32_t*>(group_offset + kMaxGroups);
+  int* key_counts = reinterpret_cast<int*>(group_tau + kMaxGroups);
   const TwellView& tw = p.tw;
   const int64_t row0 = b * Cfg::kTokens;
 
   int entries = 0;
   if (lane < Cfg::kTokens && row0 + lane < p.rows) entries = max(p.row_entries[row0 + lane], 0);
-  const int halves = (entries + kHalf - 1) / kHalf;
-  int entry_end = entries, half_end = halves;  // inclusive prefix sums over the rows
+  int entry_end = entries;  // inclusive prefix sum over the rows
 #pragma unroll
   for (int d = 1; d < Cfg::kTokens; d <<= 1) {
     const int e = __shfl_up_sync(kFullMask, entry_end, d);
-    const int h = __shfl_up_sync(kFullMask, half_end, d);
-    if (lane >= d) {
-      entry_end += e;
-      half_end += h;
-    }
+    if (lane >= d) entry_end += e;
   }
   const int total = __shfl_sync(kFullMask, entry_end, Cfg::kTokens - 1);
-  if (lane < Cfg::kTokens) {
-    row_count[lane] = entries;
-    row_base[lane] = entry_end - entries;
-    row_halves[lane] = halves;
-    row_half[lane] = half_end - halves;
-  }
+  if (lane < Cfg::kTokens) row_base[lane] = entry_end - entries;
   if (lane < p.groups) group_offset[lane] = p.dots_offsets[lane * batches + b];
-
-  // Zero the batch's halves: pad slots keep neuron 0 and h = 0 (a row's every half has a real
-  // first slot, which names the half's row; the batch's odd last half is all zero).
-  const int64_t half0 = p.half_offsets[b];
-  const int64_t half_words = (p.half_offsets[b + 1] - half0) * (kHalfBytes / 16);
-  uint4* hv = reinterpret_cast<uint4*>(p.halves) + half0 * (kHalfBytes / 16);
-  for (int64_t i = lane; i < half_words; i += kWarpSize) hv[i] = make_uint4(0, 0, 0, 0);
-  // Pad the dots lists: a pad slot's entry field is kPadEntry (its partial is never stored).
-  for (int g = 0; g < p.groups; ++g) {
-    const int64_t first = p.dots_offsets[g * batches + b], last = p.dots_offsets[g * batches + b + 1];
-    for (int64_t i = first + lane; i < last; i += kWarpSize) p.dots_lists[i] = kPadEntry << 16;
-  }
 
   // Stage every entry of the batch's resident rows: rows in order, TwELL order inside a row.
   for (int t = 0; t < Cfg::kTokens; ++t) {
@@ -318,67 +333,77 @@ __global__ void __launch_bounds__(Cfg::kListWarps* kWarpSize) fill_kernel(Params
   }
   __syncwarp();
 
-  // Axpys: row t's entries sorted by bank key and dealt round-robin over its halves, so each half
-  // (an ldmatrix phase of 8 rows) holds distinct keys wherever no key has more entries than the
-  // row has halves.
+  // Axpys: the batch's entries sorted by bank key and dealt over the list's phases.
+  const int64_t axpys0 = p.axpys_offsets[b];
+  const int axpys_phases = int(p.axpys_offsets[b + 1] - axpys0) / kPhase;
   sort_entries(
-      stage, total, Cfg::kTokens * kBankKeys, count, nullptr,
-      [](uint32_t w) { return staged_token(w) * kBankKeys + axpys_key(staged_neuron(w)); },
+      stage, total, kBankKeys, count, nullptr, [](uint32_t w) { return axpys_key(staged_neuron(w)); },
       [&](uint32_t w, int pos) {
         const int t = staged_token(w);
-        const int local = pos - row_base[t], h = row_halves[t];
-        const int64_t half = half0 + row_half[t] + local % h;
-        const int slot = local / h;
-        p.halves[half * (kHalfBytes / 2) + slot] = uint16_t(staged_neuron(w) | t << kNeuronBits);
+        const int slot = dealt_slot(pos, axpys_phases);
+        p.axpys_lists[axpys0 + slot] = uint32_t(staged_neuron(w)) | uint32_t(t) << kNeuronBits;
         reinterpret_cast<int32_t*>(row_words<T>(p, row0 + t))[p.slices * p.e_max + staged_entry(w)] =
-            int32_t(half * kHalf + slot);
+            int32_t(axpys0 + slot);
       },
       lane);
-  // A pad slot (h = 0) names its half's first neuron: the same address as a real slot of its
-  // ldmatrix phase reads as one access, where neuron 0 would take a bank position of its own.
-  const int num_halves = int(p.half_offsets[b + 1] - half0);
-  for (int i = lane; i < num_halves * kHalf; i += kWarpSize) {
-    const int half = i / kHalf, slot = i % kHalf;
-    for (int t = 0; t < Cfg::kTokens; ++t) {
-      const int local = half - row_half[t];
-      if (local < 0 || local >= row_halves[t]) continue;
-      const int filled = (row_count[t] - local + row_halves[t] - 1) / row_halves[t];  // entries dealt to it
-      if (slot >= filled) p.halves[(half0 + half) * (kHalfBytes / 2) + slot] = p.halves[(half0 + half) * (kHalfBytes / 2)];
-    }
+  // Pad slots (h = 0) name their phase's first neuron: one access with it, where a neuron of
+  // its own could take a bank position another slot of the phase needs.
+  for (int i = lane; i < axpys_phases * kPhase; i += kWarpSize) {
+    const int phase = i / kPhase, row = i % kPhase;
+    if (row * axpys_phases + phase >= total)
+      p.axpys_lists[axpys0 + i] = phase < total ? p.axpys_lists[axpys0 + phase * kPhase] & 0xffffu : 0u;
   }
   if (p.slices == 0) return;
 
-  // Dots: group g's entries sorted by bank key (the resident row's index mod 8) and dealt
-  // round-robin over the group's 8-row phases, in whole m16 tiles.
+  // Dots: each group's rotations, then its entries sorted by rotated bank key (the resident
+  // row's index mod 8, XOR the row's tau) and dealt over the group's phases.
   const int group_rows = p.tiles_per_group * tw.shape.tile;
   auto group_of = [&](uint32_t w) { return staged_neuron(w) / group_rows; };
+  auto bank_key = [&](uint32_t w) { return (staged_neuron(w) - group_of(w) * group_rows) % kBankKeys; };
+  for (int i = lane; i < p.groups * Cfg::kTokens * kBankKeys; i += kWarpSize) key_counts[i] = 0;
+  __syncwarp();
+  for (int i = lane; i < total; i += kWarpSize) {
+    const uint32_t w = stage[i];
+    atomicAdd(&key_counts[(group_of(w) * Cfg::kTokens + staged_token(w)) * kBankKeys + bank_key(w)], 1);
+  }
+  __syncwarp();
+  for (int g = 0; g < p.groups; ++g) {
+    const uint32_t taus = choose_taus(key_counts + g * Cfg::kTokens * kBankKeys, lane);
+    if (lane == 0) {
+      group_tau[g] = taus;
+      p.dots_taus[g * batches + b] = taus;
+    }
+  }
+  __syncwarp();
+  auto rotated_key = [&](uint32_t w) {
+    const int g = group_of(w);
+    return g * kBankKeys + (bank_key(w) ^ int(group_tau[g] >> (3 * staged_token(w)) & 7u));
+  };
   sort_entries(
-      stage, total, p.groups * kBankKeys, count, start,
-      [&](uint32_t w) { return group_of(w) * kBankKeys + (staged_neuron(w) - group_of(w) * group_rows) % kBankKeys; },
+      stage, total, p.groups * kBankKeys, count, start, rotated_key,
       [&](uint32_t w, int pos) {
         const int g = group_of(w);
         const int first = start[g * kBankKeys], n_g = start[(g + 1) * kBankKeys] - first;
-        const int phases = (n_g + 15) / 16 * 2, local = pos - first;
-        const int slot = local % phases * kHalf + local / phases;
+        const int phases = (n_g + kTileSlots - 1) / kTileSlots * 2;
         const uint32_t in_group = uint32_t(staged_neuron(w) - g * group_rows);
-        p.dots_lists[group_offset[g] + slot] =
+        p.dots_lists[group_offset[g] + dealt_slot(pos - first, phases)] =
             in_group | uint32_t(staged_token(w)) << 12 | uint32_t(staged_entry(w)) << 16;
       },
       lane);
-  // Pad slots read their phase's first row (one access with it; see the halves above).
+  // Pad slots: their phase's first entry's neuron and row (the same address, rotation included).
   for (int g = 0; g < p.groups; ++g) {
     const int n_g = start[(g + 1) * kBankKeys] - start[g * kBankKeys];
-    const int phases = (n_g + 15) / 16 * 2;
-    for (int i = lane; i < phases * kHalf; i += kWarpSize) {
-      const int phase = i / kHalf, row = i % kHalf;
-      if (row * phases + phase >= n_g && phase < n_g)
-        p.dots_lists[group_offset[g] + i] = (p.dots_lists[group_offset[g] + phase * kHalf] & 0xfffu) | kPadEntry << 16;
+    const int phases = (n_g + kTileSlots - 1) / kTileSlots * 2;
+    uint32_t* list = p.dots_lists + group_offset[g];
+    for (int i = lane; i < phases * kPhase; i += kWarpSize) {
+      const int phase = i / kPhase, row = i % kPhase;
+      if (row * phases + phase >= n_g) list[i] = (phase < n_g ? list[phase * kPhase] & 0xffffu : 0u) | kPadEntry << 16;
     }
   }
 }
 
 // Reduce pass (a warp per row): each resident row's h = g * (its partial dots summed in slice
-// order) or g (plain), rounded once, into the entry's axpys slot.
+// order) or g (plain), rounded once, into the high half of its axpys slot.
 template <typename T>
 __global__ void __launch_bounds__(Cfg::kListWarps* kWarpSize) reduce_kernel(Params p) {
   chain_entry();
@@ -388,7 +413,7 @@ __global__ void __launch_bounds__(Cfg::kListWarps* kWarpSize) reduce_kernel(Para
   const float* partial = row_words<T>(p, row);
   const auto* slots = reinterpret_cast<const int32_t*>(partial) + p.slices * p.e_max;
   const auto* values = static_cast<const T*>(p.tw.values);
-  auto* h_out = reinterpret_cast<T*>(p.halves);
+  auto* h_out = reinterpret_cast<T*>(p.axpys_lists);
   int seen = 0;
   warp_rows::for_each_entry_group(p.tw, row, lane, [&](int, int64_t slot, int count) {
     const int j = seen + lane;
@@ -399,8 +424,7 @@ __global__ void __launch_bounds__(Cfg::kListWarps* kWarpSize) reduce_kernel(Para
         for (int s = 0; s < p.slices; ++s) dot += partial[s * p.e_max + j];
         h *= dot;
       }
-      const int32_t q = slots[j];
-      h_out[int64_t(q / kHalf) * (kHalfBytes / 2) + kHalf + q % kHalf] = Elem<T>::from_float(h);
+      h_out[int64_t(slots[j]) * 2 + 1] = Elem<T>::from_float(h);
     }
     seen += count;
   });
@@ -411,22 +435,25 @@ __global__ void __launch_bounds__(Cfg::kListWarps* kWarpSize) reduce_kernel(Para
 
 // The resident block of a dots CTA: row r (the group's r-th neuron) is 256 bytes, 16 chunks of 16
 // bytes; chunk c sits in the row's line c / 8 at position (c % 8) ^ (r % 8). Its K order is
-// permuted within each 32 columns so that a lane's one 16-byte load of x gives its B fragments
-// for two mma steps: chunk 4u + w, word q, holds x columns 32u + 8q + 2w and + 1 (w = 0..3).
+// permuted so that a lane's 8-byte loads of x give its B fragments and a rotation of the chunks
+// by tau < 8 is a choice of load address: chunk c, word q holds columns 16 (c % 8) + 4 q +
+// 2 (c / 8) and + 1.
 template <typename T>
 __device__ __forceinline__ void load_dots_block(const Params& p, char* block, int64_t n0, int64_t col0) {
   const int group_rows = p.tiles_per_group * p.tw.shape.tile;
   const T* up = static_cast<const T*>(p.up);
   for (int idx = threadIdx.x; idx < group_rows * 16; idx += blockDim.x) {
-    const int r = idx / 16, piece = idx % 16, u = piece / 4, q = piece % 4;
+    const int r = idx / 16, piece = idx % 16;  // columns 8 piece .. + 8 of the slice
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (n0 + r < p.n) v = load_readonly(up + (n0 + r) * p.k + col0 + 32 * u + 8 * q);
+    if (n0 + r < p.n) v = load_readonly(up + (n0 + r) * p.k + col0 + 8 * piece);
     const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const int c = 4 * u + w;
+    for (int i = 0; i < 4; ++i) {
+      const int col = 8 * piece + 2 * i;  // = 16 u + 4 q + 2 e
+      const int u = col / 16, q = col % 16 / 4, e = col % 4 / 2;
+      const int c = u + 8 * e;
       *reinterpret_cast<uint32_t*>(block + r * kDotsRowBytes + (c / 8) * 128 + (((c % 8) ^ (r % 8)) << 4) + q * 4) =
-          words[w];
+          words[i];
     }
   }
 }
@@ -490,27 +517,37 @@ __global__ void __launch_bounds__(Cfg::kDotsWarps* kWarpSize, 1) dots_kernel(Par
   const int64_t b0 = batches * warp / Cfg::kDotsWarps, b1 = batches * (warp + 1) / Cfg::kDotsWarps;
   if (b0 >= b1) return;
   const int32_t* offsets = p.dots_offsets + int64_t(g) * batches;
+  const uint32_t* taus = p.dots_taus + int64_t(g) * batches;
   const int64_t word0 = offsets[b0];
   ListRing<kDotsStages> ring{block + size_t(group_rows) * kDotsRowBytes + warp * kDotsWarpBytes,
                              reinterpret_cast<const char*>(p.dots_lists), word0 * 4, int64_t(offsets[b1]) * 4, lane};
   ring.start();
-  // Per batch in flight: its rows' x slices as B fragments and the end of its list (words from
-  // word0). Each of kBatchesAhead slots is refilled right after its batch, never moved.
+  // Per batch in flight: its rows' x slices as B fragments (x[u] holds chunks u and u + 8 of
+  // the lane's row, rotated by the row's tau), the end of its list (words from word0) and its
+  // rows' taus; the taus of the batch kBatchesAhead later wait in the slot for its refill, so
+  // no x address waits on a load. Each slot is refilled in place, never moved.
   struct Slot {
-    uint4 x[4];
+    uint2 x[8];
     int end;
+    uint32_t taus, next_taus;
   } slot[kBatchesAhead];
-  const T* x = static_cast<const T*>(p.x) + col0 + 8 * q;
+  const T* x = static_cast<const T*>(p.x) + col0 + 4 * q;
   auto load = [&](int64_t b, Slot& sl) {
     if (b >= b1) return;
     const int64_t row = b * Cfg::kTokens + tk;
+    const int tau = int(sl.next_taus >> (3 * tk) & 7u);
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
-      sl.x[u] = row < p.rows ? load_readonly(x + row * p.k + 32 * u) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < 8; ++u)
+      sl.x[u] = row < p.rows ? __ldg(reinterpret_cast<const uint2*>(x + row * p.k + 16 * (u ^ tau))) : make_uint2(0, 0);
     sl.end = int(offsets[b + 1] - word0);
+    sl.taus = sl.next_taus;
+    sl.next_taus = b + kBatchesAhead < b1 ? taus[b + kBatchesAhead] : 0u;
   };
 #pragma unroll
-  for (int i = 0; i < kBatchesAhead; ++i) load(b0 + i, slot[i]);
+  for (int i = 0; i < kBatchesAhead; ++i) {
+    slot[i].next_taus = b0 + i < b1 ? taus[b0 + i] : 0u;
+    load(b0 + i, slot[i]);
+  }
   const unsigned block_at = unsigned(__cvta_generic_to_shared(block));
   const int row_bytes = int(p.n * int64_t(sizeof(T)));
   int pos = 0;  // the next tile's first word
@@ -521,19 +558,21 @@ __global__ void __launch_bounds__(Cfg::kDotsWarps* kWarpSize, 1) dots_kernel(Par
       if (b + i < b1) {
         char* partials = static_cast<char*>(p.hidden) + (b + i) * Cfg::kTokens * int64_t(row_bytes) +
                          int64_t(slice) * p.e_max * 4;
-        for (; pos < sl.end; pos += 16) {
+        for (; pos < sl.end; pos += kTileSlots) {
           const char* words = ring.at(pos / kWordsPerStep) + (pos % kWordsPerStep) * 4;
-          const uint32_t w = *reinterpret_cast<const uint32_t*>(words + (lane % 16) * 4);
+          const uint32_t w = *reinterpret_cast<const uint32_t*>(words + (lane % kTileSlots) * 4);
           const uint32_t in_group = w & 0xfffu;
-          const uint32_t key = uint32_t(hf) ^ (in_group % 8);
+          const uint32_t tau = sl.taus >> (3 * (w >> 12 & 7u)) & 7u;
+          const uint32_t key = uint32_t(hf) ^ (in_group % 8) ^ tau;
           const unsigned row_at = block_at + in_group * kDotsRowBytes;
           float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-          for (int st = 0; st < 8; ++st) {
+          for (int st = 0; st < 8; ++st) {  // chunks 2 st (lanes 0-15) and 2 st + 1 (16-31)
             uint32_t a[4];
             ldmatrix_x4_at<false>(a, row_at + (st / 4) * 128 + (((2u * (st % 4)) ^ key) << 4));
-            const uint4& xv = sl.x[st / 2];
-            mma_16816<T>(d, a, st % 2 ? xv.z : xv.x, st % 2 ? xv.w : xv.y);
+            const uint2& lo = sl.x[(2 * st) % 8];
+            const uint2& hi = sl.x[(2 * st + 1) % 8];
+            mma_16816<T>(d, a, st < 4 ? lo.x : lo.y, st < 4 ? hi.x : hi.y);
           }
           // Entry i's dot is D[i][its row]: lane 4 (i % 8) + row / 2 holds it.
           const uint32_t w_lo = *reinterpret_cast<const uint32_t*>(words + (lane / 4) * 4);
@@ -561,7 +600,16 @@ __global__ void __launch_bounds__(Cfg::kDotsWarps* kWarpSize, 1) dots_kernel(Par
 // line n / 4, chunk c at position axpys_key(n) ^ c.
 __host__ __device__ __forceinline__ size_t axpys_block_bytes(int64_t n) { return size_t((n + 3) / 4) * 128; }
 constexpr int kAxpysWarpBytes = kAxpysStages * Cfg::kListBytes + Cfg::kTokens * Cfg::kAxpysCols * 2;
-constexpr int kTilesPerStep = Cfg::kListBytes / (2 * kHalfBytes);
+constexpr int kTileBytes = kTileSlots * 4;
+constexpr int kTilesPerStep = Cfg::kListBytes / kTileBytes;
+
+// The B fragment register of two slots (k and k + 1) for the lane's row: each slot's h where the
+// slot is of that row, else 0.
+__device__ __forceinline__ uint32_t slot_pair(uint2 w, uint32_t row) {
+  const uint32_t lo = (w.x >> kNeuronBits & 7u) == row ? w.x >> 16 : 0u;
+  const uint32_t hi = (w.y >> kNeuronBits & 7u) == row ? w.y & 0xffff0000u : 0u;
+  return lo | hi;
+}
 
 template <typename T>
 __global__ void __launch_bounds__(Cfg::kAxpysWarps* kWarpSize, 1) axpys_kernel(Params p) {
@@ -577,17 +625,18 @@ __global__ void __launch_bounds__(Cfg::kAxpysWarps* kWarpSize, 1) axpys_kernel(P
   __syncthreads();
   chain_entry();
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int tk = lane / 4, q = lane % 4;
+  const uint32_t tk = lane / 4;
+  const int q = lane % 4;
   const int64_t batches = num_batches(p.rows);
   const int64_t b0 = batches * warp / Cfg::kAxpysWarps, b1 = batches * (warp + 1) / Cfg::kAxpysWarps;
   if (b0 >= b1) return;
   char* warp_smem = block + axpys_block_bytes(p.n) + size_t(warp) * kAxpysWarpBytes;
   T* ystage = reinterpret_cast<T*>(warp_smem + kAxpysStages * Cfg::kListBytes);
-  const int64_t h_begin = p.half_offsets[b0];
-  ListRing<kAxpysStages> ring{warp_smem, reinterpret_cast<const char*>(p.halves), h_begin * kHalfBytes,
-                              int64_t(p.half_offsets[b1]) * kHalfBytes, lane};
+  const int64_t word0 = p.axpys_offsets[b0];
+  ListRing<kAxpysStages> ring{warp_smem, reinterpret_cast<const char*>(p.axpys_lists), word0 * 4,
+                              int64_t(p.axpys_offsets[b1]) * 4, lane};
   ring.start();
-  // Per batch in flight: the end of its tiles (from h_begin) and, lanes 0-15, its row 2 lane's
+  // Per batch in flight: the end of its tiles (from word0) and, lanes 0-15, its row lane / 2's
   // entry count (-1: the backup's row, whose y this stage leaves alone).
   struct Slot {
     int end;
@@ -597,12 +646,12 @@ __global__ void __launch_bounds__(Cfg::kAxpysWarps* kWarpSize, 1) axpys_kernel(P
     if (b >= b1) return;
     const int64_t row = b * Cfg::kTokens + lane / 2;
     sl.row_state = lane < 16 && row < p.rows ? p.row_entries[row] : -1;
-    sl.end = int((p.half_offsets[b + 1] - h_begin) / 2);
+    sl.end = int((p.axpys_offsets[b + 1] - word0) / kTileSlots);
   };
 #pragma unroll
   for (int i = 0; i < kBatchesAhead; ++i) load(b0 + i, slot[i]);
   const unsigned block_at = unsigned(__cvta_generic_to_shared(block));
-  const int word_at = (lane / 16) * kHalfBytes + (lane % 8) * 2;  // this lane's neuron word in a tile
+  const int my_slot = (lane % kPhase + kPhase * (lane / 16)) * 4;  // this lane's ldmatrix row
   const int chunk = (lane / 8) % 2;
   T* y = static_cast<T*>(p.y) + col0 + 8 * (lane % 2);
   int tile = 0;
@@ -613,16 +662,13 @@ __global__ void __launch_bounds__(Cfg::kAxpysWarps* kWarpSize, 1) axpys_kernel(P
       if (b + i < b1) {
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (; tile < sl.end; ++tile) {
-          const char* t64 = ring.at(tile / kTilesPerStep) + (tile % kTilesPerStep) * (2 * kHalfBytes);
-          const int word = *reinterpret_cast<const uint16_t*>(t64 + word_at);
-          const int row_a = *reinterpret_cast<const uint16_t*>(t64) >> kNeuronBits;
-          const int row_b = *reinterpret_cast<const uint16_t*>(t64 + kHalfBytes) >> kNeuronBits;
-          const int neuron = word & (Cfg::kMaxNeurons - 1);
+          const char* words = ring.at(tile / kTilesPerStep) + (tile % kTilesPerStep) * kTileBytes;
+          const int neuron = int(*reinterpret_cast<const uint32_t*>(words + my_slot) & (Cfg::kMaxNeurons - 1));
           uint32_t a[4];
           ldmatrix_x4_at<true>(a, block_at + (neuron / 4) * 128 + ((axpys_key(neuron) ^ chunk) << 4));
-          const uint32_t pair_a = *reinterpret_cast<const uint32_t*>(t64 + 16 + 4 * q);
-          const uint32_t pair_b = *reinterpret_cast<const uint32_t*>(t64 + kHalfBytes + 16 + 4 * q);
-          mma_16816<T>(d, a, tk == row_a ? pair_a : 0u, tk == row_b ? pair_b : 0u);
+          const uint2 lo = *reinterpret_cast<const uint2*>(words + 8 * q);       // slots 2q, 2q + 1
+          const uint2 hi = *reinterpret_cast<const uint2*>(words + 32 + 8 * q);  // slots 2q + 8, 2q + 9
+          mma_16816<T>(d, a, slot_pair(lo, tk), slot_pair(hi, tk));
         }
         // D is y^T over the slice: lane holds columns lane / 4 and + 8 of rows 2q and 2q + 1.
         const int col = lane / 4;
@@ -675,15 +721,16 @@ void launch_typed(const ResidentArgs& a, const DeviceInfo& dev, cudaStream_t s) 
   p.num_heavy = &a.control->num_heavy;
   p.row_entries = a.row_entries;
   p.dots_offsets = a.dots_offsets;
-  p.half_offsets = a.half_offsets;
+  p.axpys_offsets = a.axpys_offsets;
+  p.dots_taus = a.dots_taus;
   p.dots_lists = a.dots_lists;
-  p.halves = a.halves;
+  p.axpys_lists = a.axpys_lists;
   const int64_t batches = num_batches(p.rows);
   const auto list_ctas = unsigned((batches + Cfg::kListWarps - 1) / Cfg::kListWarps);
   constexpr int kListThreads = Cfg::kListWarps * kWarpSize;
   launch(count_kernel<T>, dim3(list_ctas), dim3(kListThreads), 0, s, p);
   launch(scan_kernel, dim3(2), dim3(kScanThreads), 0, s, r.slices > 0 ? p.dots_offsets : nullptr,
-         int64_t(r.groups) * batches, p.half_offsets, batches);
+         int64_t(r.groups) * batches, p.axpys_offsets, batches);
   allow_smem(fill_kernel<T>, r.list_smem, "resident list kernel shared memory");
   launch(fill_kernel<T>, dim3(list_ctas), dim3(kListThreads), r.list_smem, s, p);
   if (r.slices > 0) {
@@ -767,11 +814,11 @@ ResidentRegions resident_regions(const ResidentShape& r, int64_t rows) {
   const size_t m = size_t(rows), batches = size_t(num_batches(rows));
   g.row_entries = round_bytes(m * 4);
   g.dots_offsets = round_bytes((size_t(r.groups) * batches + 1) * 4);
-  g.half_offsets = round_bytes((batches + 1) * 4);
-  // A batch's group list is its entries rounded up to whole tiles of 16; its halves, each row's
-  // entries in halves of 8, rounded up to an even count.
+  g.axpys_offsets = round_bytes((batches + 1) * 4);
+  g.dots_taus = round_bytes(size_t(r.groups) * batches * 4);
+  // A batch's lists are its entries rounded up to whole tiles of 16 (the dots one per group).
   if (r.slices > 0) g.dots_lists = round_bytes((m * size_t(r.e_max) + 15 * size_t(r.groups) * batches) * 4);
-  g.halves = round_bytes((m * size_t((r.e_max + kHalf - 1) / kHalf) + batches) * kHalfBytes);
+  g.axpys_lists = round_bytes((m * size_t(r.e_max) + 15 * batches) * 4);
   return g;
 }
 

@@ -95,9 +95,10 @@ WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths
       const ResidentRegions r = resident_regions(*resident, rows);
       l.row_entries = take(r.row_entries);
       l.dots_offsets = take(r.dots_offsets);
-      l.half_offsets = take(r.half_offsets);
+      l.axpys_offsets = take(r.axpys_offsets);
+      l.dots_taus = take(r.dots_taus);
       l.dots_lists = take(r.dots_lists);
-      l.halves = take(r.halves);
+      l.axpys_lists = take(r.axpys_lists);
     }
     end = std::max(end, at);
   }

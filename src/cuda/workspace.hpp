@@ -49,7 +49,7 @@ struct WorkspaceLayout {
   size_t routed_blas = 0;  // [blas_rows, K + N]: the routed rows cuBLAS takes (routed_blas.cu)
   int64_t blas_rows = 0;   // at most this many (RoutedBlasConfig)
   // The resident row stage's regions (resident_rows.cu), when the plan runs it.
-  size_t row_entries = 0, dots_offsets = 0, half_offsets = 0, dots_lists = 0, halves = 0;
+  size_t row_entries = 0, dots_offsets = 0, axpys_offsets = 0, dots_taus = 0, dots_lists = 0, axpys_lists = 0;
   size_t bytes = 0;        // 0 when M = 0 (a run of no rows touches nothing)
 };
 struct ResidentShape;  // kernels.hpp
