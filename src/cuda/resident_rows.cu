@@ -273,9 +273,9 @@ __device__ uint32_t choose_taus(const int* counts, int lane) {
       top = max(top, v);
       score += v * v;
     }
-    // Largest bin (< 2^11: at most kTokens e_max entries), then the clamped sum of squares, then
+    // Largest bin, then sum of squares (each clamped to its bits), then
     // the candidate: one int per candidate, ordered.
-    int best = (top << 20) | (min(score, (1 << 17) - 1) << 3) | (lane % kBankKeys);
+    int best = (min(top, (1 << 11) - 1) << 20) | (min(score, (1 << 17) - 1) << 3) | (lane % kBankKeys);
 #pragma unroll
     for (int d = 1; d < kBankKeys; d <<= 1) best = min(best, __shfl_xor_sync(kFullMask, best, d));
     const int tau = best & (kBankKeys - 1);
