@@ -257,27 +257,29 @@ __host__ __device__ __forceinline__ int fill_warp_words(int e_max) {
   return Cfg::kTokens * e_max + kBins + (kBins + 1) + kInfoWords + kKeyCountWords;
 }
 
-// Dots rotations: each row t of group g's list reads its resident rows' chunks rotated by
-// tau_t (chunk c ^ tau_t at mma position c, its x slice rotated alike), which moves its
-// entries' bank keys to key ^ tau_t. Greedy over the rows: each takes the tau (lane tau < 8
-// tries it) that keeps the group's key histogram lowest (largest bin, then sum of squares).
+// Dots rotations: each row t of group g's list reads its resident rows' chunks rotated by an even
+// tau_t < 8 (chunk c ^ tau_t at mma position c, its x slice rotated alike), which moves its
+// entries' bank keys to key ^ tau_t. Greedy over the rows: each takes the tau (lane l tries
+// 2 (l % 4)) that keeps the group's key histogram lowest (largest bin, then sum of squares).
+constexpr int kTaus = 4;
 __device__ uint32_t choose_taus(const int* counts, int lane) {
   int hist[kBankKeys] = {};
   uint32_t taus = 0;
+  const int mine = 2 * (lane % kTaus);
   for (int t = 0; t < Cfg::kTokens; ++t) {
     const int* c = counts + t * kBankKeys;
     int score = 0, top = 0;
 #pragma unroll
     for (int k = 0; k < kBankKeys; ++k) {
-      const int v = hist[k] + c[k ^ (lane % kBankKeys)];
+      const int v = hist[k] + c[k ^ mine];
       top = max(top, v);
       score += v * v;
     }
-    // Largest bin, then sum of squares (each clamped to its bits), then
-    // the candidate: one int per candidate, ordered.
-    int best = (min(top, (1 << 11) - 1) << 20) | (min(score, (1 << 17) - 1) << 3) | (lane % kBankKeys);
+    // Largest bin, then sum of squares (each clamped to its bits), then the candidate: one int
+    // per candidate, ordered.
+    int best = (min(top, (1 << 11) - 1) << 20) | (min(score, (1 << 17) - 1) << 3) | mine;
 #pragma unroll
-    for (int d = 1; d < kBankKeys; d <<= 1) best = min(best, __shfl_xor_sync(kFullMask, best, d));
+    for (int d = 1; d < kTaus; d <<= 1) best = min(best, __shfl_xor_sync(kFullMask, best, d));
     const int tau = best & (kBankKeys - 1);
 #pragma unroll
     for (int k = 0; k < kBankKeys; ++k) hist[k] += c[k ^ tau];
@@ -435,9 +437,9 @@ __global__ void __launch_bounds__(Cfg::kListWarps* kWarpSize) reduce_kernel(Para
 
 // The resident block of a dots CTA: row r (the group's r-th neuron) is 256 bytes, 16 chunks of 16
 // bytes; chunk c sits in the row's line c / 8 at position (c % 8) ^ (r % 8). Its K order is
-// permuted so that a lane's 8-byte loads of x give its B fragments and a rotation of the chunks
-// by tau < 8 is a choice of load address: chunk c, word q holds columns 16 (c % 8) + 4 q +
-// 2 (c / 8) and + 1.
+// permuted so that one 8-byte load of x gives a lane both B fragment registers of an mma step
+// and an even rotation of the chunks is a choice of load address: chunk c, word q holds columns
+// 16 (c / 2) + 4 q + 2 (c % 2) and + 1.
 template <typename T>
 __device__ __forceinline__ void load_dots_block(const Params& p, char* block, int64_t n0, int64_t col0) {
   const int group_rows = p.tiles_per_group * p.tw.shape.tile;
@@ -449,9 +451,8 @@ __device__ __forceinline__ void load_dots_block(const Params& p, char* block, in
     const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int col = 8 * piece + 2 * i;  // = 16 u + 4 q + 2 e
-      const int u = col / 16, q = col % 16 / 4, e = col % 4 / 2;
-      const int c = u + 8 * e;
+      const int col = 8 * piece + 2 * i;  // = 16 m + 4 q + 2 e: chunk 2 m + e, word q
+      const int c = 2 * (col / 16) + col % 4 / 2, q = col % 16 / 4;
       *reinterpret_cast<uint32_t*>(block + r * kDotsRowBytes + (c / 8) * 128 + (((c % 8) ^ (r % 8)) << 4) + q * 4) =
           words[i];
     }
@@ -522,8 +523,8 @@ __global__ void __launch_bounds__(Cfg::kDotsWarps* kWarpSize, 1) dots_kernel(Par
   ListRing<kDotsStages> ring{block + size_t(group_rows) * kDotsRowBytes + warp * kDotsWarpBytes,
                              reinterpret_cast<const char*>(p.dots_lists), word0 * 4, int64_t(offsets[b1]) * 4, lane};
   ring.start();
-  // Per batch in flight: its rows' x slices as B fragments (x[u] holds chunks u and u + 8 of
-  // the lane's row, rotated by the row's tau), the end of its list (words from word0) and its
+  // Per batch in flight: its rows' x slices as B fragments (x[st]: mma step st's two registers
+  // for the lane's row, rotated by the row's tau), the end of its list (words from word0) and its
   // rows' taus; the taus of the batch kBatchesAhead later wait in the slot for its refill, so
   // no x address waits on a load. Each slot is refilled in place, never moved.
   struct Slot {
@@ -535,10 +536,11 @@ __global__ void __launch_bounds__(Cfg::kDotsWarps* kWarpSize, 1) dots_kernel(Par
   auto load = [&](int64_t b, Slot& sl) {
     if (b >= b1) return;
     const int64_t row = b * Cfg::kTokens + tk;
-    const int tau = int(sl.next_taus >> (3 * tk) & 7u);
+    const int half_tau = int(sl.next_taus >> (3 * tk) & 7u) / 2;
 #pragma unroll
-    for (int u = 0; u < 8; ++u)
-      sl.x[u] = row < p.rows ? __ldg(reinterpret_cast<const uint2*>(x + row * p.k + 16 * (u ^ tau))) : make_uint2(0, 0);
+    for (int st = 0; st < 8; ++st)
+      sl.x[st] = row < p.rows ? __ldg(reinterpret_cast<const uint2*>(x + row * p.k + 16 * (st ^ half_tau)))
+                              : make_uint2(0, 0);
     sl.end = int(offsets[b + 1] - word0);
     sl.taus = sl.next_taus;
     sl.next_taus = b + kBatchesAhead < b1 ? taus[b + kBatchesAhead] : 0u;
@@ -558,33 +560,46 @@ __global__ void __launch_bounds__(Cfg::kDotsWarps* kWarpSize, 1) dots_kernel(Par
       if (b + i < b1) {
         char* partials = static_cast<char*>(p.hidden) + (b + i) * Cfg::kTokens * int64_t(row_bytes) +
                          int64_t(slice) * p.e_max * 4;
-        for (; pos < sl.end; pos += kTileSlots) {
+        // Two tiles at a time where the batch has them in one ring step: two independent mma
+        // chains in flight.
+        while (pos < sl.end) {
+          const bool two = pos + kTileSlots < sl.end && (pos + kTileSlots) % kWordsPerStep != 0;
           const char* words = ring.at(pos / kWordsPerStep) + (pos % kWordsPerStep) * 4;
-          const uint32_t w = *reinterpret_cast<const uint32_t*>(words + (lane % kTileSlots) * 4);
-          const uint32_t in_group = w & 0xfffu;
-          const uint32_t tau = sl.taus >> (3 * (w >> 12 & 7u)) & 7u;
-          const uint32_t key = uint32_t(hf) ^ (in_group % 8) ^ tau;
-          const unsigned row_at = block_at + in_group * kDotsRowBytes;
-          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          const char* words2 = two ? words + kTileSlots * 4 : words;
+          unsigned row_at[2];
+          uint32_t key[2];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const uint32_t w = *reinterpret_cast<const uint32_t*>((u ? words2 : words) + (lane % kTileSlots) * 4);
+            const uint32_t in_group = w & 0xfffu;
+            key[u] = uint32_t(hf) ^ (in_group % 8) ^ (sl.taus >> (3 * (w >> 12 & 7u)) & 7u);
+            row_at[u] = block_at + in_group * kDotsRowBytes;
+          }
+          float d[2][4] = {};
 #pragma unroll
           for (int st = 0; st < 8; ++st) {  // chunks 2 st (lanes 0-15) and 2 st + 1 (16-31)
-            uint32_t a[4];
-            ldmatrix_x4_at<false>(a, row_at + (st / 4) * 128 + (((2u * (st % 4)) ^ key) << 4));
-            const uint2& lo = sl.x[(2 * st) % 8];
-            const uint2& hi = sl.x[(2 * st + 1) % 8];
-            mma_16816<T>(d, a, st < 4 ? lo.x : lo.y, st < 4 ? hi.x : hi.y);
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              uint32_t a[4];
+              ldmatrix_x4_at<false>(a, row_at[u] + (st / 4) * 128 + (((2u * (st % 4)) ^ key[u]) << 4));
+              mma_16816<T>(d[u], a, sl.x[st].x, sl.x[st].y);
+            }
           }
           // Entry i's dot is D[i][its row]: lane 4 (i % 8) + row / 2 holds it.
-          const uint32_t w_lo = *reinterpret_cast<const uint32_t*>(words + (lane / 4) * 4);
-          const uint32_t w_hi = *reinterpret_cast<const uint32_t*>(words + (lane / 4 + 8) * 4);
           auto store = [&](uint32_t word, float even, float odd) {
             const uint32_t j = word >> 16;
             const int t = int(word >> 12 & 7u);
             if (j != kPadEntry && t / 2 == q)
               *reinterpret_cast<float*>(partials + t * row_bytes + int(j) * 4) = t % 2 ? odd : even;
           };
-          store(w_lo, d[0], d[1]);
-          store(w_hi, d[2], d[3]);
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            if (u == 1 && !two) break;
+            const char* wd = u ? words2 : words;
+            store(*reinterpret_cast<const uint32_t*>(wd + (lane / 4) * 4), d[u][0], d[u][1]);
+            store(*reinterpret_cast<const uint32_t*>(wd + (lane / 4 + 8) * 4), d[u][2], d[u][3]);
+          }
+          pos += two ? 2 * kTileSlots : kTileSlots;
         }
       }
       load(b + i + kBatchesAhead, sl);
