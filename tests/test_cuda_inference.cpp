@@ -113,7 +113,6 @@ struct Case {
   Dispatch dispatch = Dispatch::force_sparse;
   int32_t tile = 0, capacity = 0;
   GateKernel gate = GateKernel::automatic;  // fused on sm_90a devices
-  RowStage row_stage = RowStage::automatic;
 };
 
 std::string dispatch_name(Dispatch d) {
@@ -134,8 +133,6 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
                   dispatch_name(c.dispatch);
   if (c.tile != 0) s += "_tile" + std::to_string(c.tile) + "_cap" + std::to_string(c.capacity);
   if (c.gate == GateKernel::portable) s += "_portable";
-  if (c.row_stage == RowStage::resident) s += "_resident";
-  if (c.row_stage == RowStage::streamed) s += "_streamed";
   return s;
 }
 
@@ -143,9 +140,7 @@ void PrintTo(const Case& c, std::ostream* os) {
   *os << ffn_kind_name(c.kind) << " " << dtype_name(c.dtype) << " " << testing::pattern_name(c.pattern)
       << " " << c.density << " M=" << c.m << " K=" << c.k << " N=" << c.n << " "
       << dispatch_name(c.dispatch) << " tile=" << c.tile << " capacity=" << c.capacity
-      << (c.gate == GateKernel::portable ? " portable gate" : "")
-      << (c.row_stage == RowStage::resident ? " resident rows" : "")
-      << (c.row_stage == RowStage::streamed ? " streamed rows" : "");
+      << (c.gate == GateKernel::portable ? " portable gate" : "");
 }
 
 struct PatternDensity {
@@ -271,7 +266,6 @@ InferenceOptions options_of(const Case& c) {
   o.tile = c.tile;
   o.capacity = c.capacity;
   o.gate = c.gate;
-  o.row_stage = c.row_stage;
   return o;
 }
 
@@ -285,51 +279,6 @@ std::vector<Case> portable_cases() {
       c.gate = GateKernel::portable;
       out.push_back(c);
     }
-  return out;
-}
-
-// The resident row stage (resident_rows.cu) forced on small layers it takes: one and many batches
-// of 8 rows, odd M, every pattern (routed rows and rows over its entry limit go to the backup),
-// tiles 64 / 128 / 256 (neuron groups of whole tiles), both kinds and dtypes, K over one and many
-// 128-column slices; the portable gate; and at the LLM shape several batches of uniform 1% and
-// heavy-tailed rows, and the streamed stage there for comparison.
-std::vector<Case> resident_cases() {
-  std::vector<Case> out;
-  const bool small = small_only();
-  struct Shape { int64_t m, k, n; };
-  std::vector<Shape> shapes = {{1, 256, 2048}, {7, 128, 520}, {257, 384, 1000}, {65, 1024, 1536}};
-  if (!small) shapes.push_back({2049, 256, 2048});
-  for (DType dt : {DType::bf16, DType::f16})
-    for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
-      for (const PatternDensity& pd : kAllPatterns)
-        for (const Shape& sh : shapes) {
-          Case c = problem_case<Case>(kind, dt, pd.pattern, pd.density, sh.m, sh.k, sh.n);
-          c.row_stage = RowStage::resident;
-          out.push_back(c);
-        }
-  struct TileCap { int32_t tile, capacity; };
-  for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
-    for (TileCap tc : {TileCap{64, 8}, TileCap{128, 1}, TileCap{256, 256}}) {
-      Case c = problem_case<Case>(kind, DType::bf16, Pattern::edge_rows, 0.05, 257, 384, 1000, tc.tile, tc.capacity);
-      c.row_stage = RowStage::resident;
-      out.push_back(c);
-      c.gate = GateKernel::portable;
-      out.push_back(c);
-    }
-  if (small) return out;
-  const CaseShape llm[] = {
-      {FfnKind::gated, DType::bf16, Pattern::uniform, 0.01, 300, 2048, 5632},
-      {FfnKind::gated, DType::bf16, Pattern::heavy_tailed, 0.005, 300, 2048, 5632},
-      {FfnKind::gated, DType::f16, Pattern::uniform, 0.02, 97, 2048, 5632},
-      {FfnKind::plain, DType::bf16, Pattern::heavy_tailed, 0.01, 97, 2048, 5632},
-  };
-  for (const CaseShape& l : llm) {
-    Case c = problem_case<Case>(l);
-    c.row_stage = RowStage::resident;
-    out.push_back(c);
-    c.row_stage = RowStage::streamed;
-    out.push_back(c);
-  }
   return out;
 }
 
@@ -372,25 +321,6 @@ TEST_P(CudaForward, MatchesOracle) {
 INSTANTIATE_TEST_SUITE_P(Sparse, CudaForward, ::testing::ValuesIn(sparse_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Dispatch, CudaForward, ::testing::ValuesIn(dispatch_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Portable, CudaForward, ::testing::ValuesIn(portable_cases()), case_name);
-INSTANTIATE_TEST_SUITE_P(Resident, CudaForward, ::testing::ValuesIn(resident_cases()), case_name);
-
-// The resident stage forced where it cannot run: plan creation names options.row_stage.
-TEST(CudaInference, ResidentRowStageRejectsLayersItCannotHold) {
-  TWELL_REQUIRE_DEVICE();
-  for (const CaseShape& cs : {CaseShape{FfnKind::gated, DType::bf16, Pattern::uniform, 0.05, 7, 136, 1000},
-                              CaseShape{FfnKind::gated, DType::bf16, Pattern::uniform, 0.05, 7, 2048, 16384},
-                              CaseShape{FfnKind::gated, DType::bf16, Pattern::uniform, 0.05, 7, 2048, 8}}) {
-    Case c = problem_case<Case>(cs);
-    c.row_stage = RowStage::resident;
-    DeviceProblem d(spec_of(c, 7));
-    try {
-      InferencePlan plan(d.weights(), options_of(c));
-      ADD_FAILURE() << "expected twell::Error naming options.row_stage: " << d.p.spec.describe();
-    } catch (const Error& e) {
-      EXPECT_EQ(e.argument(), "options.row_stage") << e.what();
-    }
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Indices past 32 bits: [M, N] and [M, K] matrices of more than 2^31 bytes and elements, at the
@@ -780,27 +710,16 @@ ProblemSpec small_spec(FfnKind kind, Pattern pattern, uint64_t salt) {
 
 struct GraphCase {
   Dispatch dispatch;
-  RowStage row_stage = RowStage::automatic;  // resident: K = 384, a layer the resident stage takes
 };
-std::string graph_name(const GraphCase& c) {
-  return dispatch_name(c.dispatch) + (c.row_stage == RowStage::resident ? "_resident" : "");
-}
-void PrintTo(const GraphCase& c, std::ostream* os) { *os << graph_name(c); }
+void PrintTo(const GraphCase& c, std::ostream* os) { *os << dispatch_name(c.dispatch); }
 
 class CudaGraph : public ::testing::TestWithParam<GraphCase> {};
 
 TEST_P(CudaGraph, CaptureAndReplay) {
   TWELL_REQUIRE_DEVICE();
-  const bool resident = GetParam().row_stage == RowStage::resident;
-  auto spec = [&](uint64_t salt) {
-    ProblemSpec sp = small_spec(FfnKind::gated, Pattern::edge_rows, salt);
-    if (resident) sp.k = 384;
-    return sp;
-  };
-  DeviceProblem d(spec(404));
+  DeviceProblem d(small_spec(FfnKind::gated, Pattern::edge_rows, 404));
   InferenceOptions o;
   o.dispatch = GetParam().dispatch;
-  o.row_stage = GetParam().row_stage;
   InferencePlan plan(d.weights(), o);
   cudaStream_t s = nullptr;
   cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
@@ -823,7 +742,7 @@ TEST_P(CudaGraph, CaptureAndReplay) {
   expect_matches_oracle(d, d.y_host(), "graph replay");
 
   // New x in the same buffer: the replay computes on it (nothing host-side was baked in).
-  d.p.x = testing::make_problem(spec(405)).x;
+  d.p.x = testing::make_problem(small_spec(FfnKind::gated, Pattern::edge_rows, 405)).x;
   d.x.upload(d.p.x);
   d.y.poison();
   cuda_ok(cudaGraphLaunch(exec, s), "launch");
@@ -838,9 +757,10 @@ TEST_P(CudaGraph, CaptureAndReplay) {
 INSTANTIATE_TEST_SUITE_P(Modes, CudaGraph,
                          ::testing::Values(GraphCase{Dispatch::force_sparse},
                                            GraphCase{Dispatch::force_dense},
-                                           GraphCase{Dispatch::automatic},
-                                           GraphCase{Dispatch::force_sparse, RowStage::resident}),
-                         [](const ::testing::TestParamInfo<GraphCase>& i) { return graph_name(i.param); });
+                                           GraphCase{Dispatch::automatic}),
+                         [](const ::testing::TestParamInfo<GraphCase>& i) {
+                           return dispatch_name(i.param.dispatch);
+                         });
 
 TEST(CudaInference, CaptureBeforeWorkspaceExistsRaises) {
   TWELL_REQUIRE_DEVICE();

@@ -46,18 +46,6 @@ enum class GateKernel : uint8_t {
   portable,   // cuBLASLt GEMM with a ReLU epilogue, then a pack kernel over G (any sm_80+ device)
 };
 
-// How the CUDA sparse path computes the up and down products over the compact rows (other
-// backends ignore it). Both are exact; they differ in where the weight rows come from.
-enum class RowStage : uint8_t {
-  automatic,  // resident where the layer and the device allow it and it fills the chip (gated or
-              // plain, K a multiple of 128, one weight matrix fitting the SMs' shared memory: K = 2048,
-              // N = 5632 on an H100 or H200), streamed elsewhere
-  resident,   // each SM holds a fixed slice of Wu, then of Wd, in shared memory for the whole pass
-              // and runs the products on tensor cores; a layer or device that cannot raises Error
-              // naming options.row_stage at plan creation
-  streamed,   // a warp per row, weight rows streamed from L2 per active neuron
-};
-
 // fast (CUDA): the dense products of the backup rows (routed rows, and compact rows of many
 // entries) run through cuBLAS for as many rows as the plan learned to expect from its earlier runs
 // (the rest, and all of them before anything is learned, on twell's tensor-core kernel), so a
@@ -72,7 +60,6 @@ struct InferenceOptions {
   int32_t capacity = 0;         // slots per (row, tile); 0 = tile / 8
   Dispatch dispatch = Dispatch::automatic;
   GateKernel gate = GateKernel::automatic;
-  RowStage row_stage = RowStage::automatic;
   double dense_above = -1.0;    // density (fraction of N) above which automatic dispatch runs
                                 // dense; <0 = backend default (CPU 0.035, CUDA 0.04). CUDA decides
                                 // from what finished runs measured (density, and the time of each

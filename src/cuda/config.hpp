@@ -119,24 +119,4 @@ struct RowConfig {
   static constexpr int kMaxDenseRow = 512;  // also the long-row kernel's list of a routed row's neurons
 };
 
-// The resident row stage (resident_rows.cu): each SM holds a fixed slice of one weight matrix in
-// shared memory for a whole pass, and the products over active neurons run on tensor cores
-// (mma.sync m16n8k16, fp32 accumulation) over batches of kTokens rows.
-struct ResidentConfig {
-  static constexpr int kTokens = 8;        // rows per batch: the mma's n8
-  static constexpr int kDotsCols = 128;    // dots: K columns per SM (256-byte weight rows)
-  static constexpr int kAxpysCols = 16;    // axpys: K columns per SM (the mma's m16; 32-byte rows)
-  static constexpr int kDotsWarps = 16;    // warps per dots CTA (one CTA per SM)
-  static constexpr int kAxpysWarps = 16;   // warps per axpys CTA (one CTA per SM)
-  static constexpr int kListWarps = 4;     // warps per CTA of the list kernels (a warp per batch)
-  static constexpr int kListBytes = 512;   // dots, axpys: list bytes a warp stages per step (a
-                                           // cp.async ring per warp)
-  static constexpr int kMinEntries = 32;   // the fewest entries per row the layout must hold for
-                                           // the resident stage to take a layer
-  static constexpr int kMaxEntries = 512;  // rows with more active neurons go to the dense backup
-  static constexpr int kMaxNeurons = 8192; // axpys lists keep a neuron in 13 bits
-  // Shared memory a CTA leaves unused beyond its weight block and staging (the runtime's own).
-  static constexpr size_t kSmemReserve = 1024;
-};
-
 }  // namespace twell::gpu

@@ -28,8 +28,6 @@ DeviceInfo query_device(int index, const char* op) {
              "compute capability");
   check_cuda(cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, index), op,
              "compute capability");
-  check_cuda(cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, index), op,
-             "shared memory per block");
   if (d.cc_major < ShapeLimits::kMinComputeMajor)
     throw Error(op, "weights device",
                 "compute capability " + std::to_string(ShapeLimits::kMinComputeMajor) + ".0 or newer",

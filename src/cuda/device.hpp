@@ -12,7 +12,6 @@ struct DeviceInfo {
   int sm_count = 0;   // streaming multiprocessors: sizes every persistent grid
   int cc_major = 0;
   int cc_minor = 0;
-  int smem_optin = 0;  // the most dynamic shared memory one block may opt in to (bytes)
 };
 
 // Throws Error naming "weights device" for a missing device or one older than sm_80.

@@ -35,22 +35,11 @@ class CudaInference final : public detail::InferenceBackend {
         dims_(supported_dims(w, o.tile, o.capacity, kPlanOp)),
         device_(query_device(w.up.device.index, kPlanOp)),
         dense_above_(o.dense_above),
-        fused_gate_(o.gate == GateKernel::automatic && gate_pack_available(device_)),
-        resident_(resident_shape(dims_, device_)) {
+        fused_gate_(o.gate == GateKernel::automatic && gate_pack_available(device_)) {
     DeviceGuard guard(device_.index, kPlanOp);
     if (w.kind == FfnKind::gated) check_device_pointer(w.gate.data, device_.index, kPlanOp, "gate weight");
     check_device_pointer(w.up.data, device_.index, kPlanOp, "up weight");
     check_device_pointer(w.down.data, device_.index, kPlanOp, "down weight");
-    switch (o.row_stage) {
-      case RowStage::automatic: resident_on_ = resident_.ok && resident_.fills_chip; break;
-      case RowStage::resident:
-        if (!resident_.ok)
-          throw Error(kPlanOp, "options.row_stage", "a layer and device the resident row stage takes",
-                      "needs " + resident_.reason);
-        resident_on_ = true;
-        break;
-      case RowStage::streamed: resident_on_ = false; break;
-    }
     lt_ = std::make_unique<LtGemm>(dims_.dtype);
     calibration_ = std::make_unique<DispatchCalibration>();
     check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), kPlanOp, "run event");
@@ -61,7 +50,7 @@ class CudaInference final : public detail::InferenceBackend {
   }
 
   size_t workspace_bytes(int64_t rows) const override {
-    return layout(rows).bytes;
+    return workspace_layout(dims_, rows, paths_for(options_.dispatch)).bytes;
   }
 
   void* own_workspace(size_t bytes, Stream stream) override {
@@ -80,10 +69,6 @@ class CudaInference final : public detail::InferenceBackend {
     char* base = nullptr;
     WorkspaceLayout layout;
   };
-
-  WorkspaceLayout layout(int64_t rows) const {
-    return workspace_layout(dims_, rows, paths_for(options_.dispatch), resident_on_ ? &resident_ : nullptr);
-  }
 
   bool choose_dense(int64_t rows, bool capturing) {
     switch (options_.dispatch) {
@@ -120,8 +105,6 @@ class CudaInference final : public detail::InferenceBackend {
   DeviceInfo device_;
   double dense_above_;
   bool fused_gate_;  // the sparse path's gate GEMM packs TwELL in its epilogue (gate_pack.cu)
-  ResidentShape resident_;    // the resident row stage's decomposition of this layer on this device
-  bool resident_on_ = false;  // the sparse path's row stage is resident (options.row_stage)
   std::unique_ptr<LtGemm> lt_;
   std::unique_ptr<DispatchCalibration> calibration_;
   RoutedCapacity routed_capacity_{kRunOp, options_.determinism};  // how many backup rows cuBLAS takes
@@ -160,7 +143,7 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
   const bool calibrate = !capturing && options_.dispatch == Dispatch::automatic;
   if (calibrate) calibration_->start(s);
   Buffers b;
-  b.layout = layout(rows);
+  b.layout = workspace_layout(dims_, rows, paths_for(options_.dispatch));
   b.base = aligned_base(workspace);
   b.control = reinterpret_cast<RunCounters*>(b.base + b.layout.control);
   b.lt = b.base + b.layout.lt;
@@ -198,13 +181,12 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
   tw.routed_rows = reinterpret_cast<int32_t*>(b.base + b.layout.routed_rows);
   tw.num_routed = &b.control->num_routed;
 
-  // The resident stage (resident_rows.cu) where the plan runs it; else, K a multiple of 256: the
-  // warp-per-row kernels (in column ranges of 2048 for larger K); up to K = 2048 they also run the
-  // moderately dense routed rows from G. Either hands the rows it leaves to the dense backup (routed
-  // rows, and compact rows of many active neurons) over in its heavy list. Other K: one CTA per
-  // compact row, and every routed row goes to the backup.
-  const bool resident = resident_on_ && rows <= resident_.max_rows;
-  const bool row_kernel = !resident && row_kernel_supports(dims_.kind, dims_.k, dims_.n);
+  // K a multiple of 256: the warp-per-row kernels (in column ranges of 2048 for larger K); up to
+  // K = 2048 they also run the moderately dense routed rows from G. They hand the rows over
+  // N / RowConfig::kDenseRowDivisor active neurons (compact or routed; for larger K every routed
+  // row) to the tensor-core backup in their heavy list. Other K: one CTA per compact row, and
+  // every routed row goes to the backup.
+  const bool row_kernel = row_kernel_supports(dims_.kind, dims_.k, dims_.n);
   // The dots kernel overlapped with the fused gate: it starts on the SMs the gate frees in its last
   // wave and takes each row block as the gate releases it (docs/kernels.md).
   const bool overlap =
@@ -238,21 +220,7 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
   compact.hidden = dims_.k;
   compact.twell = tw;
   auto* heavy = reinterpret_cast<int32_t*>(b.base + b.layout.heavy_rows);
-  if (resident) {
-    ResidentArgs r;
-    r.compact = compact;
-    r.hidden = b.hidden;
-    r.heavy_rows = heavy;
-    r.control = b.control;
-    r.shape = resident_;
-    r.row_entries = reinterpret_cast<int32_t*>(b.base + b.layout.row_entries);
-    r.dots_offsets = reinterpret_cast<int32_t*>(b.base + b.layout.dots_offsets);
-    r.axpys_offsets = reinterpret_cast<int32_t*>(b.base + b.layout.axpys_offsets);
-    r.dots_lists = reinterpret_cast<uint32_t*>(b.base + b.layout.dots_lists);
-    r.dots_taus = reinterpret_cast<uint32_t*>(b.base + b.layout.dots_taus);
-    r.axpys_lists = reinterpret_cast<uint32_t*>(b.base + b.layout.axpys_lists);
-    launch_resident_rows(r, device_, s);
-  } else if (row_kernel) {
+  if (row_kernel) {
     RowArgs row;
     row.compact = compact;
     row.hidden = b.hidden;
@@ -271,10 +239,9 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
 
   // The backup: the first C rows through cuBLAS, C learned from earlier runs' counts; the rest
   // (all of them until a count arrives) on the tensor-core kernel.
-  const bool heavy_list = resident || row_kernel;
-  const int32_t* backup_count = heavy_list ? &b.control->num_heavy : tw.num_routed;
+  const int32_t* backup_count = row_kernel ? &b.control->num_heavy : tw.num_routed;
   RoutedArgs routed = routed_args(dims_, weights_, args.x.data, args.y.data, b.hidden, rows,
-                                  heavy_list ? heavy : tw.routed_rows, backup_count);
+                                  row_kernel ? heavy : tw.routed_rows, backup_count);
   routed.split_k = {reinterpret_cast<float*>(b.base + b.layout.split_partials), b.control->split_tiles};
   routed.first = routed_capacity_.capacity(rows, b.layout.blas_rows, capturing);
   launch_routed_blas(*lt_, routed, routed.first, b.base + b.layout.routed_blas, b.lt, device_, s, kRunOp);

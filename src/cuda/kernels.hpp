@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <string>
 
 #include "cuda/config.hpp"
 #include "cuda/device.hpp"
@@ -135,58 +134,6 @@ bool row_kernel_routes(int64_t k);
 // Whether it runs as a dots and an axpys kernel (gated, N >= 2 RowConfig::kLongRow).
 bool row_kernel_splits(FfnKind kind, int64_t n);
 void launch_row_ffn(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s);
-
-// resident_rows.cu: the up + down over compact rows with the weights resident in shared memory
-// (InferenceOptions::row_stage). A list pass sorts each batch of ResidentConfig::kTokens rows'
-// entries: the routed rows and the compact rows over e_max entries go to heavy_rows / *num_heavy
-// for the dense backup (the compact ones written densely into their G rows first); every other
-// row is resident. Gated: dots CTA (group g, slice s) holds Wu's rows of TwELL tiles
-// [g tiles_per_group, (g + 1) tiles_per_group) over K columns [s kDotsCols, (s + 1) kDotsCols) and
-// writes each entry's partial dot of the slice into the row's G row; a reduce pass sums them in
-// slice order (h = g * dot, rounded once; plain: h = g). Axpys CTA s holds Wd's K columns
-// [s kAxpysCols, (s + 1) kAxpysCols) for every neuron and writes those columns of y for every
-// resident row. The G rows of resident rows (dead: the pack has read them, the fused gate never
-// writes them) hold per row: the slices' partials [slices][e_max] fp32, then the position of each
-// entry in the axpys lists [e_max] int32.
-struct ResidentShape {
-  bool ok = false;
-  std::string reason;             // what the layer or device lacks, when !ok
-  int32_t tiles_per_group = 0;    // dots: TwELL tiles of Wu rows one CTA holds
-  int32_t groups = 0;             // dots: neuron groups (0 for a plain layer)
-  int32_t slices = 0;             // dots: K / kDotsCols (0 for a plain layer: no dots)
-  int32_t e_max = 0;              // entries of a row the G row layout holds; more: dense backup
-  int32_t dots_ctas = 0, axpys_ctas = 0;
-  size_t dots_smem = 0, axpys_smem = 0, list_smem = 0;  // dynamic shared memory per CTA
-  bool fills_chip = false;        // both grids run one CTA on at least half of the SMs, in one wave
-  int64_t max_rows = 0;           // M beyond which the lists' int32 offsets could overflow
-};
-ResidentShape resident_shape(const ProblemDims& d, const DeviceInfo& dev);
-
-// Workspace of the resident stage for `rows` rows (bytes of each region, 256-byte multiples).
-struct ResidentRegions {
-  size_t row_entries = 0;   // [M] int32: a resident row's entries, -1 for the backup's rows
-  size_t dots_offsets = 0;  // [groups * batches + 1] int32: the dots lists' offsets (group-major)
-  size_t axpys_offsets = 0; // [batches + 1] int32: the axpys lists' offsets (words)
-  size_t dots_taus = 0;     // [groups * batches] uint32: the rows' chunk rotations (3 bits each)
-  size_t dots_lists = 0;    // uint32 words: (neuron in group, row in batch, entry) per slot
-  size_t axpys_lists = 0;   // uint32 words: (neuron | row in batch << 13, h) per slot
-};
-ResidentRegions resident_regions(const ResidentShape& r, int64_t rows);
-
-struct ResidentArgs {
-  CompactArgs compact;
-  void* hidden = nullptr;          // G [rows, N]: dead rows of the resident rows hold their partials
-  int32_t* heavy_rows = nullptr;   // [rows]
-  RunCounters* control = nullptr;  // num_heavy
-  ResidentShape shape;
-  int32_t* row_entries = nullptr;
-  int32_t* dots_offsets = nullptr;
-  int32_t* axpys_offsets = nullptr;
-  uint32_t* dots_taus = nullptr;
-  uint32_t* dots_lists = nullptr;
-  uint32_t* axpys_lists = nullptr;
-};
-void launch_resident_rows(const ResidentArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
 // routed_gemm.cu: exact dense rows for the *num_routed rows listed in routed_rows, on tensor
 // cores. Gated: G[r] <- G[r] * (x[r] Wu^T) in place, then (both kinds) y[r] = G[r] Wd.

@@ -183,6 +183,27 @@ struct KernelArgs {
   int32_t ready_target = 0;
 };
 
+// Writes compact row `row` densely into its G row (zeros, then its entries' g values) for the
+// tensor-core backup, with `threads` threads of index `tid` (a warp or the CTA) and `sync` their
+// barrier. The G row of a compact row is dead (the pack has read it; the fused gate never writes
+// it) and the row kernels leave rows this long to the backup, so nothing else touches it.
+template <typename T, typename Sync>
+__device__ void densify_row(const TwellView& tw, int64_t row, T* g_row, int tid, int threads, Sync&& sync) {
+  const int64_t cols = tw.shape.cols, tile = tw.shape.tile, capacity = tw.shape.capacity;
+  const int64_t num_tiles = (cols + tile - 1) / tile;
+  for (int64_t c = int64_t(tid) * kVecElems; c < cols; c += int64_t(threads) * kVecElems)
+    *reinterpret_cast<uint4*>(g_row + c) = make_uint4(0, 0, 0, 0);
+  sync();
+  const auto* values = static_cast<const T*>(tw.values);
+  const int lane = tid % kWarpSize;
+  for (int64_t t = tid / kWarpSize; t < num_tiles; t += threads / kWarpSize) {
+    const int64_t index = row * num_tiles + t;
+    const int count = tw.counts[index];
+    for (int e = lane; e < count; e += kWarpSize)
+      g_row[t * tile + tw.cols[index * capacity + e]] = values[index * capacity + e];
+  }
+}
+
 // One warp gathers the active neurons of a row of G into `list` (column order, as (neuron, g bits)
 // pairs) while counting them, and stops once the row has more than kLimit. Returns the count
 // (identical in every lane); above kLimit the list is incomplete.
@@ -299,7 +320,7 @@ __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) long_pass_kerne
     const int64_t row = q < num_long ? a.long_rows[q] : tw.routed_rows[q - num_long];
     if (q >= num_long || warp_rows::row_entries(tw, row, lane) > a.dense_row) {
       if (lists && q < num_long)
-        warp_rows::densify_row(tw, row, const_cast<T*>(static_cast<const T*>(a.hidden)) + row * tw.shape.cols,
+        densify_row(tw, row, const_cast<T*>(static_cast<const T*>(a.hidden)) + row * tw.shape.cols,
                     int(threadIdx.x), int(blockDim.x), [] { __syncthreads(); });
       if (lists && threadIdx.x == 0) a.heavy_rows[atomicAdd(&a.control->num_heavy, 1)] = int32_t(row);
       __syncthreads();  // item is rewritten for the next row
@@ -366,7 +387,7 @@ __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) long_row_kernel
     const int total = item_total;
     if (total > a.dense_row) {
       if (!from_g)
-        warp_rows::densify_row(tw, row, const_cast<T*>(static_cast<const T*>(a.hidden)) + row * tw.shape.cols,
+        densify_row(tw, row, const_cast<T*>(static_cast<const T*>(a.hidden)) + row * tw.shape.cols,
                     int(threadIdx.x), int(blockDim.x), [] { __syncthreads(); });
       __syncthreads();
       continue;

@@ -169,27 +169,6 @@ __device__ __forceinline__ void for_each_entry_group(const TwellView& tw, int64_
   }
 }
 
-// Writes compact row `row` densely into its G row (zeros, then its entries' g values) for the
-// tensor-core backup, with `threads` threads of index `tid` (a warp or the CTA) and `sync` their
-// barrier. The G row of a compact row is dead (the pack has read it; the fused gate never writes
-// it) and the row stages leave rows this long to the backup, so nothing else touches it.
-template <typename T, typename Sync>
-__device__ void densify_row(const TwellView& tw, int64_t row, T* g_row, int tid, int threads, Sync&& sync) {
-  const int64_t cols = tw.shape.cols, tile = tw.shape.tile, capacity = tw.shape.capacity;
-  const int64_t num_tiles = (cols + tile - 1) / tile;
-  for (int64_t c = int64_t(tid) * kVecElems; c < cols; c += int64_t(threads) * kVecElems)
-    *reinterpret_cast<uint4*>(g_row + c) = make_uint4(0, 0, 0, 0);
-  sync();
-  const auto* values = static_cast<const T*>(tw.values);
-  const int lane = tid % kWarpSize;
-  for (int64_t t = tid / kWarpSize; t < num_tiles; t += threads / kWarpSize) {
-    const int64_t index = row * num_tiles + t;
-    const int count = tw.counts[index];
-    for (int e = lane; e < count; e += kWarpSize)
-      g_row[t * tile + tw.cols[index * capacity + e]] = values[index * capacity + e];
-  }
-}
-
 // A row kernel overlapped with the fused gate (GatePackArgs::ready): returns once the gate has
 // packed the row's block of GatePackConfig::kBlockM rows (ready[block] == target). Lane 0
 // acquires the counter; the warp barrier orders the other lanes' reads after it. `known`: the

@@ -56,7 +56,7 @@ ProblemDims supported_dims(const FfnWeights& w, int32_t tile, int32_t capacity, 
   return d;
 }
 
-WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths, const ResidentShape* resident) {
+WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths) {
   WorkspaceLayout l;
   if (rows == 0) return l;
   const size_t m = size_t(rows);
@@ -91,15 +91,6 @@ WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths
     l.split_partials = take(RoutedGemmConfig::kSplitPartialBytes);
     l.blas_rows = routed_blas_rows(rows, routed_blas_row_bytes(d));
     l.routed_blas = take(size_t(l.blas_rows) * routed_blas_row_bytes(d));
-    if (resident != nullptr) {
-      const ResidentRegions r = resident_regions(*resident, rows);
-      l.row_entries = take(r.row_entries);
-      l.dots_offsets = take(r.dots_offsets);
-      l.axpys_offsets = take(r.axpys_offsets);
-      l.dots_taus = take(r.dots_taus);
-      l.dots_lists = take(r.dots_lists);
-      l.axpys_lists = take(r.axpys_lists);
-    }
     end = std::max(end, at);
   }
   l.bytes = end + WorkspaceLayout::kAlign;  // slack for aligning an arbitrary caller pointer

@@ -48,14 +48,9 @@ struct WorkspaceLayout {
   size_t split_partials = 0;  // the routed GEMMs' split-K partial tiles (their counters: RunCounters)
   size_t routed_blas = 0;  // [blas_rows, K + N]: the routed rows cuBLAS takes (routed_blas.cu)
   int64_t blas_rows = 0;   // at most this many (RoutedBlasConfig)
-  // The resident row stage's regions (resident_rows.cu), when the plan runs it.
-  size_t row_entries = 0, dots_offsets = 0, axpys_offsets = 0, dots_taus = 0, dots_lists = 0, axpys_lists = 0;
   size_t bytes = 0;        // 0 when M = 0 (a run of no rows touches nothing)
 };
-struct ResidentShape;  // kernels.hpp
-// resident: the plan's resident row stage, or null when its sparse path streams the rows.
-WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths,
-                                 const ResidentShape* resident = nullptr);
+WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths);
 
 // The workspace pointer rounded up to WorkspaceLayout::kAlign.
 char* aligned_base(void* workspace);

@@ -34,8 +34,6 @@ bench options:
   --dtype T         float32 | bfloat16 | float16   (default: float32 on CPU, bfloat16 on CUDA)
   --kind K          gated | plain   (default gated)
   --gate G          auto | portable: the CUDA gate GEMM + pack (default auto: fused on sm_90a)
-  --row-stage R     auto | resident | streamed: the CUDA sparse path's up + down over compact
-                    rows (default auto: weights resident in shared memory where the layer fits)
   --dispatch D      auto | sparse | dense: the twell job's path (default auto: twell's own
                     dispatch; sparse / dense force one, e.g. to time the path dispatch avoids)
   --reps R          timed repetitions per measurement, median reported (default 10)
@@ -109,12 +107,6 @@ int cmd_bench(const std::vector<std::string>& a) {
       const std::string g = value();
       if (g != "auto" && g != "portable") usage_error("--gate is auto or portable");
       o.plan.gate = g == "auto" ? twell::GateKernel::automatic : twell::GateKernel::portable;
-    } else if (f == "--row-stage") {
-      const std::string r = value();
-      if (r == "auto") o.plan.row_stage = twell::RowStage::automatic;
-      else if (r == "resident") o.plan.row_stage = twell::RowStage::resident;
-      else if (r == "streamed") o.plan.row_stage = twell::RowStage::streamed;
-      else usage_error("--row-stage is auto, resident or streamed");
     } else if (f == "--dispatch") {
       const std::string d = value();
       if (d == "auto") o.dispatch = twell::Dispatch::automatic;
