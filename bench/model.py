@@ -90,9 +90,9 @@ def build(args, device, dtype):
 
 
 def calibrate(model, ids, density):
-    """Sets each layer's gate column 0 so that `density` of its pre-activations are positive: one
-    forward, each MLP's bias set from its own input just before it runs (the layers after it see
-    its calibrated output)."""
+    """Sets each layer's gate column 0 so that `density` of its pre-activations are positive and
+    none is zero: one forward, each MLP's bias set from its own input just before it runs (the
+    layers after it see its calibrated output)."""
 
     def set_bias(mlp, inputs):
         x = inputs[0].reshape(-1, inputs[0].shape[-1]).float()
@@ -103,7 +103,12 @@ def calibrate(model, ids, density):
         if r.numel() > 1 << 22:
             r = r[torch.randint(0, r.numel(), (1 << 22,), device=r.device)]
         k = max(1, min(r.numel(), int(round((1 - density) * r.numel()))))
-        w[:, 0] = -r.kthvalue(k).values.to(w.dtype)
+        # Halfway between the k-th and the next value: no pre-activation sits on the ReLU's kink,
+        # where the two paths' roundings could disagree on its sign (and on its gradient).
+        t = r.kthvalue(k).values
+        if k < r.numel():
+            t = (t + r.kthvalue(k + 1).values) / 2
+        w[:, 0] = -t.to(w.dtype)
 
     handles = [layer.mlp.register_forward_pre_hook(set_bias) for layer in model.model.layers]
     try:
