@@ -537,25 +537,39 @@ std::vector<Case> sweep_cases() {
 
 class CudaTraining : public ::testing::TestWithParam<Case> {};
 
-// The case reaches the heavy weight-gradient kernel: some neuron has more active rows than twice
-// the split threshold (twice: routed rows do not count in the column index).
-void expect_heavy_neurons(DeviceStep& d) {
+// How far the problem's busiest neuron is past twice the heavy weight-gradient kernel's split
+// threshold (twice: routed rows do not count in the column index); > 0: the case reaches it.
+int64_t heavy_neuron_margin(Problem& p) {
   using Cfg = twell::gpu::WeightGradConfig;
-  const ref::Forward f = ref::ffn_forward(ref::from_weights(d.p.weights()), ref::from_view(d.p.x_view()));
+  const ref::Forward f = ref::ffn_forward(ref::from_weights(p.weights()), ref::from_view(p.x_view()));
   std::vector<int64_t> count(size_t(f.gate_pre.cols), 0);
   int64_t total = 0;
   for (int64_t r = 0; r < f.gate_pre.rows; ++r)
     for (int64_t n = 0; n < f.gate_pre.cols; ++n)
       if (f.gate_pre.at(r, n) > 0) ++count[size_t(n)], ++total;
   const int64_t threshold = std::max<int64_t>(Cfg::kHeavyMin, Cfg::kHeavyFactor * total / f.gate_pre.cols);
-  EXPECT_GT(*std::max_element(count.begin(), count.end()), 2 * threshold) << d.p.spec.describe();
+  return *std::max_element(count.begin(), count.end()) - 2 * threshold;
+}
+
+// The case's problem; a heavy-neuron case takes the first of a few seeds (all derived from the
+// session seed) whose per-neuron rates put a neuron past the split threshold, which some seeds'
+// lognormal rates miss (a gpu-check in session 22: the busiest neuron 347 rows against 366).
+ProblemSpec case_spec(const Case& c) {
+  constexpr int kTries = 8;
+  ProblemSpec s = spec_of(c, 1101);
+  for (int i = 1; c.heavy_neurons && i < kTries; ++i) {
+    Problem probe = testing::make_problem(s);
+    if (heavy_neuron_margin(probe) > 0) break;
+    s = spec_of(c, 1101 + uint64_t(i));
+  }
+  return s;
 }
 
 TEST_P(CudaTraining, MatchesOracle) {
   TWELL_REQUIRE_DEVICE();
   const Case& c = GetParam();
-  DeviceStep d(spec_of(c, 1101), options_of(c), c.l1_from, kTensorL1);
-  if (c.heavy_neurons) expect_heavy_neurons(d);
+  DeviceStep d(case_spec(c), options_of(c), c.l1_from, kTensorL1);
+  if (c.heavy_neurons) EXPECT_GT(heavy_neuron_margin(d.p), 0) << d.p.spec.describe();
   const StepOutputs o = run_step(d);
   expect_matches_oracle(d, o, "step");
 }
