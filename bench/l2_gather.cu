@@ -14,8 +14,17 @@
 // launched together on two streams (GEMM sized for G SMs first, the gather's grid for the other
 // SMs), for several G; then again with the split made by green contexts (G SMs for the GEMM's
 // stream, the rest for the gather's). Its gather defaults to both row kernels' rows (2x).
-//   twell_l2_gather [--rows N] [--k K] [--entries E] [--seed S] [--beside-gemm [--m M]]
-// Defaults: M = 16384 at 0.5% of N = 5632, K = 2048 (K: multiples of 2048).
+//
+// --matrices C: the gathered rows are spread over C matrices of [rows, k] (one buffer of C rows
+// times as many), so that C = 2 beside the GEMM holds in L2 what a three-way overlap would (Wg
+// read by the GEMM, Wu and Wd gathered at once).
+//
+// On compute capability 9.0 the gather also runs as bulk copies: each warp keeps a ring of slots
+// in shared memory, one row per slot, filled by `cp.async.bulk` and waited on through an mbarrier
+// per slot, so the rows in flight per SM are bounded by shared memory, not by registers (a row
+// kernel holding x or y accumulators in registers has room for 2 rows of loads per warp).
+//   twell_l2_gather [--rows N] [--k K] [--entries E] [--matrices C] [--seed S] [--beside-gemm [--m M]]
+// Defaults: M = 16384 at 0.5% of N = 5632, K = 2048 (K: multiples of 2048), C = 1.
 #include <cublasLt.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -26,6 +35,8 @@
 #include <cstring>
 #include <random>
 #include <vector>
+
+#include "../src/cuda/sm90.cuh"
 
 namespace {
 
@@ -88,6 +99,71 @@ __global__ void gather_queue_kernel(const uint4* __restrict__ w, int64_t row_vec
     gather_rows<R>(w, row_vecs, idx, base, n, lane, acc);
   }
   if (acc == 0x9e3779b9u) out[0] = acc;
+}
+
+// Bulk-copy gather, queue-fed: each warp takes `slots` rows at a time from *head and keeps one
+// row per slot of its ring in flight; a slot is read (16-byte shared loads XORed into acc), then
+// refilled with the next batch's row of the same index. Shared memory: 16 barriers per warp
+// (128-byte aligned block), then each warp's ring of slots x row bytes.
+constexpr int kMaxSlots = 16;
+
+__global__ void gather_bulk_kernel(const uint4* __restrict__ w, int64_t row_vecs,
+                                   const int32_t* __restrict__ idx, int64_t n, int* head, int slots,
+                                   uint32_t* __restrict__ out) {
+#if TWELL_SM90A_DEVICE
+  namespace sm = twell::gpu::sm90;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const uint32_t row_bytes = uint32_t(row_vecs * 16);
+  const uint32_t bars = sm::smem_addr(smem) + uint32_t(warp * kMaxSlots * 8);
+  unsigned char* ring = smem + (warps * kMaxSlots * 8 + 127) / 128 * 128 + size_t(warp) * slots * row_bytes;
+  const uint32_t ring_addr = sm::smem_addr(ring);
+  if (lane < slots) sm::barrier_init(bars + 8 * lane, 1);
+  sm::barrier_init_fence();
+  __syncwarp();
+  auto take = [&] {
+    int64_t b = 0;
+    if (lane == 0) b = atomicAdd(head, slots);
+    return __shfl_sync(0xffffffffu, b, 0);
+  };
+  auto row_of = [&](int64_t base) { return lane < slots && base + lane < n ? int64_t(idx[base + lane]) : -1; };
+  auto fill = [&](int s, int64_t row) {
+    sm::barrier_arrive_expect(bars + 8 * s, row_bytes);
+    sm::bulk_load(ring_addr + s * row_bytes, w + row * row_vecs, row_bytes, bars + 8 * s);
+  };
+  uint32_t acc = 0, phase = 0;
+  int64_t base = take();
+  const int64_t first = row_of(base);
+  for (int s = 0; s < slots; ++s) {
+    const int64_t r = __shfl_sync(0xffffffffu, first, s);
+    if (lane == 0 && r >= 0) fill(s, r);
+  }
+  while (base < n) {
+    const int64_t next = take();
+    const int64_t rows = row_of(next);
+    for (int s = 0; s < slots && base + s < n; ++s) {
+      sm::barrier_wait(bars + 8 * s, phase);
+      const uint4* p = reinterpret_cast<const uint4*>(ring + size_t(s) * row_bytes);
+#pragma unroll 8
+      for (int64_t v = lane; v < row_vecs; v += 32) {
+        const uint4 x = p[v];
+        acc ^= x.x ^ x.y ^ x.z ^ x.w;
+      }
+      __syncwarp();
+      const int64_t r = __shfl_sync(0xffffffffu, rows, s);
+      if (lane == 0 && r >= 0) {
+        sm::fence_proxy_async_shared();
+        fill(s, r);
+      }
+    }
+    phase ^= 1;
+    base = next;
+  }
+  if (acc == 0x9e3779b9u) out[0] = acc;
+#else
+  (void)w, (void)row_vecs, (void)idx, (void)n, (void)head, (void)slots, (void)out;
+  __trap();
+#endif
 }
 
 int64_t arg(int argc, char** argv, const char* name, int64_t fallback) {
@@ -172,20 +248,23 @@ int main(int argc, char** argv) {
   const int64_t m = arg(argc, argv, "--m", 16384);
   const int64_t entries = arg(argc, argv, "--entries", (beside ? 2 : 1) * m * rows / 200);
   const auto seed = uint32_t(arg(argc, argv, "--seed", 1));
-  if (rows < 1 || k < 2048 || k % 2048 != 0 || entries < 1 || m < 1) {
-    std::fprintf(stderr, "twell_l2_gather: --rows, --m, --entries >= 1, --k a multiple of 2048\n");
+  const int64_t matrices = arg(argc, argv, "--matrices", 1);
+  if (rows < 1 || k < 2048 || k % 2048 != 0 || entries < 1 || m < 1 || matrices < 1 || matrices > 4) {
+    std::fprintf(stderr,
+                 "twell_l2_gather: --rows, --m, --entries >= 1, --k a multiple of 2048, --matrices 1 to 4\n");
     return 2;
   }
+  const int64_t gather_rows_n = rows * matrices;
   const int64_t row_vecs = k / 8;
   uint4* w = nullptr;
   int32_t* idx = nullptr;
   uint32_t* out = nullptr;
   int* head = nullptr;
-  check(cudaMalloc(&w, size_t(rows * k) * 2), "weights");
-  check(cudaMemset(w, 1, size_t(rows * k) * 2), "weights");
+  check(cudaMalloc(&w, size_t(gather_rows_n * k) * 2), "weights");
+  check(cudaMemset(w, 1, size_t(gather_rows_n * k) * 2), "weights");
   std::vector<int32_t> host(static_cast<size_t>(entries));
   std::mt19937 gen(seed);
-  std::uniform_int_distribution<int32_t> pick(0, int32_t(rows - 1));
+  std::uniform_int_distribution<int32_t> pick(0, int32_t(gather_rows_n - 1));
   for (auto& r : host) r = pick(gen);
   check(cudaMalloc(&idx, host.size() * sizeof(int32_t)), "row list");
   check(cudaMemcpy(idx, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "row list");
@@ -204,9 +283,33 @@ int main(int argc, char** argv) {
   check(cudaEventCreate(&stop), "event");
   check(cudaEventCreate(&side), "event");
   const double bytes = double(entries) * double(k) * 2;
-  std::printf("%s (%d SMs): %lld random rows of a [%lld, %lld] bf16 matrix (%.1f MB, L2 %.1f MB), %.2f GB\n",
-              prop.name, sms, (long long)entries, (long long)rows, (long long)k, double(rows * k) * 2 / 1e6,
-              prop.l2CacheSize / 1e6, bytes / 1e9);
+  std::printf(
+      "%s (%d SMs): %lld random rows of %lld [%lld, %lld] bf16 matrices (%.1f MB, L2 %.1f MB), %.2f GB\n",
+      prop.name, sms, (long long)entries, (long long)matrices, (long long)rows, (long long)k,
+      double(gather_rows_n * k) * 2 / 1e6, prop.l2CacheSize / 1e6, bytes / 1e9);
+  // Bulk-copy gather: `warps` warps per CTA, `slots` rows in flight per warp, one launch of `ctas`
+  // CTAs on stream s (compute capability 9.0 only; the caller checks bulk_ok).
+  const bool bulk_ok = prop.major == 9;
+  const int row_bytes = int(row_vecs * 16);
+  auto bulk_smem = [&](int warps, int slots) {
+    return size_t((warps * kMaxSlots * 8 + 127) / 128 * 128) + size_t(warps) * slots * row_bytes;
+  };
+  if (bulk_ok)
+    check(cudaFuncSetAttribute(gather_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(prop.sharedMemPerBlockOptin)),
+          "shared memory opt-in");
+  auto bulk_fits = [&](int warps, int slots, int ctas_per_sm) {
+    return slots <= kMaxSlots && bulk_smem(warps, slots) <= prop.sharedMemPerBlockOptin &&
+           ctas_per_sm * (bulk_smem(warps, slots) + 1024) <= prop.sharedMemPerMultiprocessor;
+  };
+  auto bulk = [&](int ctas, int warps, int slots, cudaStream_t s) {
+    gather_bulk_kernel<<<unsigned(ctas), unsigned(warps * 32), bulk_smem(warps, slots), s>>>(
+        w, row_vecs, idx, entries, head, slots, out);
+  };
+  // (warps per CTA, slots per warp, CTAs per SM) tried for the bulk-copy gather.
+  // On an H200 (session 23) 1 x 16 x 3 ran as 2 x 8 x 3, 1 x 8 x 6 as 2 x 4 x 6, and 1 x 4 x 12
+  // at half their rate (one warp's copies waited on in order).
+  const int bulk_configs[][3] = {{4, 6, 2}, {8, 3, 2}, {8, 2, 3}};
   // Best of 10 timed passes after a warm-up of work(), which enqueues on streams a and b: b forks
   // from a at the start and joins it at the end.
   auto time_us = [&](cudaStream_t a, cudaStream_t b, auto&& work) {
@@ -245,6 +348,16 @@ int main(int argc, char** argv) {
       sweep(gather_kernel<4>, 4, c);
     }
     std::printf("best: %.1f us, %.2f TB/s\n", best_us, tbs(best_us));
+    if (!bulk_ok) return 0;
+    double best_bulk = 1e30;
+    for (const auto& c : bulk_configs) {
+      if (!bulk_fits(c[0], c[1], c[2])) continue;
+      const double us = time_us(sa, sb, [&] { bulk(sms * c[2], c[0], c[1], sa); });
+      if (us < best_bulk) best_bulk = us;
+      std::printf("  bulk copies (queue): %d CTAs of %2d warps per SM, %2d rows in flight per warp: %8.1f us  %5.2f TB/s\n",
+                  c[2], c[0], c[1], us, tbs(us));
+    }
+    std::printf("best bulk: %.1f us, %.2f TB/s\n", best_bulk, tbs(best_bulk));
     return 0;
   }
 
@@ -331,14 +444,35 @@ int main(int argc, char** argv) {
       gemm.run(gemm_sms, a);
       gather(rest_sms * 8, b);
     });
+    if (together < best_green) best_green = together;
+    std::printf(
+        "  GEMM on %3d SMs alone %7.1f us, gather on the other %3d alone %7.1f us (%.0f GB/s per SM), "
+        "together %7.1f us\n",
+        gemm_sms, gemm_alone, rest_sms, gather_alone, bytes / (gather_alone * 1e3) / rest_sms, together);
+    if (bulk_ok) {  // the bulk-copy gather on the same SMs: the configuration fastest alone
+      double alone = 1e30, both = 0;
+      const int* best_c = nullptr;
+      for (const auto& c : bulk_configs) {
+        if (!bulk_fits(c[0], c[1], c[2])) continue;
+        const double us = time_us(a, b, [&] { bulk(rest_sms * c[2], c[0], c[1], b); });
+        if (us < alone) alone = us, best_c = c;
+      }
+      if (best_c != nullptr) {
+        both = time_us(a, b, [&] {
+          gemm.run(gemm_sms, a);
+          bulk(rest_sms * best_c[2], best_c[0], best_c[1], b);
+        });
+        if (both < best_green) best_green = both;
+        std::printf(
+            "    bulk copies (%d CTAs of %d warps x %d slots per SM, the fastest alone): alone %7.1f us "
+            "(%.0f GB/s per SM), together %7.1f us\n",
+            best_c[2], best_c[0], best_c[1], alone, bytes / (alone * 1e3) / rest_sms, both);
+      }
+    }
     cuStreamDestroy(part_stream);
     cuStreamDestroy(rest_stream);
     cuGreenCtxDestroy(part_ctx);
     cuGreenCtxDestroy(rest_ctx);
-    if (together < best_green) best_green = together;
-    std::printf(
-        "  GEMM on %3d SMs alone %7.1f us, gather on the other %3d alone %7.1f us, together %7.1f us\n",
-        gemm_sms, gemm_alone, rest_sms, gather_alone, together);
   }
   std::printf("best together (green contexts): %.1f us against %.1f in sequence (%.0f%% less)\n", best_green,
               seq_us, 100 * (1 - best_green / seq_us));

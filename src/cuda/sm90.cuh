@@ -52,6 +52,21 @@ __device__ __forceinline__ void barrier_wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 
+// 1-D bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory
+// into shared memory, completing on `bar` (its byte count included).
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
+// Orders this thread's earlier shared-memory accesses before later copy-engine accesses (a slot
+// read by the threads, then refilled by a bulk copy).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 // 2-D TMA tile load of box `map` at (c0 = inner, c1 = outer) into shared memory, completing
 // on `bar` (its byte count included). Out-of-range elements arrive as zeros.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, uint32_t bar, int32_t c0,
