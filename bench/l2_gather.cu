@@ -23,12 +23,18 @@
 // in shared memory, one row per slot, filled by `cp.async.bulk` and waited on through an mbarrier
 // per slot, so the rows in flight per SM are bounded by shared memory, not by registers (a row
 // kernel holding x or y accumulators in registers has room for 2 rows of loads per warp).
+//
+// --union-gemm: the tensor-core side of block-union GEMMs instead (union_gemm below).
 //   twell_l2_gather [--rows N] [--k K] [--entries E] [--matrices C] [--seed S] [--beside-gemm [--m M]]
+//   twell_l2_gather --union-gemm [--rows N] [--k K] [--m M]
 // Defaults: M = 16384 at 0.5% of N = 5632, K = 2048 (K: multiples of 2048), C = 1.
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -166,6 +172,98 @@ __global__ void gather_bulk_kernel(const uint4* __restrict__ w, int64_t row_vecs
 #endif
 }
 
+// Fills n bf16 values with hashed values in [-1, 1) (tensor cores run cooler, so faster, on zeros).
+__global__ void fill_kernel(uint16_t* p, int64_t n, uint32_t salt) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ salt;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const float v = float(h & 0xffffu) / 32768.0f - 1.0f;
+    p[i] = uint16_t(__float_as_uint(v) >> 16);
+  }
+}
+
+// --union-gemm: the tensor-core side of block-union GEMMs (docs/kernels.md, "What 2.0x needs",
+// item 9). For a block of B tokens the union of their active neurons has N (1 - (1 - p)^B) rows
+// on average; the dots half is U[union, B] = Wu[union] x[block]^T and the axpys half
+// y[block] = H[block, union] Wd[union], over M / B blocks. This times both as cuBLAS strided
+// batched GEMMs (bf16, fp32 compute) with one union weight block shared by every batch (so the
+// weight operand is L2-resident, as gathered rows of a 23 MB matrix are), x and H per block, and
+// prints them beside the bytes the union rows would take to gather: a fused kernel's time lies
+// between the larger of its GEMM and gather times and their sum.
+int union_gemm(int64_t m, int64_t k, int64_t n) {
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "twell_l2_gather: cuBLAS handle\n");
+    return 1;
+  }
+  const int64_t max_b = 128;
+  uint16_t *w = nullptr, *x = nullptr, *hid = nullptr, *out = nullptr;
+  const int64_t hid_elems = (m + 7) / 8 * 8 * n;  // blocks x union x B <= (M rounded) x N
+  check(cudaMalloc(&w, size_t(n * k) * 2), "union weights");
+  check(cudaMalloc(&x, size_t((m + max_b) * k) * 2), "x");
+  check(cudaMalloc(&hid, size_t(hid_elems + max_b * n) * 2), "H");
+  check(cudaMalloc(&out, size_t(hid_elems + max_b * n + (m + max_b) * k) * 2), "outputs");
+  fill_kernel<<<1024, 256>>>(w, n * k, 1u);
+  fill_kernel<<<1024, 256>>>(x, (m + max_b) * k, 2u);
+  fill_kernel<<<1024, 256>>>(hid, hid_elems + max_b * n, 3u);
+  check(cudaGetLastError(), "fill");
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  auto time_us = [&](auto&& work) {
+    float best = 1e30f;
+    for (int it = 0; it < 11; ++it) {
+      check(cudaEventRecord(start), "event");
+      work();
+      check(cudaEventRecord(stop), "event");
+      check(cudaEventSynchronize(stop), "GEMM");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, start, stop), "event");
+      if (it > 0 && ms < best) best = ms;
+    }
+    return double(best) * 1e3;
+  };
+  const float one = 1.0f, zero = 0.0f;
+  std::printf("block-union GEMMs, M = %lld, K = %lld, N = %lld (cuBLAS strided batched, bf16, fp32 compute)\n",
+              (long long)m, (long long)k, (long long)n);
+  for (const double p : {0.005, 0.01, 0.02}) {
+    for (const int64_t b : {int64_t(64), int64_t(88), int64_t(128)}) {
+      const double frac = 1.0 - std::pow(1.0 - p, double(b));
+      const int64_t uni = std::min<int64_t>(n, (int64_t(double(n) * frac) + 7) / 8 * 8);
+      const int64_t blocks = (m + b - 1) / b;
+      const double flops = 2.0 * double(blocks) * double(b) * double(uni) * double(k);
+      const double bytes = double(blocks) * double(uni) * double(k) * 2;
+      const double dots = time_us([&] {
+        if (cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(uni), int(b), int(k), &one, w, CUDA_R_16BF,
+                                       int(k), 0, x, CUDA_R_16BF, int(k), b * k, &zero, out, CUDA_R_16BF, int(uni),
+                                       uni * b, int(blocks), CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+          std::fprintf(stderr, "twell_l2_gather: dots GEMM\n");
+          std::exit(1);
+        }
+      });
+      const double axpys = time_us([&] {
+        if (cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, int(k), int(b), int(uni), &one, w, CUDA_R_16BF,
+                                       int(k), 0, hid, CUDA_R_16BF, int(uni), uni * b, &zero, out, CUDA_R_16BF,
+                                       int(k), k * b, int(blocks), CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+          std::fprintf(stderr, "twell_l2_gather: axpys GEMM\n");
+          std::exit(1);
+        }
+      });
+      std::printf(
+          "  p %.1f%%, B %3lld: union %4lld (reuse %.2f), %.2f GB of union rows a half (%.0f us at 8.97 TB/s, %.0f "
+          "at 7.9); dots GEMM %6.1f us (%.0f TFLOP/s), axpys GEMM %6.1f us (%.0f TFLOP/s)\n",
+          p * 100, (long long)b, (long long)uni, double(b) * p * double(n) / double(uni), bytes / 1e9,
+          bytes / 8.97e12 * 1e6, bytes / 7.9e12 * 1e6, dots, flops / dots / 1e6, axpys, flops / axpys / 1e6);
+    }
+  }
+  cublasDestroy(h);
+  return 0;
+}
+
 int64_t arg(int argc, char** argv, const char* name, int64_t fallback) {
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], name) == 0) return std::strtoll(argv[i + 1], nullptr, 10);
@@ -255,6 +353,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int64_t gather_rows_n = rows * matrices;
+  if (flag(argc, argv, "--union-gemm")) return union_gemm(m, k, rows);
   const int64_t row_vecs = k / 8;
   uint4* w = nullptr;
   int32_t* idx = nullptr;
