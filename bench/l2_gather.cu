@@ -188,13 +188,14 @@ __global__ void fill_kernel(uint16_t* p, int64_t n, uint32_t salt) {
 // item 9). For a block of B tokens the union of their active neurons has N (1 - (1 - p)^B) rows
 // on average; the dots half is U[union, B] = Wu[union] x[block]^T and the axpys half
 // y[block] = H[block, union] Wd[union], over M / B blocks. This times both as cuBLAS strided
-// batched GEMMs (bf16, fp32 compute) with one union weight block shared by every batch (so the
-// weight operand is L2-resident, as gathered rows of a 23 MB matrix are), x and H per block, and
-// prints them beside the bytes the union rows would take to gather: a fused kernel's time lies
-// between the larger of its GEMM and gather times and their sum.
-int union_gemm(int64_t m, int64_t k, int64_t n) {
+// batched GEMMs (bf16, fp32 compute) on stream s, timed by time_us, with one union weight block
+// shared by every batch (so the weight operand is L2-resident, as gathered rows of a 23 MB matrix
+// are), x and H per block, and prints them beside the bytes the union rows would take to gather:
+// a fused kernel's time lies between the larger of its GEMM and gather times and their sum.
+template <typename Time>
+int union_gemm(const char* device, int64_t m, int64_t k, int64_t n, cudaStream_t s, Time&& time_us) {
   cublasHandle_t h;
-  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS || cublasSetStream(h, s) != CUBLAS_STATUS_SUCCESS) {
     std::fprintf(stderr, "twell_l2_gather: cuBLAS handle\n");
     return 1;
   }
@@ -205,29 +206,27 @@ int union_gemm(int64_t m, int64_t k, int64_t n) {
   check(cudaMalloc(&x, size_t((m + max_b) * k) * 2), "x");
   check(cudaMalloc(&hid, size_t(hid_elems + max_b * n) * 2), "H");
   check(cudaMalloc(&out, size_t(hid_elems + max_b * n + (m + max_b) * k) * 2), "outputs");
-  fill_kernel<<<1024, 256>>>(w, n * k, 1u);
-  fill_kernel<<<1024, 256>>>(x, (m + max_b) * k, 2u);
-  fill_kernel<<<1024, 256>>>(hid, hid_elems + max_b * n, 3u);
+  fill_kernel<<<1024, 256, 0, s>>>(w, n * k, 1u);
+  fill_kernel<<<1024, 256, 0, s>>>(x, (m + max_b) * k, 2u);
+  fill_kernel<<<1024, 256, 0, s>>>(hid, hid_elems + max_b * n, 3u);
   check(cudaGetLastError(), "fill");
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  auto time_us = [&](auto&& work) {
-    float best = 1e30f;
-    for (int it = 0; it < 11; ++it) {
-      check(cudaEventRecord(start), "event");
-      work();
-      check(cudaEventRecord(stop), "event");
-      check(cudaEventSynchronize(stop), "GEMM");
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, start, stop), "event");
-      if (it > 0 && ms < best) best = ms;
-    }
-    return double(best) * 1e3;
+  // One strided batched GEMM (column-major C [rows, cols] = op(A) B, depth `depth`), A shared by
+  // every batch (stride 0), timed.
+  auto batched = [&](cublasOperation_t op_a, int64_t rows, int64_t cols, int64_t depth, const void* b,
+                     int64_t ldb, int64_t stride_b, int64_t ldc, int64_t batches, const char* what) {
+    const float one = 1.0f, zero = 0.0f;
+    return time_us([&] {
+      if (cublasGemmStridedBatchedEx(h, op_a, CUBLAS_OP_N, int(rows), int(cols), int(depth), &one, w, CUDA_R_16BF,
+                                     int(k), 0, b, CUDA_R_16BF, int(ldb), stride_b, &zero, out, CUDA_R_16BF,
+                                     int(ldc), rows * cols, int(batches), CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+        std::fprintf(stderr, "twell_l2_gather: %s GEMM\n", what);
+        std::exit(1);
+      }
+    });
   };
-  const float one = 1.0f, zero = 0.0f;
-  std::printf("block-union GEMMs, M = %lld, K = %lld, N = %lld (cuBLAS strided batched, bf16, fp32 compute)\n",
-              (long long)m, (long long)k, (long long)n);
+  std::printf("%s: block-union GEMMs, M = %lld, K = %lld, N = %lld (cuBLAS strided batched, bf16, fp32 compute)\n",
+              device, (long long)m, (long long)k, (long long)n);
   for (const double p : {0.005, 0.01, 0.02}) {
     for (const int64_t b : {int64_t(64), int64_t(88), int64_t(128)}) {
       const double frac = 1.0 - std::pow(1.0 - p, double(b));
@@ -235,24 +234,10 @@ int union_gemm(int64_t m, int64_t k, int64_t n) {
       const int64_t blocks = (m + b - 1) / b;
       const double flops = 2.0 * double(blocks) * double(b) * double(uni) * double(k);
       const double bytes = double(blocks) * double(uni) * double(k) * 2;
-      const double dots = time_us([&] {
-        if (cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(uni), int(b), int(k), &one, w, CUDA_R_16BF,
-                                       int(k), 0, x, CUDA_R_16BF, int(k), b * k, &zero, out, CUDA_R_16BF, int(uni),
-                                       uni * b, int(blocks), CUBLAS_COMPUTE_32F,
-                                       CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
-          std::fprintf(stderr, "twell_l2_gather: dots GEMM\n");
-          std::exit(1);
-        }
-      });
-      const double axpys = time_us([&] {
-        if (cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, int(k), int(b), int(uni), &one, w, CUDA_R_16BF,
-                                       int(k), 0, hid, CUDA_R_16BF, int(uni), uni * b, &zero, out, CUDA_R_16BF,
-                                       int(k), k * b, int(blocks), CUBLAS_COMPUTE_32F,
-                                       CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
-          std::fprintf(stderr, "twell_l2_gather: axpys GEMM\n");
-          std::exit(1);
-        }
-      });
+      // dots: U [uni, b] = Wu[union] (row-major [uni, k]) x[block]^T; axpys: y[block]^T [k, b] =
+      // Wd[union]^T H[block]^T.
+      const double dots = batched(CUBLAS_OP_T, uni, b, k, x, k, b * k, uni, blocks, "dots");
+      const double axpys = batched(CUBLAS_OP_N, k, b, uni, hid, uni, uni * b, k, blocks, "axpys");
       std::printf(
           "  p %.1f%%, B %3lld: union %4lld (reuse %.2f), %.2f GB of union rows a half (%.0f us at 8.97 TB/s, %.0f "
           "at 7.9); dots GEMM %6.1f us (%.0f TFLOP/s), axpys GEMM %6.1f us (%.0f TFLOP/s)\n",
@@ -353,7 +338,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int64_t gather_rows_n = rows * matrices;
-  if (flag(argc, argv, "--union-gemm")) return union_gemm(m, k, rows);
   const int64_t row_vecs = k / 8;
   uint4* w = nullptr;
   int32_t* idx = nullptr;
@@ -382,10 +366,6 @@ int main(int argc, char** argv) {
   check(cudaEventCreate(&stop), "event");
   check(cudaEventCreate(&side), "event");
   const double bytes = double(entries) * double(k) * 2;
-  std::printf(
-      "%s (%d SMs): %lld random rows of %lld [%lld, %lld] bf16 matrices (%.1f MB, L2 %.1f MB), %.2f GB\n",
-      prop.name, sms, (long long)entries, (long long)matrices, (long long)rows, (long long)k,
-      double(gather_rows_n * k) * 2 / 1e6, prop.l2CacheSize / 1e6, bytes / 1e9);
   // Bulk-copy gather: `warps` warps per CTA, `slots` rows in flight per warp, one launch of `ctas`
   // CTAs on stream s (compute capability 9.0 only; the caller checks bulk_ok).
   const bool bulk_ok = prop.major == 9;
@@ -430,6 +410,12 @@ int main(int argc, char** argv) {
     return double(best) * 1e3;
   };
   auto tbs = [&](double us) { return bytes / (us * 1e-6) / 1e12; };
+  if (flag(argc, argv, "--union-gemm"))
+    return union_gemm(prop.name, m, k, rows, sa, [&](auto&& work) { return time_us(sa, sa, work); });
+  std::printf(
+      "%s (%d SMs): %lld random rows of %lld [%lld, %lld] bf16 matrices (%.1f MB, L2 %.1f MB), %.2f GB\n",
+      prop.name, sms, (long long)entries, (long long)matrices, (long long)rows, (long long)k,
+      double(gather_rows_n * k) * 2 / 1e6, prop.l2CacheSize / 1e6, bytes / 1e9);
 
   if (!beside) {
     double best_us = 1e30;
@@ -549,7 +535,7 @@ int main(int argc, char** argv) {
         "together %7.1f us\n",
         gemm_sms, gemm_alone, rest_sms, gather_alone, bytes / (gather_alone * 1e3) / rest_sms, together);
     if (bulk_ok) {  // the bulk-copy gather on the same SMs: the configuration fastest alone
-      double alone = 1e30, both = 0;
+      double alone = 1e30;
       const int* best_c = nullptr;
       for (const auto& c : bulk_configs) {
         if (!bulk_fits(c[0], c[1], c[2])) continue;
@@ -557,7 +543,7 @@ int main(int argc, char** argv) {
         if (us < alone) alone = us, best_c = c;
       }
       if (best_c != nullptr) {
-        both = time_us(a, b, [&] {
+        const double both = time_us(a, b, [&] {
           gemm.run(gemm_sms, a);
           bulk(rest_sms * best_c[2], best_c[0], best_c[1], b);
         });
