@@ -36,11 +36,13 @@ struct TensorView {
   static TensorView vector(void* data, DType dt, int64_t n, Device dev = Device::cpu());
 
   bool defined() const { return data != nullptr; }
+  // Product of the shape; throws Error when the rank is outside 0..kMaxRank, a dimension is
+  // negative or the product overflows int64.
   int64_t numel() const;
   int64_t rows() const { return shape[0]; }
   int64_t cols() const { return rank >= 2 ? shape[1] : 1; }
   bool is_contiguous() const;
-  std::string shape_string() const;  // "[4, 2048]"
+  std::string shape_string() const;  // "[4, 2048]"; "<rank 7>" for a rank outside 0..kMaxRank
 };
 
 }  // namespace twell

@@ -6,6 +6,7 @@ every value against the C++ library (docs/format.md, "Single-buffer form").
 """
 
 DEFAULT_TILE = 256  # both backends (one gate-GEMM output tile on the GPU)
+HEADER_BYTES = 64  # twell::TwellHeader, the last array of the single-buffer form
 
 
 def resolve_tile(tile, capacity):
@@ -25,7 +26,7 @@ def saved_bytes(rows, cols, tile, capacity, planes, dtype, dense=False):
 
     Arrays in order, each rounded up to 16 bytes: values [P, M, NT, C] dtype, backup [P, B, N]
     dtype (B = 0 or M), cols u16 [M, NT, C], counts u16 [M, NT], row_slot i32 [M],
-    routed_rows i32 [M], num_routed i32 [1]. `rows` may be a torch SymInt.
+    routed_rows i32 [M], num_routed i32 [1], header (64 bytes). `rows` may be a torch SymInt.
     """
     if dense:
         capacity = 1
@@ -39,4 +40,5 @@ def saved_bytes(rows, cols, tile, capacity, planes, dtype, dense=False):
         + _aligned(rows * tiles * 2)
         + 2 * _aligned(rows * 4)
         + _aligned(4)
+        + HEADER_BYTES
     )

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "twell/error.hpp"
+
 namespace twell {
 
 std::string to_string(Device d) {
@@ -31,8 +33,17 @@ TensorView TensorView::vector(void* data, DType dt, int64_t n, Device dev) {
 }
 
 int64_t TensorView::numel() const {
+  const char* op = "TensorView::numel";
+  if (rank < 0 || rank > kMaxRank)
+    throw Error(op, "rank", "0.." + std::to_string(kMaxRank), std::to_string(rank));
   int64_t n = 1;
-  for (int i = 0; i < rank; ++i) n *= shape[size_t(i)];
+  for (int i = 0; i < rank; ++i) {
+    if (shape[size_t(i)] < 0) throw Error(op, "shape", "non-negative dimensions", shape_string());
+    int64_t next;
+    if (__builtin_mul_overflow(n, shape[size_t(i)], &next))
+      throw Error(op, "shape", "at most 2^63 - 1 elements", shape_string() + " (overflow)");
+    n = next;
+  }
   return n;
 }
 
@@ -47,6 +58,7 @@ bool TensorView::is_contiguous() const {
 }
 
 std::string TensorView::shape_string() const {
+  if (rank < 0 || rank > kMaxRank) return "<rank " + std::to_string(rank) + ">";
   std::string s = "[";
   for (int i = 0; i < rank; ++i) {
     if (i) s += ", ";

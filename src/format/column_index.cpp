@@ -1,30 +1,34 @@
 // Per-neuron (column-major) index of a TwELL matrix's non-zeros, the view backward passes need.
 #include <string>
 
+#include "core/checked.hpp"
+#include "format/validate.hpp"
 #include "twell/error.hpp"
 #include "twell/format.hpp"
 
 namespace twell {
 
 ColumnIndex build_column_index(const TwellView& in, RoutedRows routed) {
+  const char* op = "build_column_index";
   const TwellShape& s = in.shape;
-  s.validate("build_column_index");
+  detail::check_twell_structure(op, in);
   const int64_t nt = s.num_tiles();
   const auto* backup = static_cast<const uint8_t*>(in.backup);
   auto backup_nonzero = [&](int64_t slot, int64_t c) {
     return load_float(backup, in.dtype, slot * s.cols + c) != 0.0f;
   };
   ColumnIndex ix;
-  ix.col_ptr.assign(size_t(s.cols + 1), 0);
+  const int64_t ptrs = detail::checked_add<int64_t>(s.cols, 1, op, "cols");
+  detail::allocate_or_throw(op, "col_ptr", size_t(ptrs) * sizeof(int64_t),
+                            [&] { ix.col_ptr.assign(size_t(ptrs), 0); });
   // Visits every stored non-zero of plane 0 as (row, column, position).
   auto for_each = [&](auto&& fn) {
     for (int64_t m = 0; m < s.rows; ++m) {
       const int32_t slot = in.row_slot[m];
       if (slot >= 0 && routed == RoutedRows::skip) continue;
       if (slot >= 0) {
-        if (slot >= s.backup_capacity)
-          throw Error("build_column_index", "row " + std::to_string(m),
-                      "a backup row (it is routed)", "none");
+        if (slot >= s.backup_capacity)  // only listed: nothing to read it from
+          throw Error(op, "row " + std::to_string(m), "a backup row (it is routed)", "none");
         for (int64_t c = 0; c < s.cols; ++c)
           if (backup_nonzero(slot, c)) fn(m, c, ColumnIndex::kBackupBit | (slot * s.cols + c));
         continue;
@@ -38,8 +42,11 @@ ColumnIndex build_column_index(const TwellView& in, RoutedRows routed) {
   };
   for_each([&](int64_t, int64_t c, int64_t) { ++ix.col_ptr[size_t(c + 1)]; });
   for (int64_t c = 0; c < s.cols; ++c) ix.col_ptr[size_t(c + 1)] += ix.col_ptr[size_t(c)];
-  ix.row.resize(size_t(ix.col_ptr.back()));
-  ix.pos.resize(size_t(ix.col_ptr.back()));
+  const size_t nnz = size_t(ix.col_ptr.back());
+  detail::allocate_or_throw(op, "entries", nnz * (sizeof(int32_t) + sizeof(int64_t)), [&] {
+    ix.row.resize(nnz);
+    ix.pos.resize(nnz);
+  });
   std::vector<int64_t> next(ix.col_ptr.begin(), ix.col_ptr.end() - 1);
   for_each([&](int64_t m, int64_t c, int64_t pos) {
     const size_t i = size_t(next[size_t(c)]++);

@@ -1,75 +1,136 @@
-// TwELL pack / unpack / validate on the CPU. Values are copied as raw bytes, so a round trip is
-// bit-exact (a zero of either sign is a zero; unpack writes +0).
+// TwELL shapes, the single-buffer layout, its header, views and the owning host matrix.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
-#include "core/check.hpp"
+#include "core/checked.hpp"
 #include "twell/format.hpp"
 
 namespace twell {
 
 namespace {
 
-bool is_zero(const uint8_t* p, DType t) {
-  switch (t) {
-    case DType::f32: { uint32_t u; std::memcpy(&u, p, 4); return (u & 0x7fffffffu) == 0; }
-    default: { uint16_t u; std::memcpy(&u, p, 2); return (u & 0x7fffu) == 0; }
-  }
-}
-
 std::string str(int64_t v) { return std::to_string(v); }
 
-}  // namespace
-
-void TwellShape::validate(const char* op) const {
-  if (rows < 0 || rows > INT32_MAX) throw Error(op, "rows", "0..2147483647 (int32 row indices)", str(rows));
-  if (cols < 1) throw Error(op, "cols", ">= 1", str(cols));
-  if (tile < 1 || tile > 65536) throw Error(op, "tile", "1..65536", str(tile));
-  if (capacity < 1 || capacity > tile || capacity > 65535)
-    throw Error(op, "capacity", "1..min(tile, 65535)", str(capacity));
-  if (planes < 1 || planes > 2) throw Error(op, "planes", "1 or 2", str(planes));
-  if (backup_capacity < 0 || backup_capacity > rows)
-    throw Error(op, "backup capacity", "0..rows (" + str(rows) + ")", str(backup_capacity));
+std::string hex(uint64_t v) {
+  char b[24];
+  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
+  return b;
 }
 
-namespace {
+constexpr int64_t kArrayAlign = 16;     // every array of the single-buffer form starts at a multiple
+constexpr int64_t kWidestValue = 4;     // bytes of the widest value dtype (float32)
 
-// Offsets of the arrays inside the single-buffer form, in the order of docs/format.md.
+// Offsets of the arrays inside the single-buffer form, in the order of docs/format.md. Every
+// product and sum is checked: a shape whose form does not fit in int64 bytes raises Error(op).
 struct Offsets {
-  size_t values, backup, cols, counts, row_slot, routed_rows, num_routed, total;
-  Offsets(const TwellShape& s, DType dtype) {
-    size_t at = 0;
-    auto take = [&at](size_t bytes) {
-      const size_t here = at;
-      at += (bytes + 15) / 16 * 16;
+  int64_t values, backup, cols, counts, row_slot, routed_rows, num_routed, header, total;
+  Offsets(const TwellShape& s, int64_t value_bytes, const char* op) {
+    using detail::checked_add;
+    using detail::checked_mul;
+    int64_t at = 0;
+    auto take = [&](int64_t bytes, const char* what) {
+      const int64_t here = at;
+      const int64_t padded = checked_add<int64_t>(bytes, kArrayAlign - 1, op, what) / kArrayAlign * kArrayAlign;
+      at = checked_add(at, padded, op, std::string("size"));
       return here;
     };
-    const size_t slots = size_t(s.rows * s.slots_per_row());
-    values = take(size_t(s.planes) * slots * dtype_size(dtype));
-    backup = take(size_t(s.planes * s.backup_capacity * s.cols) * dtype_size(dtype));
-    cols = take(slots * 2);
-    counts = take(size_t(s.rows * s.num_tiles()) * 2);
-    row_slot = take(size_t(s.rows) * 4);
-    routed_rows = take(size_t(s.rows) * 4);
-    num_routed = take(4);
+    const int64_t per_row = checked_mul<int64_t>(s.num_tiles(), s.capacity, op, "num_tiles * capacity");
+    const int64_t slots = checked_mul(s.rows, per_row, op, "rows * slots per row");
+    values = take(checked_mul(checked_mul<int64_t>(s.planes, slots, op, "values"), value_bytes, op, "values"),
+                  "values");
+    const int64_t backup_rows = checked_mul<int64_t>(s.planes, s.backup_capacity, op, "backup");
+    backup = take(checked_mul(checked_mul(backup_rows, s.cols, op, "backup"), value_bytes, op, "backup"),
+                  "backup");
+    cols = take(checked_mul<int64_t>(slots, sizeof(uint16_t), op, "cols"), "cols");
+    counts = take(checked_mul<int64_t>(checked_mul(s.rows, s.num_tiles(), op, "counts"), sizeof(uint16_t),
+                                       op, "counts"),
+                  "counts");
+    row_slot = take(s.rows * int64_t(sizeof(int32_t)), "row_slot");  // rows <= INT32_MAX
+    routed_rows = take(s.rows * int64_t(sizeof(int32_t)), "routed_rows");
+    num_routed = take(sizeof(int32_t), "num_routed");
+    header = take(sizeof(TwellHeader), "header");
     total = at;
   }
 };
 
 }  // namespace
 
+void TwellShape::validate(const char* op) const {
+  if (rows < 0 || rows > INT32_MAX) throw Error(op, "rows", "0..2147483647 (int32 row indices)", str(rows));
+  if (cols < 1) throw Error(op, "cols", ">= 1", str(cols));
+  if (tile < 1 || tile > kMaxTwellTile) throw Error(op, "tile", "1.." + str(kMaxTwellTile), str(tile));
+  if (capacity < 1 || capacity > tile || capacity > kMaxTwellCapacity)
+    throw Error(op, "capacity", "1..min(tile, " + str(kMaxTwellCapacity) + ")", str(capacity));
+  if (planes < 1 || planes > 2) throw Error(op, "planes", "1 or 2", str(planes));
+  if (backup_capacity < 0 || backup_capacity > rows)
+    throw Error(op, "backup capacity", "0..rows (" + str(rows) + ")", str(backup_capacity));
+  Offsets(*this, kWidestValue, op);  // every size of every dtype fits in int64
+}
+
+int64_t TwellShape::slots_per_row() const {
+  return detail::checked_mul<int64_t>(num_tiles(), capacity, "TwellShape::slots_per_row",
+                                      "num_tiles * capacity");
+}
+
 size_t TwellShape::bytes(DType dtype) const {
-  validate("TwellShape::bytes");
-  return Offsets(*this, dtype).total;
+  const char* op = "TwellShape::bytes";
+  validate(op);
+  return size_t(Offsets(*this, int64_t(dtype_size(dtype)), op).total);
+}
+
+TwellHeader make_twell_header(const TwellShape& shape, DType dtype, uint64_t owner) {
+  shape.validate("make_twell_header");
+  TwellHeader h{};
+  h.magic = kTwellMagic;
+  h.version = kTwellVersion;
+  h.dtype = uint8_t(dtype);
+  h.planes = uint8_t(shape.planes);
+  h.tile = shape.tile;
+  h.capacity = shape.capacity;
+  h.rows = shape.rows;
+  h.cols = shape.cols;
+  h.backup_capacity = shape.backup_capacity;
+  h.owner = owner;
+  h.written = kTwellWritten;
+  return h;
+}
+
+void check_twell_header(const char* op, const TwellHeader& got, const TwellHeader& want, OwnerCheck owner) {
+  auto field = [op](const char* name, uint64_t g, uint64_t w, bool as_hex) {
+    if (g != w)
+      throw Error(op, std::string("header ") + name, as_hex ? hex(w) : str(int64_t(w)),
+                  as_hex ? hex(g) : str(int64_t(g)));
+  };
+  field("magic", got.magic, want.magic, true);
+  field("version", got.version, want.version, false);
+  if (got.dtype != want.dtype)
+    throw Error(op, "header dtype", dtype_name(DType(want.dtype)),
+                got.dtype <= uint8_t(DType::u8) ? dtype_name(DType(got.dtype)) : str(got.dtype));
+  field("planes", got.planes, want.planes, false);
+  field("tile", uint64_t(got.tile), uint64_t(want.tile), false);
+  field("capacity", uint64_t(got.capacity), uint64_t(want.capacity), false);
+  field("rows", uint64_t(got.rows), uint64_t(want.rows), false);
+  field("cols", uint64_t(got.cols), uint64_t(want.cols), false);
+  field("backup_capacity", uint64_t(got.backup_capacity), uint64_t(want.backup_capacity), false);
+  if (owner == OwnerCheck::match) field("owner", got.owner, want.owner, true);
+  if (got.written != want.written)
+    throw Error(op, "header written", hex(want.written) + " (a complete pack)",
+                hex(got.written) + (got.written == 0 ? " (never written, or a write in progress)" : ""));
+  for (uint32_t r : got.reserved) field("reserved", r, 0, true);
 }
 
 TwellView make_twell_view(void* buffer, const TwellShape& shape, DType dtype, Device device) {
-  shape.validate("make_twell_view");
-  if (!is_float_dtype(dtype)) throw Error("make_twell_view", "dtype", "a float type", dtype_name(dtype));
-  if (buffer == nullptr) throw Error("make_twell_view", "buffer", "memory", "null");
-  const Offsets o(shape, dtype);
+  const char* op = "make_twell_view";
+  shape.validate(op);
+  if (!is_float_dtype(dtype)) throw Error(op, "dtype", "a float type", dtype_name(dtype));
+  if (buffer == nullptr) throw Error(op, "buffer", "memory", "null");
+  if (reinterpret_cast<uintptr_t>(buffer) % kArrayAlign != 0)
+    throw Error(op, "buffer", "an address aligned to " + str(kArrayAlign) + " bytes",
+                hex(reinterpret_cast<uintptr_t>(buffer)));
+  const Offsets o(shape, int64_t(dtype_size(dtype)), op);
   auto* b = static_cast<uint8_t*>(buffer);
   TwellView v;
   v.shape = shape;
@@ -82,15 +143,21 @@ TwellView make_twell_view(void* buffer, const TwellShape& shape, DType dtype, De
   v.row_slot = reinterpret_cast<int32_t*>(b + o.row_slot);
   v.routed_rows = reinterpret_cast<int32_t*>(b + o.routed_rows);
   v.num_routed = reinterpret_cast<int32_t*>(b + o.num_routed);
+  v.header = reinterpret_cast<TwellHeader*>(b + o.header);
   return v;
 }
 
 TwellMatrix::TwellMatrix(const TwellShape& shape, DType dtype) : shape_(shape), dtype_(dtype) {
-  shape.validate("TwellMatrix");
-  if (!is_float_dtype(dtype)) throw Error("TwellMatrix", "dtype", "a float type", dtype_name(dtype));
-  storage_.assign(shape.bytes(dtype), 0);
+  const char* op = "TwellMatrix";
+  shape.validate(op);
+  if (!is_float_dtype(dtype)) throw Error(op, "dtype", "a float type", dtype_name(dtype));
+  const size_t bytes = shape.bytes(dtype);
+  detail::allocate_or_throw(op, "shape", bytes, [&] { storage_.assign(bytes, 0); });
   TwellView v = view();
   std::fill(v.row_slot, v.row_slot + shape.rows, -1);
+  TwellHeader h = make_twell_header(shape, dtype, 0);
+  h.written = 0;  // an empty matrix until a pack fills it
+  std::memcpy(v.header, &h, sizeof h);
 }
 
 int32_t TwellMatrix::num_routed() const {
@@ -100,196 +167,6 @@ int32_t TwellMatrix::num_routed() const {
 TwellView TwellMatrix::view() {
   if (storage_.empty()) return TwellView{};
   return make_twell_view(storage_.data(), shape_, dtype_, Device::cpu());
-}
-
-namespace {
-
-// Pass 1 of a pack: the rows with a tile over capacity (ascending) and the non-zeros of plane 0.
-std::vector<int32_t> rows_to_route(const TensorView& plane0, int32_t tile, int32_t capacity,
-                                   int64_t* nonzeros) {
-  const int64_t rows = plane0.shape[0], cols = plane0.shape[1], nt = (cols + tile - 1) / tile;
-  const size_t es = dtype_size(plane0.dtype);
-  const auto* base = static_cast<const uint8_t*>(plane0.data);
-  std::vector<int32_t> routed;
-  *nonzeros = 0;
-  for (int64_t m = 0; m < rows; ++m) {
-    bool fits = true;
-    for (int64_t t = 0; t < nt; ++t) {
-      int64_t cnt = 0;
-      const int64_t c1 = std::min<int64_t>(cols, (t + 1) * tile);
-      for (int64_t c = t * tile; c < c1; ++c) cnt += !is_zero(base + (m * cols + c) * es, plane0.dtype);
-      *nonzeros += cnt;
-      fits = fits && cnt <= capacity;
-    }
-    if (!fits) routed.push_back(int32_t(m));
-  }
-  return routed;
-}
-
-}  // namespace
-
-namespace {
-
-// Pass 2 of a pack, given pass 1's routed rows (ascending): writes every array of `out`.
-void write_packed(const TensorView* planes, const TwellView& out, const std::vector<int32_t>& routed) {
-  const TwellShape& s = out.shape;
-  const size_t es = dtype_size(out.dtype);
-  const int64_t nt = s.num_tiles();
-  const auto* base0 = static_cast<const uint8_t*>(planes[0].data);
-
-  // Pass 2: compact rows; routed rows get zero counts, a slot and (with backup) their dense rows.
-  const size_t plane_slots = size_t(s.rows * s.slots_per_row());
-  auto* vals = static_cast<uint8_t*>(out.values);
-  auto* backup = static_cast<uint8_t*>(out.backup);
-  std::memset(vals, 0, plane_slots * es * size_t(s.planes));
-  std::memset(out.cols, 0, plane_slots * sizeof(uint16_t));
-  size_t next_routed = 0;
-  for (int64_t m = 0; m < s.rows; ++m) {
-    const bool is_routed = next_routed < routed.size() && routed[next_routed] == m;
-    uint16_t* counts = out.counts + m * nt;
-    if (is_routed) {
-      const int32_t slot = int32_t(next_routed++);
-      out.row_slot[m] = slot;
-      out.routed_rows[slot] = int32_t(m);
-      std::memset(counts, 0, size_t(nt) * sizeof(uint16_t));
-      for (int p = 0; p < s.planes && s.backup_capacity > 0; ++p)
-        std::memcpy(backup + (size_t(p) * s.backup_capacity + slot) * s.cols * es,
-                    static_cast<const uint8_t*>(planes[p].data) + m * s.cols * es, s.cols * es);
-      continue;
-    }
-    out.row_slot[m] = -1;
-    for (int64_t t = 0; t < nt; ++t) {
-      const int64_t slot0 = (m * nt + t) * s.capacity;
-      int64_t k = 0;
-      const int64_t c1 = std::min<int64_t>(s.cols, (t + 1) * s.tile);
-      for (int64_t c = t * s.tile; c < c1; ++c) {
-        if (is_zero(base0 + (m * s.cols + c) * es, out.dtype)) continue;
-        out.cols[slot0 + k] = uint16_t(c - t * s.tile);
-        for (int p = 0; p < s.planes; ++p)
-          std::memcpy(vals + (p * plane_slots + size_t(slot0 + k)) * es,
-                      static_cast<const uint8_t*>(planes[p].data) + (m * s.cols + c) * es, es);
-        ++k;
-      }
-      counts[t] = uint16_t(k);
-    }
-  }
-  *out.num_routed = int32_t(routed.size());
-}
-
-}  // namespace
-
-PackResult pack_twell(const TensorView* planes, int num_planes, const TwellView& out) {
-  const char* op = "pack_twell";
-  const TwellShape& s = out.shape;
-  s.validate(op);
-  if (out.device != Device::cpu()) throw Error(op, "out device", "cpu", to_string(out.device));
-  if (num_planes != s.planes) throw Error(op, "planes", str(s.planes), str(num_planes));
-  for (int p = 0; p < num_planes; ++p)
-    detail::check_matrix(op, p == 0 ? "dense plane 0" : "dense plane 1", planes[p], s.rows, s.cols,
-                         out.dtype, Device::cpu());
-  PackResult r;
-  const std::vector<int32_t> routed = rows_to_route(planes[0], s.tile, s.capacity, &r.nonzeros);
-  r.routed_rows = int64_t(routed.size());
-  if (s.backup_capacity > 0 && r.routed_rows > s.backup_capacity)
-    throw Error(op, "backup capacity", ">= " + str(r.routed_rows) + " rows",
-                str(s.backup_capacity) + " rows");
-  write_packed(planes, out, routed);
-  return r;
-}
-
-TwellMatrix pack_twell(const TensorView* planes, int num_planes, int32_t tile, int32_t capacity) {
-  if (num_planes < 1) throw Error("pack_twell", "planes", "1 or 2", str(num_planes));
-  detail::check_matrix("pack_twell", "dense plane 0", planes[0], -1, planes[0].cols(),
-                       planes[0].dtype, Device::cpu());
-  TwellShape s;
-  s.rows = planes[0].shape[0];
-  s.cols = planes[0].shape[1];
-  s.tile = tile;
-  s.capacity = capacity;
-  s.planes = num_planes;
-  s.validate("pack_twell");
-  for (int p = 1; p < num_planes; ++p)
-    detail::check_matrix("pack_twell", "dense plane 1", planes[p], s.rows, s.cols, planes[0].dtype,
-                         Device::cpu());
-  int64_t nonzeros = 0;
-  const std::vector<int32_t> routed = rows_to_route(planes[0], tile, capacity, &nonzeros);
-  s.backup_capacity = int64_t(routed.size());  // exactly the rows that need it
-  TwellMatrix m(s, planes[0].dtype);
-  write_packed(planes, m.view(), routed);
-  return m;
-}
-
-void unpack_twell(const TwellView& in, int plane, const TensorView& dense) {
-  const char* op = "unpack_twell";
-  const TwellShape& s = in.shape;
-  s.validate(op);
-  if (plane < 0 || plane >= s.planes) throw Error(op, "plane", "0.." + str(s.planes - 1), str(plane));
-  detail::check_matrix(op, "dense", dense, s.rows, s.cols, in.dtype, Device::cpu());
-  const size_t es = dtype_size(in.dtype);
-  const int64_t nt = s.num_tiles();
-  const size_t plane_slots = size_t(s.rows * s.slots_per_row());
-  auto* dst = static_cast<uint8_t*>(dense.data);
-  const auto* vals = static_cast<const uint8_t*>(in.values) + plane * plane_slots * es;
-  const auto* backup = static_cast<const uint8_t*>(in.backup);
-  std::memset(dst, 0, size_t(s.rows * s.cols) * es);
-  for (int64_t m = 0; m < s.rows; ++m) {
-    const int32_t slot = in.row_slot[m];
-    if (slot >= 0) {
-      if (slot >= s.backup_capacity)
-        throw Error(op, "row " + str(m), "a backup row (it is routed)",
-                    "backup capacity " + str(s.backup_capacity));
-      std::memcpy(dst + m * s.cols * es,
-                  backup + (size_t(plane) * s.backup_capacity + slot) * s.cols * es, s.cols * es);
-      continue;
-    }
-    for (int64_t t = 0; t < nt; ++t) {
-      const int64_t slot0 = (m * nt + t) * s.capacity;
-      for (int64_t k = 0; k < in.counts[m * nt + t]; ++k) {
-        const int64_t c = t * s.tile + in.cols[slot0 + k];
-        std::memcpy(dst + (m * s.cols + c) * es, vals + size_t(slot0 + k) * es, es);
-      }
-    }
-  }
-}
-
-void validate_twell(const TwellView& in) {
-  const char* op = "validate_twell";
-  const TwellShape& s = in.shape;
-  s.validate(op);
-  if (in.device != Device::cpu()) throw Error(op, "device", "cpu", to_string(in.device));
-  const int64_t nt = s.num_tiles();
-  const int32_t routed = *in.num_routed;
-  if (routed < 0 || routed > s.rows) throw Error(op, "num_routed", "0..rows", str(routed));
-  if (s.backup_capacity > 0 && routed > s.backup_capacity)
-    throw Error(op, "num_routed", "<= backup capacity " + str(s.backup_capacity), str(routed));
-  int64_t flagged = 0;
-  for (int64_t m = 0; m < s.rows; ++m) {
-    const int32_t slot = in.row_slot[m];
-    const std::string row = "row " + str(m);
-    if (slot >= 0) {
-      if (slot >= routed || in.routed_rows[slot] != m)
-        throw Error(op, row + " slot", "routed_rows[slot] == row", "slot " + str(slot));
-      ++flagged;
-      continue;
-    }
-    if (slot != -1) throw Error(op, row + " slot", "-1 or a routed slot", str(slot));
-    for (int64_t t = 0; t < nt; ++t) {
-      const int64_t cnt = in.counts[m * nt + t];
-      if (cnt > s.capacity)
-        throw Error(op, row + " tile " + str(t) + " count", "<= " + str(s.capacity), str(cnt));
-      const int64_t width = std::min<int64_t>(s.tile, s.cols - t * s.tile);
-      int64_t prev = -1;
-      for (int64_t k = 0; k < cnt; ++k) {
-        const int64_t c = in.cols[(m * nt + t) * s.capacity + k];
-        if (c <= prev || c >= width)
-          throw Error(op, row + " tile " + str(t) + " entry " + str(k),
-                      "ascending column in (" + str(prev) + ", " + str(width) + ")", str(c));
-        prev = c;
-      }
-    }
-  }
-  if (flagged != routed)
-    throw Error(op, "routed rows", str(routed) + " rows with a slot", str(flagged));
 }
 
 }  // namespace twell
