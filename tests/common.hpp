@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "twell/reference.hpp"
@@ -28,7 +29,22 @@ inline uint64_t seed(uint64_t salt) {
 }
 
 // Fills a buffer with a NaN bit pattern so unwritten outputs fail every comparison.
-inline void poison(void* p, size_t bytes) { std::memset(p, 0xff, bytes); }
+// Empty buffers (a null data() among them) are left alone.
+inline void poison(void* p, size_t bytes) {
+  if (bytes > 0) std::memset(p, 0xff, bytes);
+}
+
+// Runs fn, expects an Error whose argument is `arg` and whose message mentions `needle`.
+template <class F>
+void expect_named_error(F&& fn, const std::string& arg, const std::string& needle = "") {
+  try {
+    fn();
+    ADD_FAILURE() << "expected twell::Error naming " << arg;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), arg) << e.what();
+    if (!needle.empty()) EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
 
 using testing::check_forward;
 using testing::ForwardCheck;

@@ -8,43 +8,31 @@ Problem small(FfnKind kind = FfnKind::gated, DType dt = DType::f32) {
   return testing::make_problem({kind, 4, 16, 40, dt, Pattern::uniform, 0.2, 256, seed(11)});
 }
 
-// Runs fn, expects an Error whose argument is `arg` and whose message mentions `needle`.
-template <class F>
-void expect_error(F&& fn, const std::string& arg, const std::string& needle = "") {
-  try {
-    fn();
-    ADD_FAILURE() << "expected twell::Error naming " << arg;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), arg) << e.what();
-    if (!needle.empty()) EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
 TEST(Errors, TransposedDownWeight) {
   Problem p = small();
   FfnWeights w = p.weights();
   w.down = TensorView::matrix(p.down.data(), DType::f32, 16, 40);  // [K, N]: nn.Linear's layout
-  expect_error([&] { InferencePlan plan(w); }, "down weight", "expected [N=40, K=16], got [16, 40]");
+  expect_named_error([&] { InferencePlan plan(w); }, "down weight", "expected [N=40, K=16], got [16, 40]");
 }
 
 TEST(Errors, WeightProblems) {
   Problem p = small();
   FfnWeights w = p.weights();
   w.gate.dtype = DType::bf16;
-  expect_error([&] { InferencePlan plan(w); }, "gate weight", "float32");
+  expect_named_error([&] { InferencePlan plan(w); }, "gate weight", "float32");
   w = p.weights();
   w.gate = TensorView{};
-  expect_error([&] { InferencePlan plan(w); }, "gate weight");
+  expect_named_error([&] { InferencePlan plan(w); }, "gate weight");
   w = p.weights();
   w.up.dtype = DType::i32;
-  expect_error([&] { InferencePlan plan(w); }, "up weight");
+  expect_named_error([&] { InferencePlan plan(w); }, "up weight");
   Problem q = small(FfnKind::plain);
   FfnWeights wp = q.weights();
   wp.gate = p.weights().gate;
-  expect_error([&] { InferencePlan plan(wp); }, "gate weight", "none for a plain FFN");
+  expect_named_error([&] { InferencePlan plan(wp); }, "gate weight", "none for a plain FFN");
   w = p.weights();
   w.up.stride = {1, 40, 0, 0};  // a transposed view: not row-major
-  expect_error([&] { InferencePlan plan(w); }, "up weight");
+  expect_named_error([&] { InferencePlan plan(w); }, "up weight");
 }
 
 TEST(Errors, ActivationProblems) {
@@ -52,25 +40,25 @@ TEST(Errors, ActivationProblems) {
   InferencePlan plan(p.weights());
   std::vector<float> y(64), wide(4 * 17);
   TensorView x = p.x_view(), yv = TensorView::matrix(y.data(), DType::f32, 4, 16);
-  expect_error([&] { plan.run({TensorView::matrix(wide.data(), DType::f32, 4, 17), yv, {}}); }, "x",
+  expect_named_error([&] { plan.run({TensorView::matrix(wide.data(), DType::f32, 4, 17), yv, {}}); }, "x",
                "expected [M, 16], got [4, 17]");
-  expect_error([&] { plan.run({x, TensorView::matrix(y.data(), DType::f32, 3, 16), {}}); }, "y");
+  expect_named_error([&] { plan.run({x, TensorView::matrix(y.data(), DType::f32, 3, 16), {}}); }, "y");
   TensorView ybf = yv;
   ybf.dtype = DType::bf16;
-  expect_error([&] { plan.run({x, ybf, {}}); }, "y", "bfloat16");
+  expect_named_error([&] { plan.run({x, ybf, {}}); }, "y", "bfloat16");
   TensorView xs = x;
   xs.stride = {32, 1, 0, 0};
-  expect_error([&] { plan.run({xs, yv, {}}); }, "x", "contiguous");
+  expect_named_error([&] { plan.run({xs, yv, {}}); }, "x", "contiguous");
   TensorView xc = x;
   xc.device = Device::cuda(0);
-  expect_error([&] { plan.run({xc, yv, {}}); }, "x", "device cpu, got cuda:0");
+  expect_named_error([&] { plan.run({xc, yv, {}}); }, "x", "device cpu, got cuda:0");
   int32_t bad[2];
-  expect_error([&] { plan.run({x, yv, TensorView::vector(bad, DType::i32, 2)}); }, "counters");
+  expect_named_error([&] { plan.run({x, yv, TensorView::vector(bad, DType::i32, 2)}); }, "counters");
   EXPECT_FALSE(plan.can_run({x, ybf, {}}).ok);
   EXPECT_NE(plan.can_run({x, ybf, {}}).reason.find("y"), std::string::npos);
   EXPECT_TRUE(plan.can_run({x, yv, {}}).ok);
   std::vector<uint8_t> ws(8);
-  expect_error([&] { plan.run({x, yv, {}}, nullptr, ws.data(), ws.size()); }, "workspace");
+  expect_named_error([&] { plan.run({x, yv, {}}, nullptr, ws.data(), ws.size()); }, "workspace");
 }
 
 TEST(Errors, Options) {
@@ -78,12 +66,12 @@ TEST(Errors, Options) {
   InferenceOptions o;
   o.tile = 64;
   o.capacity = 65;
-  expect_error([&] { InferencePlan plan(p.weights(), o); }, "options.capacity");
+  expect_named_error([&] { InferencePlan plan(p.weights(), o); }, "options.capacity");
   o.tile = -1;
-  expect_error([&] { InferencePlan plan(p.weights(), o); }, "options.tile");
+  expect_named_error([&] { InferencePlan plan(p.weights(), o); }, "options.tile");
   TrainingOptions t;
   t.l1_coef = -1;
-  expect_error([&] { TrainingPlan plan(p.weights(), t); }, "options.l1_coef");
+  expect_named_error([&] { TrainingPlan plan(p.weights(), t); }, "options.l1_coef");
 }
 
 TEST(Errors, Training) {
@@ -96,19 +84,19 @@ TEST(Errors, Training) {
                          TensorView::matrix(g.data(), DType::f32, 40, 16),
                          TensorView::matrix(u.data(), DType::f32, 40, 16),
                          TensorView::matrix(d.data(), DType::f32, 40, 16)};
-  expect_error([&] { plan.backward(b, saved); }, "saved");
+  expect_named_error([&] { plan.backward(b, saved); }, "saved");
   plan.forward({p.x_view(), yv, {}}, saved);
   TrainingBackwardArgs bad = b;
   bad.ddown = TensorView::matrix(d.data(), DType::f32, 16, 40);
-  expect_error([&] { plan.backward(bad, saved); }, "ddown");
+  expect_named_error([&] { plan.backward(bad, saved); }, "ddown");
   bad = b;
   bad.dup.dtype = DType::bf16;
-  expect_error([&] { plan.backward(bad, saved); }, "dup");
+  expect_named_error([&] { plan.backward(bad, saved); }, "dup");
   float stats[2];
-  expect_error([&] { plan.forward({p.x_view(), yv, TensorView::vector(stats, DType::f32, 3)}, saved); },
+  expect_named_error([&] { plan.forward({p.x_view(), yv, TensorView::vector(stats, DType::f32, 3)}, saved); },
                "stats");
   EXPECT_EQ(plan.workspace_bytes(4), 0u);  // the CPU backend keeps its scratch itself
-  expect_error([&] { plan.forward({p.x_view(), yv, {}, TensorView::vector(stats, DType::f32, 2)}, saved); },
+  expect_named_error([&] { plan.forward({p.x_view(), yv, {}, TensorView::vector(stats, DType::f32, 2)}, saved); },
                "workspace");
 }
 
@@ -117,7 +105,7 @@ TEST(Errors, CudaTensorsWithoutCudaBuildOrDevice) {
   Problem p = small();
   FfnWeights w = p.weights();
   w.gate.device = w.up.device = w.down.device = Device::cuda(0);
-  expect_error([&] { InferencePlan plan(w); }, "weights device");
+  expect_named_error([&] { InferencePlan plan(w); }, "weights device");
 }
 
 }  // namespace

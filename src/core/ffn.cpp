@@ -4,6 +4,7 @@
 #include "core/backend.hpp"
 #include "core/check.hpp"
 #include "twell/ffn.hpp"
+#include "twell/format.hpp"
 
 namespace twell {
 
@@ -54,10 +55,12 @@ InferenceOptions resolve_inference_options(const InferenceOptions& o, Device dev
   if (r.tile == 0) r.tile = 256;
   if (r.dense_above < 0) r.dense_above = dev.type == DeviceType::cpu ? kCpuDenseAbove : kCudaDenseAbove;
   if (r.capacity == 0) r.capacity = r.tile / 8;
-  if (r.tile < 1 || r.tile > 65536)
-    throw Error("InferencePlan", "options.tile", "1..65536", std::to_string(r.tile));
-  if (r.capacity < 1 || r.capacity > r.tile)
-    throw Error("InferencePlan", "options.capacity", "1..tile (" + std::to_string(r.tile) + ")",
+  if (r.tile < 1 || r.tile > kMaxTwellTile)
+    throw Error("InferencePlan", "options.tile", "1.." + std::to_string(kMaxTwellTile), std::to_string(r.tile));
+  // Counts are uint16: a (row, tile) holds at most kMaxTwellCapacity entries.
+  if (r.capacity < 1 || r.capacity > r.tile || r.capacity > kMaxTwellCapacity)
+    throw Error("InferencePlan", "options.capacity",
+                "1..min(tile (" + std::to_string(r.tile) + "), " + std::to_string(kMaxTwellCapacity) + ")",
                 std::to_string(r.capacity));
   return r;
 }
@@ -80,8 +83,27 @@ class InferencePlan::Impl {
                                       weights.up.dtype, dev))
       return e;
     if (a.counters.defined())
-      return detail::vector_error("InferencePlan::run", "counters", a.counters, 2, DType::i64, dev);
-    return std::nullopt;
+      if (auto e = detail::vector_error("InferencePlan::run", "counters", a.counters, 2, DType::i64, dev))
+        return e;
+    return overlap_error(a, nullptr, 0);
+  }
+
+  // Outputs (y, counters, a caller workspace of `workspace_size` used bytes) must share no byte
+  // with the inputs (x, the weights) or with each other.
+  std::optional<Error> overlap_error(const InferenceArgs& a, const void* workspace,
+                                     size_t workspace_size) const {
+    const char* op = "InferencePlan::run";
+    try {
+      return detail::overlap_error(
+          op,
+          {detail::byte_range(op, "y", a.y), detail::byte_range(op, "counters", a.counters),
+           detail::byte_range(op, "workspace", workspace, workspace_size, weights.up.device)},
+          {detail::byte_range(op, "x", a.x), detail::byte_range(op, "gate weight", weights.gate),
+           detail::byte_range(op, "up weight", weights.up),
+           detail::byte_range(op, "down weight", weights.down)});
+    } catch (const Error& e) {
+      return e;
+    }
   }
 };
 
@@ -119,6 +141,8 @@ void InferencePlan::run(const InferenceArgs& args, Stream stream, void* workspac
   } else if (workspace_size < need) {
     throw Error("InferencePlan::run", "workspace", "at least " + std::to_string(need) + " bytes",
                 std::to_string(workspace_size) + " bytes");
+  } else if (auto e = impl_->overlap_error(args, workspace, need)) {
+    throw *e;
   }
   impl_->last = impl_->backend->run(args, stream, workspace);
 }

@@ -1,6 +1,13 @@
 // The twell command line: bench | check | info.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -22,7 +29,8 @@ commands:
   info    build, backends and devices
 
 bench options:
-  --suite NAME      default | cpu | inference | training | custom   (default: default)
+  --suite NAME      default | cpu | inference | decode | training | custom   (default: default)
+                    decode: M = 1..4096 at K = 2048, N = 5632, 0.5-2%, CUDA graphs replayed
                     training: gated bf16 M = 16384..262144, K = 2048, N = 5632 on CUDA (a small
                     float32 case on CPU); dense = cuBLAS GEMMs + elementwise kernels; reports
                     step time, bytes saved for backward, peak bytes, twell vs dense difference
@@ -56,10 +64,67 @@ examples:
   std::exit(2);
 }
 
-twell::DType parse_dtype(const std::string& s) {
+// Largest custom case: M up to 2^24 rows, K and N up to 2^20 (beyond any transformer layer twell
+// targets; their products stay far from int64 overflow). Reps and warm-up runs up to a million.
+constexpr int64_t kMaxRows = int64_t(1) << 24;
+constexpr int64_t kMaxWidth = int64_t(1) << 20;
+constexpr int64_t kMaxRuns = 1000000;
+
+// The whole of `v` as a decimal integer in [lo, hi], or a usage error naming the flag.
+int64_t parse_int(const std::string& flag, const std::string& v, int64_t lo, int64_t hi) {
+  const std::string want = "an integer in " + std::to_string(lo) + ".." + std::to_string(hi);
+  if (v.empty() || std::isspace(static_cast<unsigned char>(v[0])))
+    usage_error(flag + ": expected " + want + ", got '" + v + "'");
+  errno = 0;
+  char* end = nullptr;
+  const long long r = std::strtoll(v.c_str(), &end, 10);
+  if (*end != '\0' || errno == ERANGE || r < lo || r > hi)
+    usage_error(flag + ": expected " + want + ", got '" + v + "'");
+  return r;
+}
+
+// The whole of `v` as a finite fraction in (0, 1], or a usage error naming the flag.
+double parse_fraction(const std::string& flag, const std::string& v) {
+  const std::string want = "a number in (0, 1]";
+  if (v.empty() || std::isspace(static_cast<unsigned char>(v[0])))
+    usage_error(flag + ": expected " + want + ", got '" + v + "'");
+  char* end = nullptr;
+  const double d = std::strtod(v.c_str(), &end);
+  if (*end != '\0' || !std::isfinite(d) || !(d > 0.0 && d <= 1.0))
+    usage_error(flag + ": expected " + want + ", got '" + v + "'");
+  return d;
+}
+
+// `v` if it is one of `names`, else a usage error listing them.
+std::string parse_choice(const std::string& flag, const std::string& v,
+                         const std::vector<std::string>& names) {
+  std::string list;
+  for (const std::string& n : names) {
+    if (v == n) return v;
+    list += (list.empty() ? "" : " | ") + n;
+  }
+  usage_error(flag + ": expected " + list + ", got '" + v + "'");
+}
+
+// Refuses a custom case whose inputs and outputs alone (x, y, three weights and the hidden matrix,
+// counted at 4 bytes per element or more) would exceed this machine's memory, before anything is
+// allocated.
+void check_case_fits(const twell::testing::ProblemSpec& c) {
+  const int64_t element = std::max<int64_t>(int64_t(twell::dtype_size(c.dtype)), 4);
+  const int64_t bytes = (2 * c.m * c.k + 3 * c.n * c.k + c.m * c.n) * element;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return;
+  const double memory = double(pages) * double(page);
+  if (double(bytes) > memory)
+    usage_error("the case M=" + std::to_string(c.m) + " K=" + std::to_string(c.k) + " N=" +
+                std::to_string(c.n) + " needs at least " + std::to_string(bytes >> 20) +
+                " MiB, more than this machine's " + std::to_string(int64_t(memory) >> 20) + " MiB");
+}
+
+twell::DType parse_dtype(const std::string& flag, const std::string& s) {
   for (twell::DType t : {twell::DType::f32, twell::DType::bf16, twell::DType::f16})
     if (s == twell::dtype_name(t)) return t;
-  usage_error("unknown dtype '" + s + "' (float32, bfloat16 or float16)");
+  usage_error(flag + ": expected float32 | bfloat16 | float16, got '" + s + "'");
 }
 
 int cmd_info() {
@@ -74,63 +139,78 @@ int cmd_info() {
 
 int cmd_bench(const std::vector<std::string>& a) {
   twell::bench::Options o;
-  bool write = true, custom = false, dtype_set = false;
+  bool write = true, dtype_set = false, suite_set = false;
+  std::string custom_flag;  // the first flag that describes a custom case
   o.custom.m = 256, o.custom.k = 2048, o.custom.n = 5632, o.custom.density = 0.005;
   o.custom.pattern = twell::testing::Pattern::heavy_tailed;
   for (size_t i = 0; i < a.size(); ++i) {
+    const std::string& f = a[i];
     auto value = [&]() -> std::string {
-      if (i + 1 >= a.size()) usage_error("option " + a[i] + " needs a value");
+      if (i + 1 >= a.size()) usage_error("option " + f + " needs a value");
       return a[++i];
     };
-    auto number = [&]() {
-      const std::string v = value();
-      char* end = nullptr;
-      const double d = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end) usage_error("option " + a[i - 1] + ": not a number: " + v);
-      return d;
+    auto custom = [&] {
+      if (custom_flag.empty()) custom_flag = f;
     };
-    const std::string& f = a[i];
-    if (f == "--suite") o.suite = value();
-    else if (f == "--backend") o.backend = value();
-    else if (f == "--m") o.custom.m = int64_t(number()), custom = true;
-    else if (f == "--k") o.custom.k = int64_t(number()), custom = true;
-    else if (f == "--n") o.custom.n = int64_t(number()), custom = true;
-    else if (f == "--density") o.custom.density = number(), custom = true;
-    else if (f == "--pattern") o.custom.pattern = twell::testing::parse_pattern(value()), custom = true;
-    else if (f == "--dtype") o.custom.dtype = parse_dtype(value()), dtype_set = custom = true;
-    else if (f == "--kind") {
-      const std::string k = value();
-      if (k != "gated" && k != "plain") usage_error("--kind is gated or plain");
+    if (f == "--suite") {
+      o.suite = parse_choice(f, value(), {"default", "cpu", "inference", "decode", "training", "custom"});
+      suite_set = true;
+    } else if (f == "--backend") {
+      o.backend = parse_choice(f, value(), {"auto", "cpu", "cuda"});
+    } else if (f == "--m") {
+      o.custom.m = parse_int(f, value(), 1, kMaxRows), custom();
+    } else if (f == "--k") {
+      o.custom.k = parse_int(f, value(), 1, kMaxWidth), custom();
+    } else if (f == "--n") {
+      o.custom.n = parse_int(f, value(), 1, kMaxWidth), custom();
+    } else if (f == "--density") {
+      o.custom.density = parse_fraction(f, value()), custom();
+    } else if (f == "--pattern") {
+      const std::string p = value();
+      try {
+        o.custom.pattern = twell::testing::parse_pattern(p), custom();
+      } catch (const twell::Error& e) {
+        usage_error(f + ": expected " + e.expected() + ", got '" + p + "'");
+      }
+    } else if (f == "--dtype") {
+      o.custom.dtype = parse_dtype(f, value()), dtype_set = true, custom();
+    } else if (f == "--kind") {
+      const std::string k = parse_choice(f, value(), {"gated", "plain"});
       o.custom.kind = k == "gated" ? twell::FfnKind::gated : twell::FfnKind::plain;
-      custom = true;
+      custom();
     } else if (f == "--gate") {
-      const std::string g = value();
-      if (g != "auto" && g != "portable") usage_error("--gate is auto or portable");
+      const std::string g = parse_choice(f, value(), {"auto", "portable"});
       o.plan.gate = g == "auto" ? twell::GateKernel::automatic : twell::GateKernel::portable;
     } else if (f == "--dispatch") {
-      const std::string d = value();
-      if (d == "auto") o.dispatch = twell::Dispatch::automatic;
-      else if (d == "sparse") o.dispatch = twell::Dispatch::force_sparse;
-      else if (d == "dense") o.dispatch = twell::Dispatch::force_dense;
-      else usage_error("--dispatch is auto, sparse or dense");
+      const std::string d = parse_choice(f, value(), {"auto", "sparse", "dense"});
+      o.dispatch = d == "auto" ? twell::Dispatch::automatic
+                   : d == "sparse" ? twell::Dispatch::force_sparse : twell::Dispatch::force_dense;
     } else if (f == "--reps") {
-      o.reps = int(number());
-      if (o.reps < 1) usage_error("--reps must be >= 1");
+      o.reps = int(parse_int(f, value(), 1, kMaxRuns));
     } else if (f == "--warmup") {
-      o.warmup = int(number());
-      if (o.warmup < 0) usage_error("--warmup must be >= 0");
+      o.warmup = int(parse_int(f, value(), 0, kMaxRuns));
+    } else if (f == "--out") {
+      o.out_dir = value();
+    } else if (f == "--no-check") {
+      o.check = false;
+    } else if (f == "--no-write") {
+      write = false;
+    } else {
+      usage_error("unknown bench option " + f);
     }
-    else if (f == "--out") o.out_dir = value();
-    else if (f == "--no-check") o.check = false;
-    else if (f == "--no-write") write = false;
-    else usage_error("unknown bench option " + f);
   }
-  if (custom && o.suite == "training") {
-    if (o.custom.kind != twell::FfnKind::gated) usage_error("the training suite runs gated FFNs only");
-    o.training_custom = true;  // one training case of these parameters instead of the suite
-  } else if (custom) {
-    o.suite = "custom";
+  if (!custom_flag.empty()) {
+    if (suite_set && o.suite != "custom" && o.suite != "training")
+      usage_error(custom_flag + " describes a custom case: use it with --suite custom or training "
+                  "(or without --suite), not with --suite " + o.suite);
+    if (o.suite == "training") {
+      if (o.custom.kind != twell::FfnKind::gated) usage_error("the training suite runs gated FFNs only");
+      o.training_custom = true;  // one training case of these parameters instead of the suite
+    } else {
+      o.suite = "custom";
+    }
   }
+  if (o.suite == "custom" || o.training_custom) check_case_fits(o.custom);
   const bool cuda = o.backend == "cuda" || (o.backend == "auto" && twell::cuda_device_count() > 0);
   if (!dtype_set) o.custom.dtype = cuda ? twell::DType::bf16 : twell::DType::f32;
   std::cerr << "twell bench: suite " << o.suite << " on " << (cuda ? "CUDA" : "CPU") << "\n";
@@ -182,13 +262,20 @@ int main(int argc, char** argv) {
     if (cmd == "bench") return cmd_bench(rest);
     if (cmd == "check") {
       std::string backend = "auto";
-      for (size_t i = 0; i + 1 < rest.size(); ++i)
-        if (rest[i] == "--backend") backend = rest[i + 1];
+      for (size_t i = 0; i < rest.size(); ++i) {
+        if (rest[i] != "--backend") usage_error("unknown check option " + rest[i]);
+        if (i + 1 >= rest.size()) usage_error("option --backend needs a value");
+        backend = parse_choice(rest[i], rest[i + 1], {"auto", "cpu", "cuda"});
+        ++i;
+      }
       return twell::cli::run_check(backend, std::cout) ? 1 : 0;
     }
     usage_error("unknown command '" + cmd + "'");
-  } catch (const twell::Error& e) {
+  } catch (const twell::Error& e) {  // what the library cannot run: the request was bad
     std::cerr << "twell: " << e.what() << "\n";
-    return 1;
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "twell: out of memory for this case\n";
+    return 2;
   }
 }
