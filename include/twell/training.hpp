@@ -32,7 +32,7 @@ enum class SavedForm : uint8_t { compact, dense };
 struct TrainingOptions {
   int32_t tile = 0;       // 0 = backend default
   int32_t capacity = 0;   // 0 = tile / 8
-  double l1_coef = 0.0;
+  double l1_coef = 0.0;   // finite and >= 0 (Error otherwise)
   // Determinism (ffn.hpp). fast on CUDA also routes rows of more than N / 44 entries (at least
   // 96, at most 512): cuBLAS computes them faster than the compact-row kernels; deterministic
   // routes only rows over a tile's capacity.
@@ -65,9 +65,15 @@ struct TrainingBackwardArgs {
   TensorView dgate;   // [N, K] f32, written (gated only)
   TensorView dup;     // [N, K] f32, written
   TensorView ddown;   // [N, K] f32, written (neuron-major like the weight)
-  // Optional f32 [1] on x's device: this call's L1 coefficient, read where the op runs (no host
-  // synchronisation), instead of options.l1_coef. Frameworks pass the upstream gradient of the
-  // L1 value here (l1_coef * d loss / d l1_loss), so loss scaling and accumulation stay exact.
+  // Optional f32 [1] on x's device, instead of options.l1_coef: this call's upstream gradient of
+  // the L1 value (l1_coef * d loss / d l1_loss, what frameworks pass, so loss scaling and
+  // accumulation stay exact), read where the op runs (no host synchronisation). As a gradient it
+  // may have any sign, and a NaN or infinite value makes gradients non-finite as dense autograd
+  // does, so that a loss scaler skips the step. CPU: the plan reads it; the gradients are
+  // non-finite exactly where dense's are, NaN where dense's are NaN. CUDA: the value stays on the
+  // device, unchecked; the dense saved form gives dense's pattern, the compact form only the
+  // non-finite gradients of the active units (a gated FFN's dup and dx, which dense also makes
+  // NaN through the inactive units, stay finite there).
   TensorView l1_coef;
   TensorView workspace;
 };

@@ -2,11 +2,9 @@
 // Python object also holds the weight arrays so that they outlive it. `borrow=True` drops that
 // reference: the caller then guarantees the weights outlive every call (twell.torch's plan cache
 // does, keying each plan on the weights' addresses and dropping it when a weight dies).
-#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,42 +18,34 @@ namespace twell::python {
 
 namespace {
 
-using OptArray = std::optional<Array>;
-
-TensorView optional_view(const OptArray& a, const char* op, const char* name) {
-  return a ? to_view(*a, op, name) : TensorView{};
-}
-
 // The weights of a plan and, unless borrowed, the arrays that own them.
 struct HeldWeights {
   FfnWeights weights;
-  std::vector<Array> owners;
+  std::vector<nb::ndarray<nb::ro>> owners;
 
-  HeldWeights(const OptArray& gate, const Array& up, const Array& down, bool borrow,
-              const char* op) {
-    weights.kind = gate ? FfnKind::gated : FfnKind::plain;
-    weights.gate = optional_view(gate, op, "gate weight");
-    weights.up = to_view(up, op, "up weight");
-    weights.down = to_view(down, op, "down weight");
+  HeldWeights(nb::handle gate, nb::handle up, nb::handle down, bool borrow, const char* op) {
+    const ArrayArg g = to_arg(gate, op, "gate weight", Access::read);
+    const ArrayArg u = to_arg(up, op, "up weight", Access::read);
+    const ArrayArg d = to_arg(down, op, "down weight", Access::read);
+    weights.kind = gate.is_none() ? FfnKind::plain : FfnKind::gated;
+    weights.gate = g.view;
+    weights.up = u.view;
+    weights.down = d.view;
     if (borrow) return;
-    if (gate) owners.push_back(*gate);
-    owners.push_back(up);
-    owners.push_back(down);
+    for (const ArrayArg* a : {&g, &u, &d})
+      if (a->owner.is_valid()) owners.push_back(a->owner);
   }
 };
 
-// A 16-byte aligned uint8 vector on `device` of at least shape.bytes(dtype) bytes, carved into the
-// TwELL layout.
-TwellView saved_view(const TensorView& v, const TwellShape& shape, DType dtype, Device device,
+// The saved state: a 16-byte aligned contiguous uint8 vector on `device` of at least
+// shape.bytes(dtype) bytes, carved into the TwELL layout.
+TwellView saved_view(const ArrayArg& a, const TwellShape& shape, DType dtype, Device device,
                      const char* op) {
+  const TensorView v = byte_buffer(a, op, "saved", device);
   const size_t need = shape.bytes(dtype);
-  if (v.dtype != DType::u8 || v.rank != 1 || !v.is_contiguous())
-    throw Error(op, "saved", "a contiguous uint8 vector", std::string(dtype_name(v.dtype)) + " " +
-                v.shape_string());
   if (size_t(v.shape[0]) < need)
     throw Error(op, "saved", "at least " + std::to_string(need) + " bytes",
                 std::to_string(v.shape[0]) + " bytes");
-  if (v.device != device) throw Error(op, "saved", "device " + to_string(device), to_string(v.device));
   if (reinterpret_cast<uintptr_t>(v.data) % 16 != 0)
     throw Error(op, "saved", "16-byte aligned memory", "an address 16 bytes do not divide");
   return make_twell_view(v.data, shape, dtype, device);
@@ -63,38 +53,53 @@ TwellView saved_view(const TensorView& v, const TwellShape& shape, DType dtype, 
 
 class PyInferencePlan {
  public:
-  PyInferencePlan(const OptArray& gate, const Array& up, const Array& down,
-                  const InferenceOptions& options, bool borrow)
+  PyInferencePlan(nb::handle gate, nb::handle up, nb::handle down, const InferenceOptions& options,
+                  bool borrow)
       : held_(gate, up, down, borrow, "InferencePlan"), plan_(held_.weights, options) {}
 
-  void run(const Array& x, const Array& y, const OptArray& counters, const OptArray& workspace,
-           uintptr_t stream) {
+  void run(nb::handle x, nb::handle y, nb::handle counters, nb::handle workspace, uintptr_t stream) {
     const char* op = "InferencePlan::run";
-    const InferenceArgs args = this->args(x, y, counters, op);
-    void* ws = nullptr;
+    const Args a(x, y, counters, op);
+    const ArrayArg ws = to_arg(workspace, op, "workspace", Access::write);
+    void* ws_data = nullptr;
     size_t ws_size = 0;
-    if (workspace) {
-      ws = workspace->data();
-      ws_size = workspace->nbytes();
+    if (!workspace.is_none()) {
+      const TensorView v = byte_buffer(ws, op, "workspace", held_.weights.up.device);
+      ws_data = v.data;
+      ws_size = size_t(v.shape[0]);
     }
-    plan_.run(args, to_stream(stream), ws, ws_size);
+    plan_.run(a.args(), to_stream(stream), ws_data, ws_size);
   }
 
-  std::pair<bool, std::string> can_run(const Array& x, const Array& y, const OptArray& counters) {
-    const Status s = plan_.can_run(args(x, y, counters, "InferencePlan::can_run"));
-    return {s.ok, s.reason};
+  // Whether run() would accept these arrays: an array the binding itself refuses (a read-only y,
+  // a negative stride, an unknown dtype) is a reason too.
+  std::pair<bool, std::string> can_run(nb::handle x, nb::handle y, nb::handle counters) {
+    try {
+      const Status s = plan_.can_run(Args(x, y, counters, "InferencePlan::can_run").args());
+      return {s.ok, s.reason};
+    } catch (const Error& e) {
+      return {false, e.what()};
+    }
   }
 
-  size_t workspace_bytes(const Array& x, const Array& y) const {
-    return plan_.workspace_bytes(args(x, y, std::nullopt, "InferencePlan::workspace_bytes"));
+  size_t workspace_bytes(nb::handle x, nb::handle y) const {
+    const char* op = "InferencePlan::workspace_bytes";
+    const ArrayArg xa = to_arg(x, op, "x", Access::read), ya = to_arg(y, op, "y", Access::read);
+    return plan_.workspace_bytes({xa.view, ya.view, {}});
   }
 
   const InferencePlan& plan() const { return plan_; }
 
  private:
-  InferenceArgs args(const Array& x, const Array& y, const OptArray& counters, const char* op) const {
-    return {to_view(x, op, "x"), to_view(y, op, "y"), optional_view(counters, op, "counters")};
-  }
+  // run's arrays, held for the duration of a call.
+  struct Args {
+    ArrayArg x, y, counters;
+    Args(nb::handle x_, nb::handle y_, nb::handle counters_, const char* op)
+        : x(to_arg(x_, op, "x", Access::read)),
+          y(to_arg(y_, op, "y", Access::write)),
+          counters(to_arg(counters_, op, "counters", Access::write)) {}
+    InferenceArgs args() const { return {x.view, y.view, counters.view}; }
+  };
 
   HeldWeights held_;
   InferencePlan plan_;
@@ -102,8 +107,8 @@ class PyInferencePlan {
 
 class PyTrainingPlan {
  public:
-  PyTrainingPlan(const OptArray& gate, const Array& up, const Array& down,
-                 const TrainingOptions& options, bool borrow)
+  PyTrainingPlan(nb::handle gate, nb::handle up, nb::handle down, const TrainingOptions& options,
+                 bool borrow)
       : held_(gate, up, down, borrow, "TrainingPlan"), plan_(held_.weights, options) {}
 
   size_t saved_bytes(int64_t rows) const {
@@ -111,34 +116,45 @@ class PyTrainingPlan {
   }
 
   // Rebinds the plan to other weights of the same shapes (kept alive here unless borrowed).
-  void set_weights(const OptArray& gate, const Array& up, const Array& down, bool borrow) {
+  void set_weights(nb::handle gate, nb::handle up, nb::handle down, bool borrow) {
     HeldWeights next(gate, up, down, borrow, "TrainingPlan::set_weights");
     plan_.set_weights(next.weights);
     held_ = std::move(next);
   }
 
-  void forward(const Array& x, const Array& y, const Array& saved, const OptArray& stats,
-               uintptr_t stream, const OptArray& workspace) {
+  void forward(nb::handle x, nb::handle y, nb::handle saved, nb::handle stats, uintptr_t stream,
+               nb::handle workspace) {
     const char* op = "TrainingPlan::forward";
-    TrainingForwardArgs a{to_view(x, op, "x"), to_view(y, op, "y"), optional_view(stats, op, "stats"),
-                          optional_view(workspace, op, "workspace")};
-    plan_.forward(a, this->saved(saved, a.x, op), to_stream(stream));
+    const ArrayArg xa = to_arg(x, op, "x", Access::read), ya = to_arg(y, op, "y", Access::write);
+    const ArrayArg st = to_arg(stats, op, "stats", Access::write);
+    const ArrayArg ws = to_arg(workspace, op, "workspace", Access::write);
+    const ArrayArg sv = to_arg(saved, op, "saved", Access::write);
+    TrainingForwardArgs a{xa.view, ya.view, st.view, ws.view};
+    plan_.forward(a, this->saved(sv, a.x, op), to_stream(stream));
   }
 
-  void backward(const Array& dy, const Array& dx, const OptArray& dgate, const Array& dup,
-                const Array& ddown, const Array& x, const Array& saved, const OptArray& l1_coef,
-                uintptr_t stream, const OptArray& workspace) {
+  void backward(nb::handle dy, nb::handle dx, nb::handle dgate, nb::handle dup, nb::handle ddown,
+                nb::handle x, nb::handle saved, nb::handle l1_coef, uintptr_t stream,
+                nb::handle workspace) {
     const char* op = "TrainingPlan::backward";
+    const ArrayArg dya = to_arg(dy, op, "dy", Access::read);
+    const ArrayArg dxa = to_arg(dx, op, "dx", Access::write);
+    const ArrayArg dg = to_arg(dgate, op, "dgate", Access::write);
+    const ArrayArg du = to_arg(dup, op, "dup", Access::write);
+    const ArrayArg dd = to_arg(ddown, op, "ddown", Access::write);
+    const ArrayArg xa = to_arg(x, op, "x", Access::read);
+    const ArrayArg sv = to_arg(saved, op, "saved", Access::read);
+    const ArrayArg l1 = to_arg(l1_coef, op, "l1_coef", Access::read);
+    const ArrayArg ws = to_arg(workspace, op, "workspace", Access::write);
     TrainingBackwardArgs a;
-    a.dy = to_view(dy, op, "dy");
-    a.dx = to_view(dx, op, "dx");
-    a.dgate = optional_view(dgate, op, "dgate");
-    a.dup = to_view(dup, op, "dup");
-    a.ddown = to_view(ddown, op, "ddown");
-    a.l1_coef = optional_view(l1_coef, op, "l1_coef");
-    a.workspace = optional_view(workspace, op, "workspace");
-    const TensorView xv = to_view(x, op, "x");
-    plan_.backward(a, xv, this->saved(saved, xv, op), to_stream(stream));
+    a.dy = dya.view;
+    a.dx = dxa.view;
+    a.dgate = dg.view;
+    a.dup = du.view;
+    a.ddown = dd.view;
+    a.l1_coef = l1.view;
+    a.workspace = ws.view;
+    plan_.backward(a, xa.view, this->saved(sv, xa.view, op), to_stream(stream));
   }
 
   const TrainingPlan& plan() const { return plan_; }
@@ -149,15 +165,15 @@ class PyTrainingPlan {
   // exactly (and not also the compact form's), else the compact form. Not the form saved_shape
   // would ask for now: under automatic dispatch that may change between a forward and its
   // backward.
-  TwellView saved(const Array& saved, const TensorView& x, const char* op) const {
+  TwellView saved(const ArrayArg& saved, const TensorView& x, const char* op) const {
     const int64_t rows = x.rank == 2 ? x.shape[0] : 0;
     const DType dt = plan_.saved_dtype();
     const TwellShape compact = plan_.saved_shape(rows, SavedForm::compact);
     const TwellShape dense = plan_.saved_shape(rows, SavedForm::dense);
-    const TensorView v = to_view(saved, op, "saved");
+    const TensorView& v = saved.view;
     const bool is_dense = v.rank == 1 && v.dtype == DType::u8 && size_t(v.shape[0]) == dense.bytes(dt) &&
                           size_t(v.shape[0]) != compact.bytes(dt);
-    return saved_view(v, is_dense ? dense : compact, dt, held_.weights.up.device, op);
+    return saved_view(saved, is_dense ? dense : compact, dt, held_.weights.up.device, op);
   }
 
   HeldWeights held_;
@@ -227,22 +243,25 @@ void bind_plans(nb::module_& m) {
                               "Sparse FFN inference. Weights [N, K]; down is neuron-major "
                               "(down_proj.weight.t()); gate=None for a plain FFN.")
       .def("__init__",
-           [](PyInferencePlan* self, const OptArray& gate, const Array& up, const Array& down,
+           [](PyInferencePlan* self, nb::handle gate, nb::handle up, nb::handle down,
               int32_t tile, int32_t capacity, Dispatch dispatch, double dense_above,
               Determinism determinism, bool borrow) {
              new (self) PyInferencePlan(
                  gate, up, down, inference_options(tile, capacity, dispatch, dense_above, determinism),
                  borrow);
            },
-           "gate"_a.none(), "up"_a, "down"_a, "tile"_a = 0, "capacity"_a = 0,
+           "gate"_a.none(), "up"_a.none(), "down"_a.none(), "tile"_a = 0, "capacity"_a = 0,
            "dispatch"_a = Dispatch::automatic, "dense_above"_a = -1.0,
            "determinism"_a = Determinism::fast, "borrow"_a = false)
-      .def("run", &PyInferencePlan::run, "x"_a, "y"_a, "counters"_a = nb::none(),
+      .def("run", &PyInferencePlan::run, "x"_a.none(), "y"_a.none(), "counters"_a = nb::none(),
            "workspace"_a = nb::none(), "stream"_a = 0,
            "y = FFN(x). counters: optional int64 [2] {routed rows, active}; workspace: optional "
-           "bytes on x's device (at least workspace_bytes); stream: a cudaStream_t as an int.")
-      .def("can_run", &PyInferencePlan::can_run, "x"_a, "y"_a, "counters"_a = nb::none())
-      .def("workspace_bytes", &PyInferencePlan::workspace_bytes, "x"_a, "y"_a)
+           "contiguous uint8 vector on x's device (at least workspace_bytes); stream: a "
+           "cudaStream_t as an int. Arrays the op writes (y, counters, workspace) must be "
+           "writable.")
+      .def("can_run", &PyInferencePlan::can_run, "x"_a.none(), "y"_a.none(),
+           "counters"_a = nb::none())
+      .def("workspace_bytes", &PyInferencePlan::workspace_bytes, "x"_a.none(), "y"_a.none())
       .def("last_run", [](const PyInferencePlan& p) { return p.plan().last_run(); })
       .def_prop_ro("tile", [](const PyInferencePlan& p) { return p.plan().options().tile; })
       .def_prop_ro("capacity", [](const PyInferencePlan& p) { return p.plan().options().capacity; })
@@ -256,14 +275,15 @@ void bind_plans(nb::module_& m) {
                              "step: under automatic dispatch on CUDA the saved form follows the "
                              "measured density; backward takes the form from the buffer's size).")
       .def("__init__",
-           [](PyTrainingPlan* self, const OptArray& gate, const Array& up, const Array& down,
+           [](PyTrainingPlan* self, nb::handle gate, nb::handle up, nb::handle down,
               int32_t tile, int32_t capacity, double l1_coef, Determinism determinism,
               Dispatch dispatch, double dense_above, bool borrow) {
              new (self) PyTrainingPlan(
                  gate, up, down,
                  training_options(tile, capacity, l1_coef, determinism, dispatch, dense_above), borrow);
            },
-           "gate"_a.none(), "up"_a, "down"_a, "tile"_a = 0, "capacity"_a = 0, "l1_coef"_a = 0.0,
+           "gate"_a.none(), "up"_a.none(), "down"_a.none(), "tile"_a = 0, "capacity"_a = 0,
+           "l1_coef"_a = 0.0,
            "determinism"_a = Determinism::fast, "dispatch"_a = Dispatch::automatic,
            "dense_above"_a = -1.0, "borrow"_a = false)
       .def("saved_shape", [](const PyTrainingPlan& p, int64_t rows) { return p.plan().saved_shape(rows); },
@@ -273,22 +293,24 @@ void bind_plans(nb::module_& m) {
            "rows"_a, "form"_a, "The shape of one form.")
       .def("saved_dtype", [](const PyTrainingPlan& p) { return p.plan().saved_dtype(); })
       .def("saved_bytes", &PyTrainingPlan::saved_bytes, "rows"_a)
-      .def("set_weights", &PyTrainingPlan::set_weights, "gate"_a.none(), "up"_a, "down"_a,
-           "borrow"_a = false, "Points the plan at other weights of the same shapes and dtype.")
+      .def("set_weights", &PyTrainingPlan::set_weights, "gate"_a.none(), "up"_a.none(),
+           "down"_a.none(), "borrow"_a = false, "Points the plan at other weights of the same shapes and dtype.")
       .def("workspace_bytes", [](const PyTrainingPlan& p, int64_t rows) { return p.plan().workspace_bytes(rows); },
            "rows"_a, "Scratch bytes of one forward or backward of `rows` rows, either saved form (0: none needed).")
       .def("workspace_bytes",
            [](const PyTrainingPlan& p, int64_t rows, SavedForm form) { return p.plan().workspace_bytes(rows, form); },
            "rows"_a, "form"_a, "Scratch bytes of one forward or backward of `rows` rows whose saved state has this form.")
-      .def("forward", &PyTrainingPlan::forward, "x"_a, "y"_a, "saved"_a, "stats"_a = nb::none(),
-           "stream"_a = 0, "workspace"_a = nb::none(),
+      .def("forward", &PyTrainingPlan::forward, "x"_a.none(), "y"_a.none(), "saved"_a.none(),
+           "stats"_a = nb::none(), "stream"_a = 0, "workspace"_a = nb::none(),
            "y = FFN(x); fills saved; stats: optional float32 [2] {L0, L1 value}; workspace: "
            "optional uint8 scratch of workspace_bytes(M) on x's device (else the plan's own).")
-      .def("backward", &PyTrainingPlan::backward, "dy"_a, "dx"_a, "dgate"_a.none(), "dup"_a,
-           "ddown"_a, "x"_a, "saved"_a, "l1_coef"_a = nb::none(), "stream"_a = 0,
-           "workspace"_a = nb::none(),
+      .def("backward", &PyTrainingPlan::backward, "dy"_a.none(), "dx"_a.none(), "dgate"_a.none(),
+           "dup"_a.none(), "ddown"_a.none(), "x"_a.none(), "saved"_a.none(),
+           "l1_coef"_a = nb::none(), "stream"_a = 0, "workspace"_a = nb::none(),
            "Gradients (weights' in float32, ddown neuron-major). l1_coef: optional float32 [1] "
-           "on x's device, this call's L1 coefficient (default: the plan's).")
+           "on x's device, this call's upstream gradient of the L1 value (l1_coef * d loss / "
+           "d l1_loss; default: the plan's l1_coef): any sign, and a NaN or inf makes the "
+           "gradients NaN where dense autograd's are (read on the device, unchecked, on CUDA).")
       .def_prop_ro("tile", [](const PyTrainingPlan& p) { return p.plan().options().tile; })
       .def_prop_ro("capacity", [](const PyTrainingPlan& p) { return p.plan().options().capacity; })
       .def_prop_ro("l1_coef", [](const PyTrainingPlan& p) { return p.plan().options().l1_coef; })

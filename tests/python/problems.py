@@ -55,7 +55,8 @@ def forward(p, rounding=None):
 
 def backward(p, dy, l1_coef):
     """Gradients of <dy, y> + l1_coef * (1/M) sum |h| (float64): dx, dgate (None if plain), dup,
-    ddown (neuron-major)."""
+    ddown (neuron-major), as dense autograd computes them: d|h|/dh = sign(h) multiplies (a NaN or
+    infinite l1_coef gives NaN at h = 0), relu's backward selects (inactive units get 0)."""
     m = p.x.shape[0]
     first = p.gate if p.gate is not None else p.up
     g = p.x @ first.T
@@ -64,10 +65,10 @@ def backward(p, dy, l1_coef):
     dh = dy @ p.down.T + (l1_coef / max(m, 1)) * np.sign(h)
     ddown = h.T @ dy
     if p.gate is None:
-        dg = dh * active
+        dg = np.where(active, dh, 0.0)
         return dg @ p.up, None, dg.T @ p.x, ddown
     u = p.x @ p.up.T
-    dg = dh * u * active
+    dg = np.where(active, dh * u, 0.0)
     du = dh * np.maximum(g, 0.0)
     return dg @ p.gate + du @ p.up, dg.T @ p.x, du.T @ p.x, ddown
 

@@ -136,6 +136,27 @@ def test_cuda_graph_training_step(seed, dispatch):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("dispatch", ["sparse", "dense"])
+def test_nonfinite_l1_gradient_reaches_the_gradients(seed, dispatch):
+    """A NaN upstream gradient of the L1 value (a loss scaler's overflow) stays on the device,
+    unchecked, and still makes gradients non-finite, so that GradScaler skips the step: those of
+    the active units on either saved form, and on the dense form every element dense autograd
+    makes NaN through the inactive units too (a gated FFN's dup and dx: all of them). ddown does
+    not depend on it and stays finite."""
+    skip_unless_trainable("cuda")
+    p = problem(seed, 64, 64, 512, True)
+    mod = module_for(p, DTYPE, "cuda", tile=128, capacity=16, l1_coef=0.5, dispatch=dispatch)
+    x = torch.from_numpy(p.x).to("cuda", DTYPE).requires_grad_()
+    y = mod(x)
+    (y.float().sum() + float("nan") * mod.l1_loss).backward()
+    dgate, dup, ddown = (q.grad for q in mod.parameters())
+    assert torch.isfinite(ddown).all()
+    for name, g in (("x", x.grad), ("gate", dgate), ("up", dup)):
+        assert not torch.isfinite(g).all(), f"d {name}: no non-finite element"
+    if dispatch == "dense":
+        assert torch.isnan(dup).all() and torch.isnan(x.grad).all()
+
+
 def test_training_dispatch_moves_to_the_dense_form(seed):
     """Eager training under "auto": the first forward saves the compact form; once it has finished,
     a density above dense_above (this problem: ~8% against 4%) moves the saved state to the dense

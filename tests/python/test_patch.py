@@ -119,3 +119,13 @@ def test_model_without_mlps_is_refused():
 def test_unknown_activation_is_refused():
     with pytest.raises(ValueError, match="activation"):
         tt.patch_model(tiny("Llama"), activation="gelu")
+
+
+@pytest.mark.parametrize("l1_coef", [-1.0, float("nan"), float("inf")])
+def test_bad_l1_coef_is_refused_unchanged(l1_coef):
+    model = tiny("Llama", hidden_act="relu")
+    with pytest.raises(ValueError, match="l1_coef: expected a finite number >= 0"):
+        tt.patch_model(model, l1_coef=l1_coef)
+    assert not tt.sparse_modules(model)
+    assert tt.patch_model(model, l1_coef=1e-3) == 2
+    assert all(m.l1_coef == 1e-3 for _, m in tt.sparse_modules(model))

@@ -4,7 +4,8 @@ Parameters and state dicts are those of a Llama MLP (gate_proj, up_proj, down_pr
 weights, no bias). With autograd recording and a parameter or the input requiring grad, forward
 runs the training op: it records `l0` (mean active units per token, detached) and
 `l1_loss` = l1_coef * (1/M) sum |h|, a differentiable term to add to the loss (the function
-`l1_loss(model)` sums them).
+`l1_loss(model)` sums them). `l1_coef` (constructor or attribute) must be a finite number >= 0
+(ValueError otherwise).
 Otherwise it runs the inference op and records `l0` only.
 
 `dispatch` ("auto", "sparse", "dense") applies to both: inference picks its path per call,
@@ -15,10 +16,24 @@ With `torch.use_deterministic_algorithms(True)` both ops run with twell.Determin
 (reruns bit-identical); otherwise fast, whose backup rows may round differently once the plan has
 learned to send them through cuBLAS (exact to the dtype either way).
 """
+import math
+
 import torch
 from torch import nn
 
 from twell.torch import _ops  # noqa: F401  (registers torch.ops.twell)
+
+
+def check_l1_coef(value):
+    """`value` as a float if it is a finite number >= 0 (the rule of the C++ TrainingOptions), else
+    ValueError."""
+    try:
+        coef = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"l1_coef: expected a finite number >= 0, got {value!r}") from None
+    if not (math.isfinite(coef) and coef >= 0):
+        raise ValueError(f"l1_coef: expected a finite number >= 0, got {value!r}")
+    return coef
 
 
 class _SparseFFN(nn.Module):
@@ -33,13 +48,21 @@ class _SparseFFN(nn.Module):
         self.gated = gated
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
-        self.l1_coef = float(l1_coef)
+        self.l1_coef = l1_coef
         self.tile = tile
         self.capacity = capacity
         self.dispatch = dispatch
         self.dense_above = dense_above
         self.l0 = None
         self.l1_loss = None
+
+    @property
+    def l1_coef(self):
+        return self._l1_coef
+
+    @l1_coef.setter
+    def l1_coef(self, value):
+        self._l1_coef = check_l1_coef(value)
 
     @property
     def first_weight(self):

@@ -7,7 +7,7 @@ the MLPs' act_fn and config.hidden_act become ReLU.
 """
 from torch import nn
 
-from twell.torch.modules import SparseGatedMLP, sparse_modules
+from twell.torch.modules import SparseGatedMLP, check_l1_coef, sparse_modules
 
 _ACTIVATIONS = ("relu",)
 
@@ -48,8 +48,9 @@ def _check(name, mlp, activation, config):
 def patch_model(model, activation=None, *, l1_coef=0.0, tile=0, capacity=0, dispatch="auto",
                 dense_above=-1.0):
     """Replaces every MLP of `model` by a SparseGatedMLP sharing its nn.Linear modules (same
-    parameters, same state dict). Returns the number replaced. Checks every MLP before changing
-    any."""
+    parameters, same state dict). Returns the number replaced. Checks every MLP (and l1_coef: a
+    finite number >= 0) before changing any."""
+    check_l1_coef(l1_coef)
     if activation is not None and activation not in _ACTIVATIONS:
         raise ValueError(f"activation: expected None or one of {_ACTIVATIONS}, got {activation!r}")
     configs = _configs(model)
