@@ -1,5 +1,5 @@
 // twell_smem_rows: the row stage with the weights resident in shared memory across the chip,
-// against per-entry gathers from L2 (docs/kernels.md, "What 2.0x needs", item 6).
+// against per-entry gathers from L2 (lab/journal.md, "Weights resident in shared memory").
 //
 // The sparse path's dots (h = g <x, Wu[n]>) and axpys (y = sum h Wd[n]) kernels read one 4 KB
 // weight row per entry from L2. At K = 2048, N = 5632 one weight matrix (23 MB) fits in the shared

@@ -42,7 +42,7 @@
 #include <random>
 #include <vector>
 
-#include "../src/cuda/sm90.cuh"
+#include "cuda/sm90.cuh"
 
 namespace {
 
@@ -184,9 +184,9 @@ __global__ void fill_kernel(uint16_t* p, int64_t n, uint32_t salt) {
   }
 }
 
-// --union-gemm: the tensor-core side of block-union GEMMs (docs/kernels.md, "What 2.0x needs",
-// item 9). For a block of B tokens the union of their active neurons has N (1 - (1 - p)^B) rows
-// on average; the dots half is U[union, B] = Wu[union] x[block]^T and the axpys half
+// --union-gemm: the tensor-core side of block-union GEMMs (lab/journal.md, "Block-union GEMMs").
+// For a block of B tokens the union of their active neurons has N (1 - (1 - p)^B) rows on
+// average; the dots half is U[union, B] = Wu[union] x[block]^T and the axpys half
 // y[block] = H[block, union] Wd[union], over M / B blocks. This times both as cuBLAS strided
 // batched GEMMs (bf16, fp32 compute) on stream s, timed by time_us, with one union weight block
 // shared by every batch (so the weight operand is L2-resident, as gathered rows of a 23 MB matrix
@@ -386,7 +386,7 @@ int main(int argc, char** argv) {
         w, row_vecs, idx, entries, head, slots, out);
   };
   // (warps per CTA, slots per warp, CTAs per SM) tried for the bulk-copy gather.
-  // On an H200 (session 23) 1 x 16 x 3 ran as 2 x 8 x 3, 1 x 8 x 6 as 2 x 4 x 6, and 1 x 4 x 12
+  // On an H200 (2026-11-25) 1 x 16 x 3 ran as 2 x 8 x 3, 1 x 8 x 6 as 2 x 4 x 6, and 1 x 4 x 12
   // at half their rate (one warp's copies waited on in order).
   const int bulk_configs[][3] = {{4, 6, 2}, {8, 3, 2}, {8, 2, 3}};
   // Best of 10 timed passes after a warm-up of work(), which enqueues on streams a and b: b forks
