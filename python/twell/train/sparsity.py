@@ -1,0 +1,171 @@
+"""Per-layer sparsity figures of a model's twell FFNs during training, for the log.
+
+  density      mean active units per token / N (the modules' `l0`) over the training forwards of
+               a log interval (and, apart, over validation)
+  dead         units active for no token over a window of `window` tokens (SparsityTracker); the
+               count of the last closed window (None until one closes)
+  sparse_form  fraction of the interval's training forwards that saved the compact (sparse) state;
+               the rest saved the dense form (CUDA: the dense cuBLAS path, every row dense)
+  sparse_rows  fraction of the interval's rows the sparse kernels carried: rows of compact-form
+               forwards not routed to the dense backup (a row is routed when a tile of it has more
+               active units than the tile's capacity, 32 of 256 by default)
+
+The form and routed rows are read from the state each forward saves for backward (the autograd
+node of twell::ffn_train): its size tells the form (twell.layout.saved_bytes), its num_routed
+array the routed rows (the single-buffer form of docs/format.md: values, backup, cols, counts,
+row_slot, routed_rows, num_routed, each 16-byte aligned). No host synchronisation except in
+`collect`.
+"""
+import torch
+
+import twell.layout
+import twell.torch as tt
+
+
+def _aligned(nbytes):
+    return (nbytes + 15) // 16 * 16
+
+
+def num_routed_offset(rows, cols, tile, capacity, planes, itemsize):
+    """Byte offset of num_routed in the compact form's single buffer (no backup rows)."""
+    tiles = (cols + tile - 1) // tile
+    slots = rows * tiles * capacity
+    return (_aligned(planes * slots * itemsize) + _aligned(slots * 2) + _aligned(rows * tiles * 2)
+            + 2 * _aligned(rows * 4))
+
+
+def _train_node(out):
+    """The autograd node of the twell::ffn_train call behind a module's output, or None."""
+    node, seen = getattr(out, "grad_fn", None), 0
+    while node is not None and seen < 4:
+        if "twell_ffn_train" in type(node).__name__:
+            return node
+        nxt = [f for f, _ in node.next_functions if f is not None]
+        node, seen = (nxt[0] if nxt else None), seen + 1
+    return None
+
+
+class LayerMonitor:
+    def __init__(self, model, window, track_dead=True):
+        self.layers = tt.sparse_modules(model)
+        self.names = [n for n, _ in self.layers]
+        self.window = window
+        self.tracker = (tt.SparsityTracker(model, window=window)
+                        if self.layers and track_dead and window > 0 else None)
+        self.dead = [None] * len(self.layers)
+        self.dead_windows = 0  # windows closed so far
+        self.training = True
+        self._hooks = [m.register_forward_hook(self._observe(i))
+                       for i, (_, m) in enumerate(self.layers)]
+        self.reset_interval()
+
+    def reset_interval(self, split="train"):
+        n = len(self.layers)
+        acc = {"l0": [None] * n, "calls": [0] * n, "compact": [0] * n, "known": [0] * n,
+               "rows": [0] * n, "compact_rows": [0] * n, "routed": [None] * n}
+        if split == "train":
+            self._train = acc
+        else:
+            self._eval = acc
+
+    def set_training(self, training):
+        """Training forwards feed the interval figures and the dead-unit windows; validation
+        forwards only the validation density."""
+        self.training = training
+        if self.tracker is not None:
+            (self.tracker.start if training else self.tracker.stop)()
+        if not training:
+            self.reset_interval("eval")
+
+    def _observe(self, i):
+        def hook(module, args, out):
+            acc = self._train if self.training else self._eval
+            if module.l0 is not None:
+                acc["l0"][i] = module.l0 if acc["l0"][i] is None else acc["l0"][i] + module.l0
+                acc["calls"][i] += 1
+            node = _train_node(out) if self.training else None
+            if node is None:
+                return
+            saved = node.saved_tensors[-1]
+            x = args[0]
+            rows = x.numel() // module.hidden_size
+            tile, capacity = twell.layout.resolve_tile(module.tile, module.capacity)
+            planes = 2 if module.gated else 1
+            dtype = tt.saved_dtype(x.device.type, module.up_proj.weight.dtype)
+            compact = twell.layout.saved_bytes(rows, module.intermediate_size, tile, capacity,
+                                               planes, dtype)
+            nbytes = saved.numel()
+            acc["known"][i] += 1
+            acc["rows"][i] += rows
+            if nbytes != compact:
+                return
+            acc["compact"][i] += 1
+            acc["compact_rows"][i] += rows
+            at = num_routed_offset(rows, module.intermediate_size, tile, capacity, planes,
+                                   dtype.itemsize)
+            routed = saved[at:at + 4].view(torch.int32)[0]
+            acc["routed"][i] = routed if acc["routed"][i] is None else acc["routed"][i] + routed
+        return hook
+
+    def collect(self, split="train"):
+        """{"density": [...], "sparse_form": [...], "sparse_rows": [...]} per layer (None where
+        nothing was seen) over the interval (synchronises), and starts a new interval."""
+        acc = self._train if split == "train" else self._eval
+        out = {"density": [], "sparse_form": [], "sparse_rows": []}
+        for i, (_, m) in enumerate(self.layers):
+            calls = acc["calls"][i]
+            out["density"].append(float(acc["l0"][i]) / calls / m.intermediate_size
+                                  if calls else None)
+            known = acc["known"][i]
+            out["sparse_form"].append(acc["compact"][i] / known if known else None)
+            routed = float(acc["routed"][i]) if acc["routed"][i] is not None else 0.0
+            out["sparse_rows"].append((acc["compact_rows"][i] - routed) / acc["rows"][i]
+                                      if known and acc["rows"][i] else None)
+        self.reset_interval(split)
+        return out
+
+    def window_full(self):
+        return self.tracker is not None and all(
+            self.tracker.tokens(n) >= self.window for n in self.names)
+
+    def close_window(self, reinit=False, generator=None):
+        """Records the dead units of the full window, then re-initialises them (reinit=True, see
+        SparsityTracker.reinit_dead) or just starts a new window. Returns {layer: bool mask of the
+        dead units} (the units re-initialised when reinit)."""
+        masks = {n: self.tracker.dead(n).clone() for n in self.names}
+        self.dead = [int(masks[n].sum()) for n in self.names]
+        self.dead_windows += 1
+        if reinit:
+            self.tracker.reinit_dead(generator=generator)
+        else:
+            self.tracker.reset()
+        return masks
+
+    def dead_fraction(self):
+        return [None if d is None else d / m.intermediate_size
+                for d, (_, m) in zip(self.dead, self.layers)]
+
+    # The tracker keeps its window in private fields; a checkpoint saves and restores them so a
+    # resumed run closes (and re-initialises) windows at the same steps as an uninterrupted one.
+    def state_dict(self):
+        state = {"dead": self.dead, "dead_windows": self.dead_windows}
+        if self.tracker is not None:
+            t = self.tracker
+            state["tracker"] = {"hits": dict(t._hits), "tokens": dict(t._tokens),
+                                "l0_sum": dict(t._l0_sum)}
+        return state
+
+    def load_state_dict(self, state):
+        self.dead, self.dead_windows = list(state["dead"]), state["dead_windows"]
+        if self.tracker is not None and "tracker" in state:
+            t, s = self.tracker, state["tracker"]
+            t._hits.update(s["hits"])
+            t._tokens.update(s["tokens"])
+            t._l0_sum.update(s["l0_sum"])
+
+    def remove(self):
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self.tracker is not None:
+            self.tracker.stop()
