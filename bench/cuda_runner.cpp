@@ -1,10 +1,12 @@
 // CUDA runner: CUDA-event timings on a non-blocking stream, with the L2 cache flushed (a memset of
 // twice its size) before every timed run so that no run starts with weights already in L2.
-// The gate-only floor is one cublasGemmEx (16-bit in and out, fp32 compute).
+// The gate-only floor is one cublasGemmEx (16-bit in and out, fp32 compute). With replay_graphs,
+// each job is captured into a CUDA graph at its first timed run and the replays are timed.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_rig.hpp"
@@ -17,12 +19,16 @@ namespace {
 class CudaRunner final : public Runner {
  public:
   CudaRunner() { counters_.resize(2 * sizeof(int64_t)); }
-  ~CudaRunner() override { plans_.clear(); }
+  ~CudaRunner() override {
+    drop_graphs();
+    plans_.clear();
+  }
 
   std::string device() const override { return rig_.name; }
   std::string backend() const override { return "cuda"; }
 
   void load(testing::Problem& p) override {
+    drop_graphs();
     plans_.clear();
     spec_ = p.spec;
     const size_t es = dtype_size(spec_.dtype);
@@ -50,7 +56,17 @@ class CudaRunner final : public Runner {
   }
 
   double time_once(Job j) override {
-    return rig_.time([&] { job(j); });
+    if (!graphs_) return rig_.time([&] { job(j); });
+    cudaGraphExec_t& exec = graphs_of_[int(j)];
+    if (exec == nullptr) {
+      cudaGraph_t graph = nullptr;
+      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
+      job(j);
+      check(cudaStreamEndCapture(stream_, &graph), "end capture");
+      check(cudaGraphInstantiate(&exec, graph, 0), "instantiate graph");
+      cudaGraphDestroy(graph);
+    }
+    return rig_.time([&] { check(cudaGraphLaunch(exec, stream_), "graph launch"); });
   }
 
   RunInfo run_once(Dispatch d, std::vector<uint8_t>& y_host) override {
@@ -88,6 +104,11 @@ class CudaRunner final : public Runner {
     return plans_.back().second;
   }
 
+  void drop_graphs() {
+    for (cudaGraphExec_t& g : graphs_of_)
+      if (g != nullptr) cudaGraphExecDestroy(std::exchange(g, nullptr));
+  }
+
   void job(Job j) {
     if (j != Job::gate) {
       plan_for(j == Job::dense ? Dispatch::force_dense : twell_dispatch_).run(args(false), stream_);
@@ -109,6 +130,7 @@ class CudaRunner final : public Runner {
   DeviceBuffer x_, y_, g_, gate_, up_, down_, counters_;
   FfnWeights w_;
   std::vector<std::pair<Dispatch, InferencePlan>> plans_;
+  cudaGraphExec_t graphs_of_[3] = {};  // per Job, with replay_graphs
 };
 
 }  // namespace

@@ -60,10 +60,16 @@ std::vector<ProblemSpec> suite_cases(const std::string& suite, bool cuda, const 
     add(65536, 2048, 5632, half, Pattern::uniform, 0.005);
     add(4096, 2048, 5632, half, Pattern::uniform, 0.005);
     add(16384, 2048, 5632, DType::f16, Pattern::uniform, 0.005);
+  } else if (suite == "decode") {  // tokens per call from one decoding step to a prefill chunk
+    for (Pattern p : {Pattern::uniform, Pattern::heavy_tailed})
+      for (double d : {0.005, 0.01, 0.02})
+        for (int64_t m : {1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096}) add(m, 2048, 5632, half, p, d);
+    add(1, 4096, 11008, half, Pattern::uniform, 0.005);
+    add(16, 4096, 11008, half, Pattern::uniform, 0.005);
   } else if (suite == "training") {  // its own cases and runner: bench/training.hpp
     throw Error("bench::run", "suite", "an inference suite (training runs through run_training)", suite);
   } else {
-    throw Error("bench", "suite", "default, cpu, inference, training or custom", suite);
+    throw Error("bench", "suite", "default, cpu, inference, decode, training or custom", suite);
   }
   return out;
 }
@@ -100,6 +106,7 @@ std::vector<Row> run(const Options& o, std::ostream& progress) {
   const bool cuda = use_cuda(o);
   std::unique_ptr<Runner> runner = cuda ? make_cuda_runner() : make_cpu_runner();
   runner->configure(o.plan, o.dispatch);
+  runner->replay_graphs(o.suite == "decode");
   const auto specs = suite_cases(o.suite, cuda, o.custom);
   const int warmup = o.warmup < 0 ? 6 : o.warmup, reps = o.reps < 0 ? 10 : o.reps;
   std::vector<Row> rows;

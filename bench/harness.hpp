@@ -55,16 +55,21 @@ class Runner {
     options_ = o;
     twell_dispatch_ = twell;
   }
+  // CUDA: time_once replays a CUDA graph of each job, captured at its first timed run (after the
+  // warm-ups: automatic dispatch's decision is the graph's), as a decoding loop runs; the CPU
+  // runner ignores it.
+  void replay_graphs(bool on) { graphs_ = on; }
 
  protected:
   InferenceOptions options_;
   Dispatch twell_dispatch_ = Dispatch::automatic;
+  bool graphs_ = false;
 };
 std::unique_ptr<Runner> make_cpu_runner();
 std::unique_ptr<Runner> make_cuda_runner();  // throws Error without CUDA or without a device
 
 struct Options {
-  std::string suite = "default";  // default | cpu | inference | training | custom
+  std::string suite = "default";  // default | cpu | inference | decode | training | custom
   std::string backend = "auto";   // auto (CUDA when a device is present) | cpu | cuda
   // -1: the suite's default: warm-up 4 (automatic dispatch times each path twice in its first
   // runs) and 10 reps, for inference and training alike.

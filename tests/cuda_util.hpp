@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <cstdlib>
 #include <stdexcept>
@@ -185,6 +186,76 @@ void load_problem(D& d, testing::Problem p) {
   if (d.p.spec.kind == FfnKind::gated) d.gate.upload(d.p.gate);
   d.up.upload(d.p.up);
   d.down.upload(d.p.down);
+}
+
+// A problem with its tensors on device 0.
+struct DeviceProblem {
+  Problem p;
+  DeviceBuffer x, gate, up, down, y, counters;
+
+  explicit DeviceProblem(const ProblemSpec& spec)
+      : p(testing::make_problem(spec)),
+        x(p.x),
+        up(p.up),
+        down(p.down),
+        y(std::max<size_t>(p.x.size(), 16)),
+        counters(2 * sizeof(int64_t)) {
+    if (spec.kind == FfnKind::gated) gate = DeviceBuffer(p.gate);
+  }
+  FfnWeights weights() const {
+    const Device dev = Device::cuda(0);
+    const ProblemSpec& s = p.spec;
+    FfnWeights w;
+    w.kind = s.kind;
+    if (s.kind == FfnKind::gated) w.gate = TensorView::matrix(gate.get(), s.dtype, s.n, s.k, dev);
+    w.up = TensorView::matrix(up.get(), s.dtype, s.n, s.k, dev);
+    w.down = TensorView::matrix(down.get(), s.dtype, s.n, s.k, dev);
+    return w;
+  }
+  InferenceArgs args(bool with_counters = true) const {
+    const Device dev = Device::cuda(0);
+    const ProblemSpec& s = p.spec;
+    InferenceArgs a;
+    a.x = TensorView::matrix(x.get() ? x.get() : y.get(), s.dtype, s.m, s.k, dev);
+    a.y = TensorView::matrix(y.get(), s.dtype, s.m, s.k, dev);
+    if (with_counters) a.counters = TensorView::vector(counters.get(), DType::i64, 2, dev);
+    return a;
+  }
+  std::vector<uint8_t> y_host() const {
+    auto h = y.download();
+    h.resize(p.x.size());
+    return h;
+  }
+  std::array<int64_t, 2> counters_host() const {
+    std::array<int64_t, 2> c{};
+    cuda_ok(cudaMemcpy(c.data(), counters.get(), sizeof c, cudaMemcpyDeviceToHost), "counters");
+    return c;
+  }
+};
+
+struct Outcome {
+  std::vector<uint8_t> y;
+  RunInfo info;
+  std::array<int64_t, 2> counters{};
+};
+
+// Poisons y and the counters, runs on the per-thread default stream, waits, downloads.
+inline Outcome run_once(InferencePlan& plan, DeviceProblem& d) {
+  d.y.poison();
+  d.counters.poison();
+  plan.run(d.args(), nullptr);
+  cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "run");
+  return {d.y_host(), plan.last_run(), d.counters_host()};
+}
+
+// On oracle_rows, or on `rows` where given.
+inline void expect_matches_oracle(DeviceProblem& d, const std::vector<uint8_t>& y, const std::string& what,
+                           const std::vector<int64_t>* rows = nullptr) {
+  const ForwardCheck c =
+      rows != nullptr ? testing::check_forward_rows(d.p, y.data(), *rows) : check_forward(d.p, y.data());
+  EXPECT_LE(c.error, c.tolerance) << what << ": " << d.p.spec.describe();
+  EXPECT_TRUE(c.zero_rows_exact) << what << ": rows with a zero reference are not exactly zero: "
+                                 << d.p.spec.describe();
 }
 
 }  // namespace twell::test

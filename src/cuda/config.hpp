@@ -119,4 +119,22 @@ struct RowConfig {
   static constexpr int kMaxDenseRow = 512;  // also the long-row kernel's list of a routed row's neurons
 };
 
+// The decode path (decode.cu): runs of at most kMaxRows rows take it instead of the TwELL pack and
+// row kernels (dispatch still times it against dense).
+struct DecodeConfig {
+  static constexpr int64_t kMaxRows = 64;  // the decode path's largest M
+  static constexpr int kThreads = 256;     // per CTA, both kernels
+  static constexpr int kChunk = 32;        // neurons per list: one per lane of a ballot; a dense
+                                           // token's dots spread over N / kChunk CTAs
+  static constexpr int kUnroll = 4;        // 16-byte loads of a row in flight per lane
+  static constexpr int kDotsCtasPerSm = 2; // dots: many short CTAs, registers capped to fit two
+  static constexpr int kSliceCols = 256;   // columns of K per axpys CTA: 8 per lane
+  static constexpr int kAxpyCtasPerSm = 2; // axpys CTAs wanted per SM: few tokens split their
+                                           // entries over up to kMaxSplits CTAs per slice
+  static constexpr int kMaxSplits = 32;
+  static constexpr int64_t kMaxSplitRows = 64;  // splits x M at most (the partials' rows)
+  static int64_t chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
+  static int64_t slices(int64_t k) { return (k + kSliceCols - 1) / kSliceCols; }
+};
+
 }  // namespace twell::gpu

@@ -70,6 +70,8 @@ WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths
   };
   l.control = take(sizeof(RunCounters));
   l.ready = take(size_t(gate_ready_blocks(rows)) * sizeof(int32_t));
+  const bool decode = paths != Paths::dense && rows <= DecodeConfig::kMaxRows;
+  if (decode) l.decode_arrivals = take(m * size_t(DecodeConfig::slices(d.k)) * sizeof(int32_t));
   l.control_bytes = at - l.control;
   l.lt = take(LtConfig::kWorkspaceBytes);
   l.hidden = take(m * size_t(d.n) * es);
@@ -79,7 +81,15 @@ WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths
     l.up = take(m * size_t(d.n) * es);
     end = std::max(end, at);
   }
-  if (paths != Paths::dense) {
+  if (decode) {
+    at = shared;
+    const size_t entries = m * size_t(DecodeConfig::chunks(d.n));
+    l.decode_counts = take(entries * sizeof(int32_t));
+    l.decode_neurons = take(entries * DecodeConfig::kChunk * sizeof(int32_t));
+    l.decode_h = take(entries * DecodeConfig::kChunk * sizeof(float));
+    l.decode_partials = take(size_t(DecodeConfig::kMaxSplitRows) * size_t(d.k) * sizeof(float));
+    end = std::max(end, at);
+  } else if (paths != Paths::dense) {
     at = shared;
     l.values = take(slots * es);
     l.cols = take(slots * sizeof(uint16_t));
