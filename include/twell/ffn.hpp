@@ -43,7 +43,7 @@ enum class Dispatch : uint8_t {
 enum class GateKernel : uint8_t {
   automatic,  // the fused sm_90a kernel (TwELL packed in the GEMM epilogue) on compute capability
               // 9.0 devices of a build with sm_90a; the portable pair elsewhere
-  portable,   // cuBLASLt GEMM with a ReLU epilogue, then a pack kernel over G (any sm_80+ device)
+  portable,   // cuBLASLt GEMM, then a pack kernel over G that applies the ReLU (any sm_80+ device)
 };
 
 // fast (CUDA): the dense products of the backup rows (routed rows, and compact rows of many

@@ -27,6 +27,14 @@ struct Weights {
 };
 Weights from_weights(const FfnWeights& w);
 
+// The ReLU as torch.relu computes it: NaN stays NaN (NaN <= 0 is false); every other value <= 0,
+// -0 and -Inf included, gives +0. A gate value is active (packed, ReLU derivative 1) when it is
+// not <= 0: positive or NaN.
+inline bool relu_active(double g) { return !(g <= 0); }
+inline double relu(double g) { return relu_active(g) ? g : 0.0; }
+
+// Dense semantics throughout: h = relu(g) * u is a product even where relu(g) = 0 (0 * Inf = NaN),
+// and the products below skip a zero only against a finite operand, as a dense GEMM's result.
 struct Forward {
   Matrix gate_pre;  // x Wg^T (gated) / x Wu^T (plain), [M, N]
   Matrix up;        // x Wu^T (gated only)

@@ -52,6 +52,14 @@ class TrainingBackend {
   virtual void forward(const TrainingForwardArgs& args, const TwellView& saved, Stream stream) = 0;
   virtual void backward(const TrainingBackwardArgs& args, const TensorView& x,
                         const TwellView& saved, Stream stream) = 0;
+  // The saved state's trust boundary. seal_saved marks a buffer that forward just wrote (its
+  // header, stream-ordered after forward); check_saved runs before backward reads one: the header
+  // must be `expected` and every index in bounds. CPU: checked here, Error at once. CUDA: checked
+  // on the device without a host synchronisation; a fault empties the buffer's index arrays (so no
+  // kernel indexes out of bounds) and is raised by raise_reported_fault at the plan's next call.
+  virtual void seal_saved(const TwellView& saved, const TwellHeader& header, Stream stream) = 0;
+  virtual void check_saved(const TwellView& saved, const TwellHeader& expected, Stream stream) = 0;
+  virtual void raise_reported_fault(const char* /*op*/) {}
   // Device memory for SavedActivations, freed by the deleter.
   virtual std::shared_ptr<void> allocate(size_t bytes) = 0;
   // Host value of *saved.num_routed (synchronises where it must).

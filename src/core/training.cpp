@@ -1,10 +1,13 @@
 // The training plan: validation and backend dispatch for forward (saving the hybrid layout) and
 // backward.
 #include <cmath>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "core/backend.hpp"
 #include "core/check.hpp"
+#include "core/checked.hpp"
 #include "twell/training.hpp"
 
 namespace twell {
@@ -74,10 +77,20 @@ class TrainingPlan::Impl {
     if (!saved.values || !saved.cols || !saved.counts || !saved.row_slot || !saved.routed_rows ||
         !saved.num_routed || (want.backup_capacity > 0 && !saved.backup))
       throw Error(op, "saved", "every array of the layout", "a null pointer");
+    if (!saved.header)
+      throw Error(op, "saved header", "the header array (a view from make_twell_view)", "a null pointer");
+  }
+
+  // The header forward writes into a saved view: its shape, dtype and this plan's tag (the kind
+  // and K, which the shape does not show), so backward can refuse another plan's or stale bytes.
+  TwellHeader saved_header(const TwellView& saved) const {
+    const uint64_t owner = (uint64_t(weights.kind) + 1) << 48 | uint64_t(weights.hidden());
+    return make_twell_header(saved.shape, saved.dtype, owner);
   }
 
   void check_workspace(const char* op, const TensorView& ws, int64_t rows, const TwellView& saved) const {
     if (!ws.defined()) return;
+    if (auto e = detail::shape_error(op, "workspace", ws)) throw *e;
     const size_t need = backend->workspace_bytes(rows, form_of(saved, rows));
     if (ws.rank != 1 || ws.dtype != DType::u8 || !ws.is_contiguous())
       throw Error(op, "workspace", "a contiguous uint8 vector", ws.shape_string() + " " + dtype_name(ws.dtype));
@@ -86,6 +99,22 @@ class TrainingPlan::Impl {
     if (size_t(ws.shape[0]) < need)
       throw Error(op, "workspace", "at least " + std::to_string(need) + " bytes",
                   std::to_string(ws.shape[0]) + " bytes");
+  }
+
+  // The first `need` bytes of a defined workspace: what the backend may write.
+  detail::ByteRange workspace_range(const char* op, const TensorView& ws, int64_t rows,
+                                    const TwellView& saved) const {
+    const size_t need = ws.defined() ? backend->workspace_bytes(rows, form_of(saved, rows)) : 0;
+    return detail::byte_range(op, "workspace", ws.data, need, ws.device);
+  }
+
+  // No output may share a byte with an input (the weights among them) or another output.
+  void check_overlaps(const char* op, std::vector<detail::ByteRange> outputs,
+                      std::vector<detail::ByteRange> inputs) const {
+    inputs.push_back(detail::byte_range(op, "up weight", weights.up));
+    inputs.push_back(detail::byte_range(op, "down weight", weights.down));
+    if (weights.kind == FfnKind::gated) inputs.push_back(detail::byte_range(op, "gate weight", weights.gate));
+    detail::check_no_overlap(op, outputs, inputs);
   }
 
   // dense: the dense form (backup row m = row m), whose compact slots no row uses: capacity 1, so
@@ -119,10 +148,15 @@ TrainingPlan::TrainingPlan(TrainingPlan&&) noexcept = default;
 TrainingPlan& TrainingPlan::operator=(TrainingPlan&&) noexcept = default;
 const TrainingOptions& TrainingPlan::options() const { return impl_->options; }
 TwellShape TrainingPlan::saved_shape(int64_t rows) const {
-  return impl_->shape(rows, impl_->backend->wants_dense_layout(rows));
+  impl_->backend->raise_reported_fault("TrainingPlan::saved_shape");
+  const TwellShape s = impl_->shape(rows, impl_->backend->wants_dense_layout(rows));
+  s.validate("TrainingPlan::saved_shape");  // rows, and sizes that fit in int64 bytes
+  return s;
 }
 TwellShape TrainingPlan::saved_shape(int64_t rows, SavedForm form) const {
-  return impl_->shape(rows, form == SavedForm::dense);
+  const TwellShape s = impl_->shape(rows, form == SavedForm::dense);
+  s.validate("TrainingPlan::saved_shape");
+  return s;
 }
 namespace {
 void check_workspace_rows(int64_t rows) {
@@ -165,8 +199,41 @@ void TrainingPlan::forward(const TrainingForwardArgs& args, const TwellView& sav
   if (args.stats.defined()) detail::check_vector(op, "stats", args.stats, 2, DType::f32, dev);
   impl_->check_saved(op, saved, args.x.shape[0]);
   impl_->check_workspace(op, args.workspace, args.x.shape[0], saved);
+  std::vector<detail::ByteRange> outputs = {detail::byte_range(op, "y", args.y),
+                                            detail::byte_range(op, "stats", args.stats)};
+  for (detail::ByteRange& r : detail::saved_byte_ranges(op, saved)) outputs.push_back(std::move(r));
+  outputs.push_back(impl_->workspace_range(op, args.workspace, args.x.shape[0], saved));
+  impl_->check_overlaps(op, std::move(outputs), {detail::byte_range(op, "x", args.x)});
+  impl_->backend->raise_reported_fault(op);
   impl_->backend->forward(args, saved, stream);
+  impl_->backend->seal_saved(saved, impl_->saved_header(saved), stream);
 }
+
+namespace {
+
+// The L1 value's upstream gradient as the host sees it: the per-call l1_coef when it is in host
+// memory, else the options' (finite by construction); a value on a CUDA device is not read (that
+// would synchronise the host), and 0 stands for it.
+double host_l1_gradient(const TrainingBackwardArgs& args, double option) {
+  if (!args.l1_coef.defined()) return option;
+  if (args.l1_coef.device.type != DeviceType::cpu) return 0.0;
+  return double(*static_cast<const float*>(args.l1_coef.data));
+}
+
+// Dense autograd's gradient of g * l1_value w.r.t. h is g * sign(h) / M, and for a NaN or infinite
+// g that is NaN where h = 0. In a gated FFN du = dh * relu(gate) carries that NaN into every
+// element of dup and of dx (relu's own backward masks the inactive units, so dgate, ddown and a
+// plain FFN's gradients follow from the active units alone, as the sparse paths compute them).
+// The sparse paths skip the inactive units: this gives dup and dx dense's NaN (for an infinite g,
+// also where dense's sum has active terms only and comes out as an infinity).
+void propagate_nonfinite_l1(const TrainingBackwardArgs& args, FfnKind kind, double g) {
+  if (std::isfinite(g) || kind != FfnKind::gated || args.dx.shape[0] == 0) return;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const TensorView* t : {&args.dup, &args.dx})
+    for (int64_t i = 0, n = t->numel(); i < n; ++i) store_float(t->data, t->dtype, i, nan);
+}
+
+}  // namespace
 
 void TrainingPlan::backward(const TrainingBackwardArgs& args, const TensorView& x,
                             const TwellView& saved, Stream stream) {
@@ -184,7 +251,20 @@ void TrainingPlan::backward(const TrainingBackwardArgs& args, const TensorView& 
   detail::check_matrix(op, "ddown", args.ddown, n, k, DType::f32, dev);
   if (args.l1_coef.defined()) detail::check_vector(op, "l1_coef", args.l1_coef, 1, DType::f32, dev);
   impl_->check_workspace(op, args.workspace, m, saved);
+  std::vector<detail::ByteRange> outputs = {detail::byte_range(op, "dx", args.dx)};
+  if (w.kind == FfnKind::gated) outputs.push_back(detail::byte_range(op, "dgate", args.dgate));
+  outputs.push_back(detail::byte_range(op, "dup", args.dup));
+  outputs.push_back(detail::byte_range(op, "ddown", args.ddown));
+  outputs.push_back(impl_->workspace_range(op, args.workspace, m, saved));
+  std::vector<detail::ByteRange> inputs = {detail::byte_range(op, "dy", args.dy),
+                                           detail::byte_range(op, "x", x),
+                                           detail::byte_range(op, "l1_coef", args.l1_coef)};
+  for (detail::ByteRange& r : detail::saved_byte_ranges(op, saved)) inputs.push_back(std::move(r));
+  impl_->check_overlaps(op, std::move(outputs), std::move(inputs));
+  impl_->backend->raise_reported_fault(op);
+  impl_->backend->check_saved(saved, impl_->saved_header(saved), stream);
   impl_->backend->backward(args, x, saved, stream);
+  propagate_nonfinite_l1(args, w.kind, host_l1_gradient(args, impl_->options.l1_coef));
 }
 
 void TrainingPlan::forward(const TrainingForwardArgs& args, SavedActivations& saved, Stream stream) {
@@ -193,7 +273,11 @@ void TrainingPlan::forward(const TrainingForwardArgs& args, SavedActivations& sa
   const TwellShape s = saved_shape(args.x.shape[0]);
   SavedActivations::Impl& st = *saved.impl();
   st.bytes = s.bytes(saved_dtype());
-  st.storage = impl_->backend->allocate(st.bytes);
+  st.storage = detail::allocate_or_throw("TrainingPlan::forward", "saved", st.bytes,
+                                         [&] { return impl_->backend->allocate(st.bytes); });
+  if (!st.storage)
+    throw Error("TrainingPlan::forward", "saved", "memory for " + std::to_string(st.bytes) + " bytes",
+                "allocation failed");
   st.view = make_twell_view(st.storage.get(), s, saved_dtype(), impl_->weights.up.device);
   st.x = args.x;
   st.backend = impl_->backend;

@@ -2,8 +2,11 @@
 // Work decomposition: rows are processed in blocks of up to kBlockRows. Per block: the gate GEMM
 // (OpenBLAS sgemm) writes G = x W1^T; one thread per row packs relu(G) into TwELL tiles; then one
 // thread per compact row runs the fused up/down over its active neurons (two at a time, fp32), and
-// routed rows (a tile over capacity) go through dense sgemms on the gathered rows. A block whose
-// measured density exceeds options.dense_above runs its up/down densely instead.
+// routed rows (a tile over capacity, or a NaN or infinite gate value) go through dense sgemms on
+// the gathered rows. A block whose measured density exceeds options.dense_above runs its up/down
+// densely instead.
+// NaN: the ReLU keeps NaN (cpu::relu) and every path computes h = relu(g) * u as a product, so a
+// NaN or infinite value of x or a NaN gate weight reaches y as in the dense computation.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -106,12 +109,12 @@ class CpuInference final : public InferenceBackend {
     cpu::gemm_nt(rows, n_, k_, x, first_, g);
 
     std::vector<int64_t> nnz(static_cast<size_t>(rows));
-    std::vector<uint8_t> over(static_cast<size_t>(rows));
+    std::vector<uint8_t> over(static_cast<size_t>(rows)), finite(static_cast<size_t>(rows));
     auto* vals = reinterpret_cast<float*>(ws + L.vals);
     auto* cols = reinterpret_cast<uint16_t*>(ws + L.cols);
     auto* counts = reinterpret_cast<uint16_t*>(ws + L.counts);
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) pack_row(L, g + r * n_, r, vals, cols, counts, nnz, over);
+    for (int64_t r = 0; r < rows; ++r) pack_row(L, g + r * n_, r, vals, cols, counts, nnz, over, finite);
 
     int64_t active = 0;
     auto* routed = reinterpret_cast<int32_t*>(ws + L.routed);
@@ -131,24 +134,28 @@ class CpuInference final : public InferenceBackend {
     } else {
       info.routed_rows += num_routed;
       sparse_rows(L, rows, x, vals, cols, counts, over, y);
-      routed_rows(L, num_routed, routed, nnz, x, g, ws, y);
+      routed_rows(L, num_routed, routed, nnz, finite, x, g, ws, y);
     }
     if (dtype_ != DType::f32)
       cpu::from_f32(y, dtype_, static_cast<uint8_t*>(a.y.data) + r0 * k_ * es, rows * k_);
   }
 
-  // Packs relu(g_row) into row r's TwELL tiles; flags the row when a tile overflows.
+  // Packs relu(g_row) into row r's TwELL tiles; flags the row when a tile overflows or a gate value
+  // is NaN or infinite (as every one is when x's row is not finite): the backup then multiplies
+  // every relu(g) by its u, as the dense product does (0 * Inf = NaN).
   void pack_row(const BlockLayout& L, const float* grow, int64_t r, float* vals, uint16_t* cols,
-                uint16_t* counts, std::vector<int64_t>& nnz, std::vector<uint8_t>& over) const {
+                uint16_t* counts, std::vector<int64_t>& nnz, std::vector<uint8_t>& over,
+                std::vector<uint8_t>& finite) const {
     int64_t total = 0;
-    bool overflow = false;
+    finite[size_t(r)] = cpu::all_finite(grow, n_);
+    bool overflow = !finite[size_t(r)];
     for (int64_t t = 0; t < L.tiles; ++t) {
       const int64_t c0 = t * opt_.tile, c1 = std::min<int64_t>(n_, c0 + opt_.tile);
       const int64_t slot0 = (r * L.tiles + t) * L.capacity;
       int64_t cnt = 0;
       for (int64_t c = c0; c < c1; ++c) {
         const float v = grow[c];
-        if (!(v > 0.0f)) continue;
+        if (!cpu::relu_active(v)) continue;
         if (cnt < L.capacity) {
           vals[slot0 + cnt] = v;
           cols[slot0 + cnt] = uint16_t(c - c0);
@@ -209,20 +216,24 @@ class CpuInference final : public InferenceBackend {
   // rows are at hand, so routed rows can run the same fused up/down straight from their gate rows,
   // uncapped: that reads 2 weight rows per active entry. Gathering them into dense sgemms instead
   // reads every weight row once, which is cheaper only when the routed rows hold more than N
-  // active entries between them.
+  // active entries between them. A row with a NaN or infinite gate value takes every neuron, the
+  // inactive ones with relu(g) = 0: its u may be infinite, and 0 * Inf is NaN in the dense product.
   void routed_rows(const BlockLayout& L, int64_t count, const int32_t* routed,
-                   const std::vector<int64_t>& nnz, const float* x, const float* g, uint8_t* ws,
-                   float* y) const {
+                   const std::vector<int64_t>& nnz, const std::vector<uint8_t>& finite, const float* x,
+                   const float* g, uint8_t* ws, float* y) const {
     int64_t routed_active = 0;
-    for (int64_t i = 0; i < count; ++i) routed_active += nnz[size_t(routed[i])];
+    for (int64_t i = 0; i < count; ++i)
+      routed_active += finite[size_t(routed[i])] ? nnz[size_t(routed[i])] : n_;
     if (routed_active <= n_) {
 #pragma omp parallel for schedule(dynamic, 1)
       for (int64_t i = 0; i < count; ++i) {
         const int64_t r = routed[i];
+        const bool every = !finite[size_t(r)];
         std::vector<int64_t> active;
         std::vector<float> gate;
         for (int64_t c = 0; c < n_; ++c)
-          if (g[r * n_ + c] > 0.0f) active.push_back(c), gate.push_back(g[r * n_ + c]);
+          if (every || cpu::relu_active(g[r * n_ + c]))
+            active.push_back(c), gate.push_back(cpu::relu(g[r * n_ + c]));
         fused_row(x + r * k_, active.data(), gate.data(), int64_t(active.size()), y + r * k_);
       }
       return;
@@ -240,13 +251,13 @@ class CpuInference final : public InferenceBackend {
       std::memcpy(y + routed[i] * k_, yg + i * k_, size_t(k_) * sizeof(float));
   }
 
-  // h = relu(g) * (x Wu^T) (gated; u is scratch for the up GEMM) or relu(g) (plain), in place
-  // over h, which holds g on entry.
+  // h = relu(g) * (x Wu^T) (gated; u is scratch for the up GEMM; a product even where relu(g) is
+  // 0, as in the dense layer) or relu(g) (plain), in place over h, which holds g on entry.
   void hidden_from_gate(int64_t rows, const float* x, float* h, float* u) const {
     if (kind_ == FfnKind::gated) cpu::gemm_nt(rows, n_, k_, x, up_, u);
     const bool gated = kind_ == FfnKind::gated;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < rows * n_; ++i) h[i] = h[i] > 0.0f ? (gated ? h[i] * u[i] : h[i]) : 0.0f;
+    for (int64_t i = 0; i < rows * n_; ++i) h[i] = gated ? cpu::relu(h[i]) * u[i] : cpu::relu(h[i]);
   }
 
   // Up and down as dense GEMMs for the whole block (the dispatch's dense path).

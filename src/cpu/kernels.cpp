@@ -1,5 +1,7 @@
 #include "cpu/kernels.hpp"
 
+#include <cfloat>
+#include <cmath>
 #include <cstring>
 
 #include "twell/dtype.hpp"
@@ -38,7 +40,15 @@ TWELL_CLONES void axpy2(float alpha, const float* a, float beta, const float* b,
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * a[i] + beta * b[i];
 }
 
+TWELL_CLONES bool all_finite(const float* a, int64_t n) {
+  int bad = 0;
+#pragma omp simd reduction(| : bad)
+  for (int64_t i = 0; i < n; ++i) bad |= !(std::fabs(a[i]) <= FLT_MAX);  // false for NaN and Inf
+  return bad == 0;
+}
+
 void to_f32(const void* src, DType t, float* dst, int64_t n) {
+  if (n <= 0) return;  // an empty batch may come with null pointers
   if (t == DType::f32) {
     std::memcpy(dst, src, size_t(n) * sizeof(float));
     return;
@@ -47,6 +57,7 @@ void to_f32(const void* src, DType t, float* dst, int64_t n) {
 }
 
 void from_f32(const float* src, DType t, void* dst, int64_t n) {
+  if (n <= 0) return;  // an empty batch may come with null pointers
   if (t == DType::f32) {
     std::memcpy(dst, src, size_t(n) * sizeof(float));
     return;

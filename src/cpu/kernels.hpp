@@ -14,6 +14,15 @@ void dot2(const float* x, const float* a, const float* b, int64_t n, float* da, 
 // y += alpha * a + beta * b
 void axpy2(float alpha, const float* a, float beta, const float* b, float* y, int64_t n);
 
+// Whether none of the n values is NaN or infinite.
+bool all_finite(const float* a, int64_t n);
+
+// The ReLU as torch.relu computes it: NaN stays NaN (NaN <= 0 is false); every other value <= 0,
+// -0 and -Inf included, gives +0. A gate value is active (packed, ReLU derivative 1) when it is
+// not <= 0: positive or NaN.
+inline bool relu_active(float g) { return !(g <= 0.0f); }
+inline float relu(float g) { return relu_active(g) ? g : 0.0f; }
+
 // Converts n elements of a float buffer of dtype t to fp32 (memcpy for f32).
 void to_f32(const void* src, DType t, float* dst, int64_t n);
 void from_f32(const float* src, DType t, void* dst, int64_t n);

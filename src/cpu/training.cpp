@@ -4,10 +4,16 @@
 // run densely on the gathered rows. Backward: one thread per compact row computes dh, dg, du and dx
 // over its entries; weight gradients run one thread per neuron over the column index in ascending
 // row order, then the routed rows (recomputed from x) add theirs through sgemms: deterministic.
+// NaN and Inf follow the dense computation (relu(NaN) = NaN, h = relu(g) * u and du = dh * relu(g)
+// as products, 0 * Inf = NaN in every GEMM): skipping an inactive neuron is exact only where its
+// row of x and of dy is finite, so forward routes a row with a NaN or infinite gate value (as
+// every one is when x's row is not finite) and backward also takes the compact rows whose dy is not
+// finite densely.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -37,6 +43,18 @@ class CpuTraining final : public TrainingBackend {
 
   int64_t routed_rows(const TwellView& saved) override { return *saved.num_routed; }
 
+  void seal_saved(const TwellView& saved, const TwellHeader& header, Stream) override { *saved.header = header; }
+  // Every index backward reads, and the header (shape, dtype and this plan's tag), before any use.
+  void check_saved(const TwellView& saved, const TwellHeader& expected, Stream) override {
+    try {
+      check_twell_header("TrainingPlan::backward", *saved.header, expected, OwnerCheck::match);
+      validate_twell(saved);
+    } catch (const Error& e) {
+      throw Error("TrainingPlan::backward", "saved", "the state a forward of this plan wrote",
+                  std::string("a corrupted or foreign buffer (") + e.what() + ")");
+    }
+  }
+
   void forward(const TrainingForwardArgs& a, const TwellView& v, Stream) override {
     const TwellShape& s = v.shape;
     const int64_t m = s.rows, nt = s.num_tiles();
@@ -53,9 +71,10 @@ class CpuTraining final : public TrainingBackend {
 #pragma omp parallel for schedule(dynamic, 8) reduction(+ : active)
     for (int64_t r = 0; r < m; ++r) {
       const float* gr = g.data() + r * n_;
+      over[size_t(r)] = !cpu::all_finite(gr, n_);
       for (int64_t t = 0; t < nt; ++t) {
         int64_t cnt = 0;
-        for (int64_t c = t * s.tile; c < std::min(n_, (t + 1) * s.tile); ++c) cnt += gr[c] > 0.0f;
+        for (int64_t c = t * s.tile; c < std::min(n_, (t + 1) * s.tile); ++c) cnt += cpu::relu_active(gr[c]);
         over[size_t(r)] |= cnt > s.capacity;
         active += cnt;
       }
@@ -67,7 +86,7 @@ class CpuTraining final : public TrainingBackend {
       for (int64_t t = 0; t < nt; ++t) {
         int64_t e = 0;
         for (int64_t c = t * s.tile; c < std::min(n_, (t + 1) * s.tile); ++c) {
-          if (!(gr[c] > 0.0f)) continue;
+          if (!cpu::relu_active(gr[c])) continue;
           const int64_t i = (r * nt + t) * s.capacity + e++;
           v.cols[i] = uint16_t(c - t * s.tile);
           val[i] = gr[c];
@@ -92,7 +111,7 @@ class CpuTraining final : public TrainingBackend {
     *v.num_routed = routed;
 
     // Routed rows: dense on the gathered rows.
-    const Dense d = routed_dense(v, x, W);
+    const Dense d = dense_rows(v.routed_rows, routed, x, W);
     std::vector<float> yg(size_t(routed * k_));
     cpu::gemm_nn(routed, k_, n_, d.h.data(), W.down, yg.data());
     for (int64_t i = 0; i < routed; ++i) {
@@ -112,9 +131,20 @@ class CpuTraining final : public TrainingBackend {
   void backward(const TrainingBackwardArgs& a, const TensorView& xv, const TwellView& v,
                 Stream) override {
     const TwellShape& s = v.shape;
-    const int64_t m = s.rows, nt = s.num_tiles(), routed = *v.num_routed;
+    const int64_t m = s.rows, nt = s.num_tiles();
     const Weights32 W = weights32();
     const std::vector<float> x = as_f32(xv), dy = as_f32(a.dy);
+    // Rows computed densely: the routed ones, and compact rows whose dy holds a NaN or Inf (there
+    // dh is not finite at the inactive neurons either, so the dense du = dh * 0 is NaN, and so is
+    // the dense 0 * dy in dWd).
+    std::vector<uint8_t> is_dense(static_cast<size_t>(m));
+    std::vector<int32_t> dense;
+    for (int64_t r = 0; r < m; ++r)
+      if (v.row_slot[r] >= 0 || !cpu::all_finite(dy.data() + r * k_, k_)) {
+        is_dense[size_t(r)] = 1;
+        dense.push_back(int32_t(r));
+      }
+    const int64_t num_dense = int64_t(dense.size());
     const double coef =
         a.l1_coef.defined() ? double(*static_cast<const float*>(a.l1_coef.data)) : opt_.l1_coef;
     const float l1 = m ? float(coef / double(m)) : 0.0f;
@@ -125,7 +155,7 @@ class CpuTraining final : public TrainingBackend {
     std::vector<float> dg(slots, 0.0f), du(gated_ ? slots : 0, 0.0f), dx(size_t(m * k_), 0.0f);
 #pragma omp parallel for schedule(dynamic, 8)
     for (int64_t r = 0; r < m; ++r) {
-      if (v.row_slot[r] >= 0) continue;
+      if (is_dense[size_t(r)]) continue;
       const float* dyr = dy.data() + r * k_;
       float* dxr = dx.data() + r * k_;
       for (int64_t t = 0; t < nt; ++t)
@@ -156,6 +186,7 @@ class CpuTraining final : public TrainingBackend {
       if (gated_) std::memset(dup + nrn * k_, 0, size_t(k_) * 4);
       for (int64_t j = ix.col_ptr[size_t(nrn)]; j < ix.col_ptr[size_t(nrn + 1)]; ++j) {
         const int64_t r = ix.row[size_t(j)];
+        if (is_dense[size_t(r)]) continue;
         const size_t pos = size_t(ix.pos[size_t(j)]);
         const float* xr = x.data() + r * k_;
         cpu::axpy(gated_ ? val[pos] * val[slots + pos] : val[pos], dy.data() + r * k_, dw, k_);
@@ -164,27 +195,27 @@ class CpuTraining final : public TrainingBackend {
       }
     }
 
-    // Routed rows: recompute from x, then dense gradients on the gathered rows.
-    if (routed > 0) {
-      const Dense d = routed_dense(v, x, W);
-      std::vector<float> dyg(size_t(routed * k_)), dh(size_t(routed * n_)), dgd(dh.size()),
-          dud(gated_ ? dh.size() : 0), dxg(size_t(routed * k_));
-      for (int64_t i = 0; i < routed; ++i)
-        std::memcpy(dyg.data() + i * k_, dy.data() + v.routed_rows[i] * k_, size_t(k_) * 4);
-      cpu::gemm_nt(routed, n_, k_, dyg.data(), W.down, dh.data());
+    // Dense rows: recompute from x, then dense gradients on the gathered rows.
+    if (num_dense > 0) {
+      const Dense d = dense_rows(dense.data(), num_dense, x, W);
+      std::vector<float> dyg(size_t(num_dense * k_)), dh(size_t(num_dense * n_)), dgd(dh.size()),
+          dud(gated_ ? dh.size() : 0), dxg(size_t(num_dense * k_));
+      for (int64_t i = 0; i < num_dense; ++i)
+        std::memcpy(dyg.data() + i * k_, dy.data() + dense[size_t(i)] * k_, size_t(k_) * 4);
+      cpu::gemm_nt(num_dense, n_, k_, dyg.data(), W.down, dh.data());
       for (size_t i = 0; i < dh.size(); ++i) {
         const float gv = d.g[i], uv = gated_ ? d.u[i] : 1.0f;
         const float dhi = dh[i] + l1 * sign(d.h[i]);
-        dgd[i] = gv > 0.0f ? dhi * uv : 0.0f;
+        dgd[i] = cpu::relu_active(gv) ? dhi * uv : 0.0f;
         if (gated_) dud[i] = dhi * gv;
       }
-      cpu::gemm_nn(routed, k_, n_, dgd.data(), W.first, dxg.data());
-      if (gated_) cpu::gemm_nn(routed, k_, n_, dud.data(), W.up, dxg.data(), 1.0f);
-      for (int64_t i = 0; i < routed; ++i)
-        std::memcpy(dx.data() + v.routed_rows[i] * k_, dxg.data() + i * k_, size_t(k_) * 4);
-      cpu::gemm_tn_acc(n_, k_, routed, dgd.data(), d.x.data(), gated_ ? dgate : dup);
-      if (gated_) cpu::gemm_tn_acc(n_, k_, routed, dud.data(), d.x.data(), dup);
-      cpu::gemm_tn_acc(n_, k_, routed, d.h.data(), dyg.data(), ddown);
+      cpu::gemm_nn(num_dense, k_, n_, dgd.data(), W.first, dxg.data());
+      if (gated_) cpu::gemm_nn(num_dense, k_, n_, dud.data(), W.up, dxg.data(), 1.0f);
+      for (int64_t i = 0; i < num_dense; ++i)
+        std::memcpy(dx.data() + dense[size_t(i)] * k_, dxg.data() + i * k_, size_t(k_) * 4);
+      cpu::gemm_tn_acc(n_, k_, num_dense, dgd.data(), d.x.data(), gated_ ? dgate : dup);
+      if (gated_) cpu::gemm_tn_acc(n_, k_, num_dense, dud.data(), d.x.data(), dup);
+      cpu::gemm_tn_acc(n_, k_, num_dense, d.h.data(), dyg.data(), ddown);
     }
     cpu::from_f32(dx.data(), a.dx.dtype, a.dx.data, m * k_);
   }
@@ -197,26 +228,26 @@ class CpuTraining final : public TrainingBackend {
     const float* down = nullptr;
   };
 
-  // Dense recomputation of the routed rows: gathered x, relu(g) (zero where inactive), u, h.
+  // Dense recomputation of listed rows: gathered x, relu(g) (zero where inactive), u, h = relu(g) u.
   struct Dense {
     std::vector<float> x, g, u, h;
   };
 
-  Dense routed_dense(const TwellView& v, const std::vector<float>& x, const Weights32& W) const {
-    const int64_t routed = *v.num_routed;
+  Dense dense_rows(const int32_t* rows, int64_t count, const std::vector<float>& x,
+                   const Weights32& W) const {
     Dense d;
-    d.x.resize(size_t(routed * k_));
-    d.g.resize(size_t(routed * n_));
+    d.x.resize(size_t(count * k_));
+    d.g.resize(size_t(count * n_));
     d.h.resize(d.g.size());
-    for (int64_t i = 0; i < routed; ++i)
-      std::memcpy(d.x.data() + i * k_, x.data() + v.routed_rows[i] * k_, size_t(k_) * 4);
-    cpu::gemm_nt(routed, n_, k_, d.x.data(), W.first, d.g.data());
+    for (int64_t i = 0; i < count; ++i)
+      std::memcpy(d.x.data() + i * k_, x.data() + rows[i] * k_, size_t(k_) * 4);
+    cpu::gemm_nt(count, n_, k_, d.x.data(), W.first, d.g.data());
     if (gated_) {
       d.u.resize(d.g.size());
-      cpu::gemm_nt(routed, n_, k_, d.x.data(), W.up, d.u.data());
+      cpu::gemm_nt(count, n_, k_, d.x.data(), W.up, d.u.data());
     }
     for (size_t i = 0; i < d.g.size(); ++i) {
-      d.g[i] = std::max(d.g[i], 0.0f);
+      d.g[i] = cpu::relu(d.g[i]);
       d.h[i] = gated_ ? d.g[i] * d.u[i] : d.g[i];
     }
     return d;

@@ -1,6 +1,8 @@
-// The dense path's hidden activation: counts the non-zeros of G = relu(x W1^T) and, gated,
-// forms h = G * U, in place or into a separate buffer (training's dense path keeps G) (the product of two
-// 16-bit values is exact in fp32, then rounded once, as a framework's dense layer does).
+// The dense path's hidden activation from G = x W1^T (before the ReLU): counts the active values
+// (relu_active: positive or NaN) and forms h = relu(G) * U (gated) or h = relu(G) (plain), in place
+// or into a separate buffer (training's dense path keeps G) (the product of two 16-bit values is
+// exact in fp32, then rounded once, as a framework's dense layer does). The ReLU keeps NaN and the
+// product is taken everywhere, relu(G) = 0 included: 0 * Inf = NaN, as in the dense layer.
 //   CTA: kThreads threads over a grid-stride range of 16-byte vectors (kCtasPerSm CTAs per SM).
 //        With l1_partials (training's dense form, whose statistics need sum |h|): the CTA's sum of
 //        |h| (h as stored), through shuffles and a fixed-order pass over its warps, at its index.
@@ -35,20 +37,22 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors; v += stride) {
     const uint4 g = *reinterpret_cast<const uint4*>(hidden + v * kVecElems);
-    seen += unsigned(nonzero_count(g));
-    uint4 h = g;
+    seen += unsigned(active_count<T>(g));
+    float hf[kVecElems];
+    unpack8<T>(g, hf);
     if constexpr (kKind == FfnKind::gated) {
-      float gf[kVecElems], uf[kVecElems];
-      unpack8<T>(g, gf);
+      float uf[kVecElems];
       unpack8<T>(load_readonly(up + v * kVecElems), uf);
 #pragma unroll
-      for (int e = 0; e < kVecElems; ++e) gf[e] *= uf[e];
-      h = pack8<T>(gf);
-      *reinterpret_cast<uint4*>(out + v * kVecElems) = h;
+      for (int e = 0; e < kVecElems; ++e) hf[e] = relu(hf[e]) * uf[e];
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVecElems; ++e) hf[e] = relu(hf[e]);
     }
+    const uint4 h = pack8<T>(hf);
+    *reinterpret_cast<uint4*>(out + v * kVecElems) = h;
     if constexpr (kL1) {
-      float hf[kVecElems];
-      unpack8<T>(h, hf);
+      unpack8<T>(h, hf);  // |h| as stored
 #pragma unroll
       for (int e = 0; e < kVecElems; ++e) l1 += fabsf(hf[e]);
     }

@@ -20,6 +20,7 @@ struct Elem;
 template <>
 struct Elem<__nv_bfloat16> {
   using Pair = __nv_bfloat162;
+  static constexpr uint16_t kInfBits = 0x7f80;  // +Inf; a magnitude above it is NaN
   static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
   static __device__ __forceinline__ float2 to_float2(Pair p) { return __bfloat1622float2(p); }
   static __device__ __forceinline__ Pair from_float2(float2 f) { return __float22bfloat162_rn(f); }
@@ -29,6 +30,7 @@ struct Elem<__nv_bfloat16> {
 template <>
 struct Elem<__half> {
   using Pair = __half2;
+  static constexpr uint16_t kInfBits = 0x7c00;
   static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
   static __device__ __forceinline__ float2 to_float2(Pair p) { return __half22float2(p); }
   static __device__ __forceinline__ Pair from_float2(float2 f) { return __float22half2_rn(f); }
@@ -55,6 +57,57 @@ __device__ __forceinline__ uint4 pack8(const float (&f)[kVecElems]) {
 #pragma unroll
   for (int i = 0; i < kVecElems / 2; ++i) pairs[i] = Elem<T>::from_float2(make_float2(f[2 * i], f[2 * i + 1]));
   return v;
+}
+
+// The ReLU as torch.relu computes it: NaN stays NaN (NaN <= 0 is false); every other value <= 0,
+// -0 and -Inf included, gives +0 (fmaxf(g, 0) would give 0 for NaN). A gate value is active
+// (packed, ReLU derivative 1) when it is not <= 0: positive or NaN.
+__host__ __device__ __forceinline__ bool relu_active(float g) { return !(g <= 0.0f); }
+__host__ __device__ __forceinline__ float relu(float g) { return relu_active(g) ? g : 0.0f; }
+
+constexpr uint16_t kSignBit = 0x8000;  // of a 16-bit float
+
+// relu_active on the bits of a 16-bit float (inf_bits: Elem<T>::kInfBits): positive and non-zero,
+// or NaN.
+__host__ __device__ __forceinline__ bool relu_active_bits(uint16_t bits, uint16_t inf_bits) {
+  const uint32_t magnitude = bits & kMagnitudeBits;
+  return magnitude != 0 && (!(bits & kSignBit) || magnitude > inf_bits);
+}
+// NaN or infinite.
+__host__ __device__ __forceinline__ bool nonfinite_bits(uint16_t bits, uint16_t inf_bits) {
+  return (bits & kMagnitudeBits) >= inf_bits;
+}
+// -Inf, and the quiet NaN (the exponent bits of Inf and the top mantissa bit).
+__host__ __device__ constexpr uint16_t negative_inf_bits(uint16_t inf_bits) {
+  return uint16_t(inf_bits | kSignBit);
+}
+__host__ __device__ constexpr uint16_t quiet_nan_bits(uint16_t inf_bits) {
+  return uint16_t(inf_bits | inf_bits >> 1);
+}
+
+// Whether any of the eight 16-bit floats of a vector is NaN or infinite: per 16-bit half,
+// magnitude + (0x8000 - Inf) carries into bit 15 exactly when the magnitude is at least Inf's
+// (no carry crosses into the other half).
+template <typename T>
+__device__ __forceinline__ bool any_nonfinite(const uint4& v) {
+  constexpr uint32_t kBoth = 0x00010001u;  // a 16-bit constant in both halves of a word
+  constexpr uint32_t kAdd = (kSignBit - Elem<T>::kInfBits) * kBoth;
+  constexpr uint32_t kHalves = kMagnitudeBits * kBoth;
+  const uint32_t hit = ((v.x & kHalves) + kAdd) | ((v.y & kHalves) + kAdd) | ((v.z & kHalves) + kAdd) |
+                       ((v.w & kHalves) + kAdd);
+  return (hit & kSignBit * kBoth) != 0;
+}
+
+// How many of the eight 16-bit floats of a vector are relu_active (positive or NaN).
+template <typename T>
+__device__ __forceinline__ int active_count(const uint4& v) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  int n = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    n += int(relu_active_bits(uint16_t(words[i]), Elem<T>::kInfBits)) +
+         int(relu_active_bits(uint16_t(words[i] >> 16), Elem<T>::kInfBits));
+  return n;
 }
 
 // How many of the eight 16-bit floats of a vector are non-zero.

@@ -10,14 +10,16 @@
 //        wgmma m64n256k16 into 128 fp32 registers per thread.
 //   epilogue: each consumer warpgroup rounds relu(acc) to T into its own staging buffer, hands
 //        it over (mbarrier) and starts its next tile; warps 1 and 2 of warpgroup 0 pack it
-//        meanwhile, one row per lane (pack_staged). A (row, tile) with more non-zeros than the
-//        capacity writes its dense values to G instead, with count kOverflowCount and row_slot
-//        kOverflowRow; launch_route_overflow (pack.cu) routes those rows afterwards.
+//        meanwhile, one row per lane (pack_staged). A (row, tile) with more active values than
+//        the capacity, or with a NaN or infinite one, writes its dense values to G instead, with
+//        count kOverflowCount and row_slot kOverflowRow; launch_route_overflow (pack.cu) routes
+//        those rows afterwards. The ReLU keeps NaN (max.NaN) and, for the packers, -Inf.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -50,6 +52,7 @@ static_assert(kSmemBytes <= 227 * 1024, "shared memory of one Hopper CTA");
 struct Params {
   int64_t m = 0, n = 0;
   int n_blocks = 0, k_blocks = 0, tiles = 0;
+  FfnKind kind = FfnKind::gated;
   TwellView out;
   uint16_t* hidden = nullptr;  // G [m, n]: dense values of overflowing (row, tile)s only
   unsigned long long* active = nullptr;
@@ -71,9 +74,44 @@ __device__ __forceinline__ uint32_t staged_offset(int row, int chunk) {
 }
 
 template <typename T>
+__device__ __forceinline__ typename Elem<T>::Pair pair_of_bits(uint32_t bits) {
+  typename Elem<T>::Pair p;
+  memcpy(&p, &bits, sizeof p);
+  return p;
+}
+template <typename T>
+__device__ __forceinline__ uint32_t bits_of_pair(typename Elem<T>::Pair p) {
+  uint32_t bits;
+  memcpy(&bits, &p, sizeof bits);
+  return bits;
+}
+
+// relu(a), relu(b) rounded to T: NaN stays NaN (max.NaN; fmaxf would give 0), and -Inf stays -Inf
+// so that the packer routes its row (pack_staged).
+template <typename T>
 __device__ __forceinline__ uint32_t round_relu_pair(float a, float b) {
-  const auto p = Elem<T>::from_float2(make_float2(fmaxf(a, 0.0f), fmaxf(b, 0.0f)));
-  return *reinterpret_cast<const uint32_t*>(&p);
+  constexpr uint32_t kNegativeInf = uint32_t(negative_inf_bits(Elem<T>::kInfBits)) * 0x00010001u;
+  const auto p = Elem<T>::from_float2(make_float2(a, b));
+  const uint32_t relu = bits_of_pair<T>(__hmax2_nan(p, pair_of_bits<T>(0u)));
+  const uint32_t keep = __heq2_mask(p, pair_of_bits<T>(kNegativeInf));
+  return (relu & ~keep) | (kNegativeInf & keep);
+}
+
+// A staged 16-bit value as the dense backup reads it from G: -Inf becomes the ReLU's 0, or NaN
+// in a gated layer (pack.cu, routed_relu: x's row is then not finite, and the dense 0 * u is NaN).
+template <typename T>
+__device__ __forceinline__ uint32_t backup_half(uint32_t bits, FfnKind kind) {
+  if (bits != negative_inf_bits(Elem<T>::kInfBits)) return bits;
+  return kind == FfnKind::gated ? quiet_nan_bits(Elem<T>::kInfBits) : 0u;
+}
+template <typename T>
+__device__ __forceinline__ uint4 backup_values(const uint4& v, FfnKind kind) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    out[i] = backup_half<T>(w[i] & 0xffffu, kind) | backup_half<T>(w[i] >> 16, kind) << 16;
+  return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
 // Consumer side of the epilogue: relu(acc) rounded to T into the staging buffer. Accumulator
@@ -98,9 +136,10 @@ __device__ __forceinline__ void stage_rows(const float (&acc)[128], uint32_t sta
 // of packer warps 0 and 1 (no cross-lane work: the packers issue few instructions beside the
 // consumers' wgmmas). A first pass marks the row's non-zero 8-column chunks without branching;
 // the second visits only those, in ascending order, so entries come out in ascending column
-// order: the layout pack_twell gives. A (row, tile) over the capacity writes its dense values to
-// G with count kOverflowCount and marks the row kOverflowRow.
-template <int kTile>
+// order: the layout pack_twell gives. A (row, tile) over the capacity, or with a NaN or infinite
+// value (-Inf too: not active, but with finite weights it means x's row is not finite), writes its
+// dense values to G (backup_values) with count kOverflowCount and marks the row kOverflowRow.
+template <typename T, int kTile>
 __device__ __forceinline__ void pack_staged(uint32_t staging, int64_t row0, int64_t n0, const Params& p,
                                             unsigned long long& seen) {
   constexpr int kChunks = kTile / 8;  // 8-column chunks per TwELL tile
@@ -125,12 +164,16 @@ __device__ __forceinline__ void pack_staged(uint32_t staging, int64_t row0, int6
     const uint4 v = load(c);
     chunks |= uint32_t(((v.x | v.y | v.z | v.w) & 0x7fff7fffu) != 0) << c;
   }
+  // Only the chunks inside N: past it W1's rows are TMA's zero fill, and a row of x holding NaN or
+  // Inf makes even x . 0 NaN there.
+  if (p.n - n0 < Cfg::kBlockN) chunks &= (1u << ((p.n - n0) / 8)) - 1u;
 #pragma unroll
   for (int t = 0; t < Cfg::kBlockN / kTile; ++t) {
     const int64_t tile = n0 / kTile + t;
     if (tile >= num_tiles) break;
     const int64_t slot = row * num_tiles + tile, base = slot * capacity;
     int count = 0;
+    uint32_t max_magnitude = 0;  // of the tile's non-zero values: Inf's or more routes the tile
     for (uint32_t left = chunks >> (t * kChunks) & (kChunks == 32 ? ~0u : (1u << kChunks) - 1u); left != 0;
          left &= left - 1) {
       const int c = t * kChunks + __ffs(left) - 1;
@@ -139,7 +182,9 @@ __device__ __forceinline__ void pack_staged(uint32_t staging, int64_t row0, int6
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const uint16_t bits = uint16_t(w[e / 2] >> (16 * (e % 2)));
-        if ((bits & kMagnitudeBits) == 0) continue;
+        const uint32_t magnitude = bits & kMagnitudeBits;
+        if (magnitude == 0) continue;
+        max_magnitude = max(max_magnitude, magnitude);
         if (count < capacity) {
           values[base + count] = bits;
           out.cols[base + count] = uint16_t(8 * c + e - t * kTile);
@@ -147,13 +192,22 @@ __device__ __forceinline__ void pack_staged(uint32_t staging, int64_t row0, int6
         ++count;
       }
     }
-    seen += unsigned(count);
-    if (count <= capacity) {
+    const bool nonfinite = max_magnitude >= Elem<T>::kInfBits;
+    if (count <= capacity && !nonfinite) {
+      seen += unsigned(count);
       out.counts[slot] = uint16_t(count);
       continue;
     }
+    // Routed: the dense values go to G. Where a NaN or Inf routed the tile, its active entries are
+    // counted again (the count above took -Inf too).
+    int active = 0;
     for (int c = t * kChunks; c < (t + 1) * kChunks; ++c)
-      if (n0 + 8 * c < p.n) *reinterpret_cast<uint4*>(p.hidden + row * p.n + n0 + 8 * c) = load(c);
+      if (n0 + 8 * c < p.n) {
+        const uint4 v = load(c);
+        if (nonfinite) active += active_count<T>(v);
+        *reinterpret_cast<uint4*>(p.hidden + row * p.n + n0 + 8 * c) = backup_values<T>(v, p.kind);
+      }
+    seen += unsigned(nonfinite ? active : count);
     out.counts[slot] = kOverflowCount;
     out.row_slot[row] = kOverflowRow;
   }
@@ -241,8 +295,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         block_of(pair, mb, nb);
         for (int g = 0; g < 2; ++g) {
           barrier_wait(smem_addr(&staged[g]), parity);
-          pack_staged<kTile>(staging + g * kStagingBytes, int64_t(mb) * Cfg::kBlockM + g * 64,
-                             int64_t(nb) * Cfg::kBlockN, p, seen);
+          pack_staged<T, kTile>(staging + g * kStagingBytes, int64_t(mb) * Cfg::kBlockM + g * 64,
+                                int64_t(nb) * Cfg::kBlockN, p, seen);
           barrier_arrive(smem_addr(&freed[g]));
         }
         if (p.ready != nullptr) {
@@ -410,6 +464,7 @@ void launch_gate_pack(const GatePackArgs& a, const DeviceInfo& dev, cudaStream_t
   if (pairs > int64_t(std::numeric_limits<int>::max()))
     throw Error(op, "x", "fewer than 2^31 output tile pairs", std::to_string(pairs));
   p.tiles = int(pairs);
+  p.kind = a.kind;
   p.out = a.out;
   p.hidden = static_cast<uint16_t*>(a.hidden);
   p.active = a.active;

@@ -1,9 +1,15 @@
 // The CUDA inference backend: checks what the kernels support, sizes the workspace and enqueues
 // one path per run on the caller's stream, with no host synchronisation (graph-capturable):
-//   sparse: G = relu(x W1^T) (cuBLASLt) -> TwELL pack -> compact up+down -> routed-row backup;
-//           on sm_90a the gate GEMM packs TwELL itself (gate_pack.cu), G holds only routed rows
-//   dense:  G (cuBLASLt, ReLU epilogue) [-> U = x Wu^T, h = G * U] -> y = h Wd (cuBLASLt)
+//   sparse: G = x W1^T (cuBLASLt) -> TwELL pack of relu(G) -> compact up+down -> routed-row
+//           backup; on sm_90a the gate GEMM packs TwELL itself (gate_pack.cu), G holds only
+//           routed rows
+//   decode (the sparse path of M <= DecodeConfig::kMaxRows): G (cuBLASLt) ->
+//           active lists and up dots per (token, neuron chunk) -> down axpys per column slice
+//   dense:  G (cuBLASLt) [-> U = x Wu^T] -> h = relu(G) [* U] -> y = h Wd (cuBLASLt)
 // W1 is the gate weight (gated) or the up weight (plain). docs/kernels.md has the reasoning.
+// The ReLU is twell's own (relu in element.cuh: NaN stays NaN), never cuBLASLt's epilogue; a row
+// with a NaN or infinite gate value is routed to the dense backup, which multiplies every relu(g)
+// by its u: NaN and Inf in x or a NaN gate weight reach y as in the dense computation.
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
@@ -91,13 +97,13 @@ class CudaInference final : public detail::InferenceBackend {
     return dims_.kind == FfnKind::gated ? weights_.gate.data : weights_.up.data;
   }
   void run_gate(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s) {
-    lt_->run(linear_call(GemmId::gate, Activation::relu, rows, dims_.n, dims_.k, args.x.data, first_weight(),
+    lt_->run(linear_call(GemmId::gate, rows, dims_.n, dims_.k, args.x.data, first_weight(),
                          b.hidden),
              s, b.lt);
   }
   void run_sparse(const InferenceArgs& args, int64_t rows, const Buffers& b, bool capturing, cudaStream_t s);
-  void run_dense(const InferenceArgs& args, int64_t rows, const Buffers& b, bool count,
-                 cudaStream_t s);
+  void run_decode(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s);
+  void run_dense(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s);
 
   FfnWeights weights_;
   InferenceOptions options_;
@@ -151,7 +157,9 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
   check_cuda(cudaMemsetAsync(b.control, 0, b.layout.control_bytes, s), kRunOp, "run counters");
 
   if (dense)
-    run_dense(args, rows, b, counters != nullptr || options_.dispatch == Dispatch::automatic, s);
+    run_dense(args, rows, b, s);
+  else if (rows <= DecodeConfig::kMaxRows)
+    run_decode(args, rows, b, s);
   else
     run_sparse(args, rows, b, capturing, s);
 
@@ -194,6 +202,7 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
   auto* ready = reinterpret_cast<int32_t*>(b.base + b.layout.ready);
   if (fused_gate_) {
     GatePackArgs gate;
+    gate.kind = dims_.kind;
     gate.x = args.x.data;
     gate.weight = first_weight();
     gate.k = dims_.k;
@@ -205,6 +214,7 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
   } else {
     run_gate(args, rows, b, s);
     PackArgs pack;
+    pack.kind = dims_.kind;
     pack.hidden = b.hidden;
     pack.out = tw;
     pack.active = &b.control->active;
@@ -249,8 +259,30 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
   routed_capacity_.record(backup_count, rows, capturing, s);
 }
 
-void CudaInference::run_dense(const InferenceArgs& args, int64_t rows, const Buffers& b,
-                              bool count, cudaStream_t s) {
+void CudaInference::run_decode(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s) {
+  run_gate(args, rows, b, s);
+  DecodeArgs d;
+  d.kind = dims_.kind;
+  d.dtype = dims_.dtype;
+  d.x = args.x.data;
+  d.hidden = b.hidden;
+  d.up = weights_.up.data;
+  d.down = weights_.down.data;
+  d.y = args.y.data;
+  d.rows = rows;
+  d.k = dims_.k;
+  d.n = dims_.n;
+  d.chunks = DecodeConfig::chunks(dims_.n);
+  d.counts = reinterpret_cast<int32_t*>(b.base + b.layout.decode_counts);
+  d.neurons = reinterpret_cast<int32_t*>(b.base + b.layout.decode_neurons);
+  d.h = reinterpret_cast<float*>(b.base + b.layout.decode_h);
+  d.partials = reinterpret_cast<float*>(b.base + b.layout.decode_partials);
+  d.arrivals = reinterpret_cast<int32_t*>(b.base + b.layout.decode_arrivals);
+  d.active = &b.control->active;
+  launch_decode(d, device_, s);
+}
+
+void CudaInference::run_dense(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s) {
   run_gate(args, rows, b, s);
   DenseHiddenArgs h;
   h.kind = dims_.kind;
@@ -260,14 +292,10 @@ void CudaInference::run_dense(const InferenceArgs& args, int64_t rows, const Buf
   h.active = &b.control->active;
   if (dims_.kind == FfnKind::gated) {
     void* up = b.base + b.layout.up;
-    lt_->run(linear_call(GemmId::up, Activation::none, rows, dims_.n, dims_.k, args.x.data, weights_.up.data,
-                         up),
-             s, b.lt);
+    lt_->run(linear_call(GemmId::up, rows, dims_.n, dims_.k, args.x.data, weights_.up.data, up), s, b.lt);
     h.up = up;
-    launch_dense_hidden(h, device_, s);
-  } else if (count) {
-    launch_dense_hidden(h, device_, s);
   }
+  launch_dense_hidden(h, device_, s);  // relu(G) (* U) in place, and the active count
   lt_->run(matmul_call(GemmId::down, rows, dims_.k, dims_.n, b.hidden, weights_.down.data, args.y.data), s,
            b.lt);
 }

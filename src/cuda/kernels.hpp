@@ -38,24 +38,29 @@ struct SplitK {
   int32_t* counters = nullptr;
 };
 
-// pack.cu: G [rows, cols] (relu applied, out.dtype) -> TwELL `out` (values, cols, counts,
-// row_slot, routed_rows, num_routed; no backup rows). *out.num_routed must be 0 on entry; it
-// ends as the routed row count, in routed_rows' first entries (in no particular order). Routed
-// rows get zero counts. Adds the non-zeros of every row to *active.
+// pack.cu: G = x W1^T [rows, cols] (before the ReLU, out.dtype) -> TwELL `out` of relu(G) (values,
+// cols, counts, row_slot, routed_rows, num_routed; no backup rows). *out.num_routed must be 0 on
+// entry; it ends as the routed row count, in routed_rows' first entries (in no particular order).
+// Routed rows (a tile over capacity, or a NaN or infinite G value) get zero counts and their G
+// rows replaced by relu(G) (gated: -Inf by NaN, see pack.cu). Adds the active entries (positive or
+// NaN) of every row to *active.
 struct PackArgs {
-  const void* hidden = nullptr;
+  FfnKind kind = FfnKind::gated;
+  void* hidden = nullptr;
   TwellView out;
   unsigned long long* active = nullptr;
 };
 void launch_pack(const PackArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
 // gate_pack.cu (sm_90a): G = relu(x W1^T) packed into `out` by the GEMM itself: the layout
-// launch_pack gives the same G (*out.num_routed must be 0 on entry), with `hidden` (G [rows, cols])
-// written only for routed rows. Internally a (row, tile) over the capacity writes its dense values
-// to G with count kOverflowCount and marks its row kOverflowRow; launch_route_overflow then routes
-// those rows. Adds the non-zeros of every row to *active.
+// launch_pack gives the same G (*out.num_routed must be 0 on entry), with `hidden` (relu(G)
+// [rows, cols], as launch_pack leaves it) written only for routed rows. Internally a (row, tile)
+// over the capacity or with a NaN or infinite value writes its dense values to G with count
+// kOverflowCount and marks its row kOverflowRow; launch_route_overflow then routes those rows.
+// Adds the active entries of every row to *active.
 struct GatePackArgs {
   const char* op = "InferencePlan::run";
+  FfnKind kind = FfnKind::gated;  // a gated layer's routed -Inf becomes NaN (pack.cu)
   const void* x = nullptr;       // [rows, k]
   const void* weight = nullptr;  // W1 [cols, k]
   int64_t k = 0;
@@ -115,7 +120,7 @@ void launch_compact_ffn(const CompactArgs& a, cudaStream_t s);
 // backup.
 struct RowArgs {
   CompactArgs compact;
-  const void* hidden = nullptr;  // G [rows, N] (relu applied)
+  const void* hidden = nullptr;  // G [rows, N], before the ReLU: relu(G) in the routed rows (launch_pack)
   int32_t* heavy_rows = nullptr; // [rows]
   int32_t* long_rows = nullptr;  // [rows]
   RunCounters* control = nullptr;
@@ -200,14 +205,15 @@ inline RoutedArgs routed_args(const ProblemDims& d, const FfnWeights& w, const v
   return r;
 }
 
-// dense_hidden.cu: counts the non-zeros of G into *active; gated also turns G into
-// h = G * U (each product rounded to dtype, as a framework's dense layer does).
+// dense_hidden.cu: from G = x W1^T (before the ReLU), counts the active values (positive or NaN)
+// into *active and writes h = relu(G) * U (gated; each product rounded to dtype, as a framework's
+// dense layer does) or h = relu(G) (plain).
 struct DenseHiddenArgs {
   FfnKind kind = FfnKind::gated;
   DType dtype = DType::bf16;
   void* hidden = nullptr;         // G [rows, N]
   const void* up = nullptr;       // U = x Wu^T [rows, N] (gated only)
-  void* out = nullptr;            // gated: h [rows, N]; nullptr: h replaces G in place
+  void* out = nullptr;            // h [rows, N]; nullptr: h replaces G in place
   int64_t elements = 0;           // rows * N (a multiple of 8)
   unsigned long long* active = nullptr;
   // Optional (training's dense form): sum |h| of the rounded h per CTA, at most
@@ -219,5 +225,32 @@ int64_t launch_dense_hidden(const DenseHiddenArgs& a, const DeviceInfo& dev, cud
 
 // counters.cu: counters (int64 [2]) = {num_routed, active}.
 void launch_write_counters(const RunCounters* c, int64_t* counters, cudaStream_t s);
+
+// decode.cu: the decode path's two kernels after the gate GEMM (G = x W1^T in `hidden`).
+// Lists per (token, chunk of DecodeConfig::kChunk neurons): counts [M, chunks] int32,
+// neurons and h [M, chunks, kChunk] (int32, fp32). partials: [splits, M, K] fp32 when
+// decode_grid(...).splits > 1; arrivals: int32 [M, slices], zero before the launch.
+struct DecodeArgs {
+  FfnKind kind = FfnKind::gated;
+  DType dtype = DType::bf16;
+  const void* x = nullptr;       // [rows, K]
+  const void* hidden = nullptr;  // G [rows, N], before the ReLU
+  const void* up = nullptr;      // Wu [N, K]
+  const void* down = nullptr;    // Wd [N, K]
+  void* y = nullptr;             // [rows, K]
+  int64_t rows = 0, k = 0, n = 0, chunks = 0;
+  int32_t* counts = nullptr;
+  int32_t* neurons = nullptr;
+  float* h = nullptr;
+  float* partials = nullptr;
+  int32_t* arrivals = nullptr;
+  unsigned long long* active = nullptr;  // += the active entries (RunCounters::active)
+};
+struct DecodeGrid {
+  int64_t slices = 1;  // column slices of K
+  int64_t splits = 1;  // CTAs sharing a (token, slice)'s entries
+};
+DecodeGrid decode_grid(int64_t rows, int64_t k, const DeviceInfo& dev);
+void launch_decode(const DecodeArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
 }  // namespace twell::gpu

@@ -3,7 +3,7 @@
 //   weight [n, k] row-major = column-major [k, n] (ld k), used transposed  -> opA = T
 //   weight [k, n] row-major = column-major [n, k] (ld n), used as is       -> opA = N
 //   A [m, k] row-major      = column-major [k, m] (ld k)                   -> opB = N
-//   D [m, n] row-major      = column-major [n, m] (ld n); the ReLU epilogue is elementwise.
+//   D [m, n] row-major      = column-major [n, m] (ld n).
 #include "cuda/lt_gemm.hpp"
 
 #include <string>
@@ -47,17 +47,12 @@ void build(cublasLtHandle_t handle, cudaDataType_t type, const GemmCall& c, int 
   const bool transposed = c.layout == WeightLayout::n_by_k;
   const cublasOperation_t op_a = transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = CUBLAS_OP_N;
-  const cublasLtEpilogue_t epilogue =
-      c.act == Activation::relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT;
   check_cublas(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), kOp,
                "cuBLASLt matmul descriptor");
   check_cublas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a),
                kOp, "cuBLASLt transpose A");
   check_cublas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b),
                kOp, "cuBLASLt transpose B");
-  check_cublas(
-      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
-      kOp, "cuBLASLt epilogue");
 
   const uint64_t m = uint64_t(c.m), n = uint64_t(c.n), k = uint64_t(c.k);
   if (transposed)

@@ -1,6 +1,8 @@
 // The three dense products of an FFN through cuBLASLt (16-bit in and out, fp32 accumulation),
-// described row-major:  D [m, n] = act(A [m, k] . B'),  B' = B^T for B [n, k] (nn.Linear) or B
-// for B [k, n]. cuBLASLt is column-major, so the call computes D^T = B'^T A^T (see lt_gemm.cpp).
+// described row-major:  D [m, n] = A [m, k] . B',  B' = B^T for B [n, k] (nn.Linear) or B for
+// B [k, n]. cuBLASLt is column-major, so the call computes D^T = B'^T A^T (see lt_gemm.cpp).
+// No epilogue: cuBLASLt documents its ReLU epilogue as max(x, 0), which need not keep NaN, so the
+// ReLU is twell's own, applied where G is read (relu in element.cuh).
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -14,7 +16,6 @@
 namespace twell::gpu {
 
 enum class GemmId : uint8_t { gate, up, down, grad_hidden, grad_input };  // one cached algorithm each
-enum class Activation : uint8_t { none, relu };   // cuBLASLt epilogue
 enum class WeightLayout : uint8_t {
   n_by_k,  // B [n, k]: D = A B^T (gate and up weights)
   k_by_n,  // B [k, n]: D = A B   (the neuron-major down weight)
@@ -22,7 +23,6 @@ enum class WeightLayout : uint8_t {
 
 struct GemmCall {
   GemmId id = GemmId::gate;
-  Activation act = Activation::none;
   WeightLayout layout = WeightLayout::n_by_k;
   int64_t m = 0, n = 0, k = 0;   // all operands contiguous row-major
   const void* a = nullptr;       // [m, k] activations
@@ -31,12 +31,11 @@ struct GemmCall {
   int64_t ldd = 0;               // D's row stride in elements (0: n)
 };
 
-// D [m, n] = act(A [m, k] B^T) for B [n, k] (nn.Linear's weight: the gate and up products).
-inline GemmCall linear_call(GemmId id, Activation act, int64_t m, int64_t n, int64_t k, const void* a,
-                            const void* b, void* d) {
+// D [m, n] = A [m, k] B^T for B [n, k] (nn.Linear's weight: the gate and up products).
+inline GemmCall linear_call(GemmId id, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
+                            void* d) {
   GemmCall c;
   c.id = id;
-  c.act = act;
   c.layout = WeightLayout::n_by_k;
   c.m = m;
   c.n = n;
@@ -50,7 +49,7 @@ inline GemmCall linear_call(GemmId id, Activation act, int64_t m, int64_t n, int
 // D [m, n] = A [m, k] B for B [k, n] (the neuron-major down weight, stacked weights).
 inline GemmCall matmul_call(GemmId id, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
                             void* d) {
-  GemmCall c = linear_call(id, Activation::none, m, n, k, a, b, d);
+  GemmCall c = linear_call(id, m, n, k, a, b, d);
   c.layout = WeightLayout::k_by_n;
   return c;
 }

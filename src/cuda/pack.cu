@@ -1,11 +1,15 @@
-// TwELL pack: G [rows, N] (relu applied) -> per (row, tile) entries in ascending column order;
-// a row with more non-zeros than `capacity` in any tile is routed (listed, counts zero).
+// TwELL pack: G = x W1^T [rows, N] (before the ReLU) -> per (row, tile) the active entries
+// (relu_active: positive or NaN) in ascending column order; a row with more than `capacity` in
+// any tile, or with a NaN or infinite value, is routed (listed, counts zero) and its G row
+// replaced by the ReLU of it (routed_relu) for the dense backup.
 //   CTA: whole rows, grid-stride over a persistent grid; one CTA decides a row (compact or routed)
 //        and writes its row_slot, routed_rows entry and counts, so they always agree.
 //   warp: tiles w, w + kWarps, ... of the row; entry slots from a prefix sum of lane counts.
 //   thread: tile / 32 consecutive columns of a tile (one 4-, 8- or 16-byte load).
-// Values are copied as raw 16-bit patterns, so the layout matches pack_twell on the CPU bit for bit.
+// Values are copied as raw 16-bit patterns (an active value is its own ReLU), so the layout
+// matches pack_twell of relu(G) on the CPU bit for bit.
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "cuda/config.hpp"
@@ -64,18 +68,58 @@ __device__ __forceinline__ uint16_t value_bits(const uint32_t (&w)[kPerLane / 2]
   return uint16_t(w[e / 2] >> (16 * (e % 2)));
 }
 
+// Bit e: value e of the chunk is active.
 template <int kPerLane>
-__device__ __forceinline__ uint32_t nonzero_mask(const uint32_t (&w)[kPerLane / 2]) {
+__device__ __forceinline__ uint32_t active_mask(const uint32_t (&w)[kPerLane / 2], uint16_t inf_bits) {
   uint32_t mask = 0;
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e)
-    mask |= uint32_t((value_bits<kPerLane>(w, e) & kMagnitudeBits) != 0) << e;
+    mask |= uint32_t(relu_active_bits(value_bits<kPerLane>(w, e), inf_bits)) << e;
   return mask;
+}
+
+template <int kPerLane>
+__device__ __forceinline__ bool any_nonfinite_value(const uint32_t (&w)[kPerLane / 2], uint16_t inf_bits) {
+  bool any = false;
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) any |= nonfinite_bits(value_bits<kPerLane>(w, e), inf_bits);
+  return any;
+}
+
+// The value the dense backup reads for a routed row's G value: its ReLU, except that a gated
+// layer's -Inf becomes NaN. A -Inf gate with finite weights means x's row is not finite, and then
+// every u of the row is infinite or NaN: the dense h = relu(-Inf) * u = 0 * u is NaN, which a
+// backup that skips zeros of G (row_ffn.cu's routed rows) would miss.
+__device__ __forceinline__ uint16_t routed_relu(uint16_t bits, uint16_t inf_bits, FfnKind kind) {
+  if (relu_active_bits(bits, inf_bits)) return bits;
+  const bool negative_inf = bits == negative_inf_bits(inf_bits);
+  return negative_inf && kind == FfnKind::gated ? quiet_nan_bits(inf_bits) : uint16_t(0);
+}
+
+template <int kPerLane>
+__device__ __forceinline__ void routed_relu_words(uint32_t (&w)[kPerLane / 2], uint16_t inf_bits,
+                                                  FfnKind kind) {
+#pragma unroll
+  for (int i = 0; i < kPerLane / 2; ++i)
+    w[i] = uint32_t(routed_relu(uint16_t(w[i]), inf_bits, kind)) |
+           uint32_t(routed_relu(uint16_t(w[i] >> 16), inf_bits, kind)) << 16;
+}
+
+template <int kPerLane>
+__device__ __forceinline__ void store_chunk(uint16_t* row, int64_t col, int64_t cols,
+                                            const uint32_t (&w)[kPerLane / 2]) {
+  using Chunk = typename LaneChunk<kPerLane>::type;
+  if (col >= cols) return;
+  Chunk c;
+  static_assert(sizeof(Chunk) == sizeof(w), "a chunk is its words");
+  memcpy(&c, w, sizeof c);
+  *reinterpret_cast<Chunk*>(row + col) = c;
 }
 
 template <int kTile>
 __global__ void __launch_bounds__(kThreads, PackConfig::kCtasPerSm)
-    pack_kernel(const uint16_t* __restrict__ hidden, TwellView out, unsigned long long* active) {
+    pack_kernel(uint16_t* __restrict__ hidden, TwellView out, unsigned long long* active, uint16_t inf_bits,
+                FfnKind kind) {
   chain_entry();
   constexpr int kPerLane = kTile / kWarpSize;
   static_assert(kTile % kWarpSize == 0 && kPerLane >= 2 && kPerLane <= kVecElems,
@@ -90,16 +134,17 @@ __global__ void __launch_bounds__(kThreads, PackConfig::kCtasPerSm)
   unsigned long long seen = 0;
 
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const uint16_t* g = hidden + row * cols;
+    uint16_t* g = hidden + row * cols;
 
-    // Phase 1: count each tile; one overflowing tile routes the whole row.
+    // Phase 1: count each tile; one overflowing tile (or one NaN or Inf) routes the whole row.
     bool overflow = false;
     for (int t = warp; t < num_tiles; t += PackConfig::kWarps) {
       uint32_t words[kPerLane / 2];
       to_words(load_chunk<kPerLane>(g, int64_t(t) * kTile + lane * kPerLane, cols), words);
-      const int mine = __popc(nonzero_mask<kPerLane>(words));
+      const int mine = __popc(active_mask<kPerLane>(words, inf_bits));
       seen += unsigned(mine);
       overflow |= int(__reduce_add_sync(kFullMask, unsigned(mine))) > capacity;
+      overflow |= any_nonfinite_value<kPerLane>(words, inf_bits);
     }
     const bool routed = __syncthreads_or(overflow);
     if (threadIdx.x == 0) {
@@ -111,16 +156,20 @@ __global__ void __launch_bounds__(kThreads, PackConfig::kCtasPerSm)
       out.row_slot[row] = slot;
     }
 
-    // Phase 2: entries of a compact row; lane order then value order is column order.
+    // Phase 2: entries of a compact row; lane order then value order is column order. A routed
+    // row's G becomes the ReLU of it.
     for (int t = warp; t < num_tiles; t += PackConfig::kWarps) {
       const int64_t tile_index = row * num_tiles + t;
+      const int64_t col = int64_t(t) * kTile + lane * kPerLane;
+      uint32_t words[kPerLane / 2];
+      to_words(load_chunk<kPerLane>(g, col, cols), words);
       if (routed) {
         if (lane == 0) out.counts[tile_index] = 0;
+        routed_relu_words<kPerLane>(words, inf_bits, kind);
+        store_chunk<kPerLane>(g, col, cols, words);
         continue;
       }
-      uint32_t words[kPerLane / 2];
-      to_words(load_chunk<kPerLane>(g, int64_t(t) * kTile + lane * kPerLane, cols), words);
-      const uint32_t mask = nonzero_mask<kPerLane>(words);
+      const uint32_t mask = active_mask<kPerLane>(words, inf_bits);
       const int mine = __popc(mask);
       int inclusive = mine;
 #pragma unroll
@@ -209,16 +258,22 @@ void launch_pack(const PackArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const int64_t rows = a.out.shape.rows;
   if (rows == 0) return;
   const int64_t grid = std::min<int64_t>(rows, int64_t(dev.sm_count) * PackConfig::kCtasPerSm);
-  const auto* g = static_cast<const uint16_t*>(a.hidden);
+  auto* g = static_cast<uint16_t*>(a.hidden);
+  uint16_t inf_bits = 0;
+  with_element_type(a.out.dtype, "InferencePlan::run",
+                    [&](auto tag) { inf_bits = Elem<decltype(tag)>::kInfBits; });
+  const auto run = [&](auto kernel) {
+    launch(kernel, dim3(unsigned(grid)), dim3(kThreads), 0, s, g, a.out, a.active, inf_bits, a.kind);
+  };
   switch (a.out.shape.tile) {
     case 64:
-      launch(pack_kernel<64>, dim3(unsigned(grid)), dim3(kThreads), 0, s, g, a.out, a.active);
+      run(pack_kernel<64>);
       break;
     case 128:
-      launch(pack_kernel<128>, dim3(unsigned(grid)), dim3(kThreads), 0, s, g, a.out, a.active);
+      run(pack_kernel<128>);
       break;
     case 256:
-      launch(pack_kernel<256>, dim3(unsigned(grid)), dim3(kThreads), 0, s, g, a.out, a.active);
+      run(pack_kernel<256>);
       break;
     default:
       throw Error("InferencePlan::run", "options.tile", "64, 128 or 256",

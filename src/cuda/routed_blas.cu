@@ -138,7 +138,7 @@ void launch_routed_blas(LtGemm& lt, const RoutedArgs& a, int64_t cap, void* regi
   char* rows_n = rows_k + size_t(cap * a.k) * es;     // [cap, N]: u, then h (gated); h (plain)
   if (a.kind == FfnKind::gated) {
     launch_gather_rows(a.x, a.k, l, rows_k, dev, s, op);
-    lt.run(linear_call(GemmId::up, Activation::none, cap, a.n, a.k, rows_k, a.up, rows_n), s, lt_workspace);
+    lt.run(linear_call(GemmId::up, cap, a.n, a.k, rows_k, a.up, rows_n), s, lt_workspace);
     launch_routed_product(a.dtype, a.hidden, a.n, l, rows_n, dev, s, op);
   } else {
     launch_gather_rows(a.hidden, a.n, l, rows_n, dev, s, op);

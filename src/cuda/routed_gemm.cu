@@ -92,7 +92,6 @@ enum class BLayout : uint8_t {
 enum class Epilogue : uint8_t {
   gate_product,  // out[out_rows[i]] *= acc in place, rounded to T (h = g * u); tiles of zero g skipped
   store,       // out[out_rows[i]] = acc, rounded to T
-  store_relu,  // the same with max(acc, 0)
   accumulate,  // out[i] += acc, fp32
 };
 enum class Routed : uint8_t { rows, depth };  // which extent is *count
@@ -415,9 +414,6 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) routed_gemm_kernel(
         dst[1] = make_float4(hi.x + v[4], hi.y + v[5], hi.z + v[6], hi.w + v[7]);
       } else {
         T* dst = static_cast<T*>(p.out) + row * p.ldo + c;
-        if constexpr (kE == Epilogue::store_relu)
-#pragma unroll
-          for (int e = 0; e < kVecElems; ++e) v[e] = fmaxf(v[e], 0.0f);
         if constexpr (kE == Epilogue::gate_product) {
           float g[kVecElems];
           unpack8<T>(*reinterpret_cast<const uint4*>(dst), g);
@@ -501,12 +497,8 @@ void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cuda
   p.routed = Routed::rows;
   p.count = a.count;
   p.split_k = a.split_k;
-  if (a.act == Activation::relu)
-    launch_gemm<ALayout::row_major, BLayout::n_by_k, Epilogue::store_relu>(p, a.dtype, p.rows, dev, s,
-                                                                           "routed recompute GEMM");
-  else
-    launch_gemm<ALayout::row_major, BLayout::n_by_k, Epilogue::store>(p, a.dtype, p.rows, dev, s,
-                                                                      "routed recompute GEMM");
+  launch_gemm<ALayout::row_major, BLayout::n_by_k, Epilogue::store>(p, a.dtype, p.rows, dev, s,
+                                                                    "routed recompute GEMM");
 }
 
 void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cudaStream_t s) {

@@ -12,7 +12,8 @@
 //     kBatch down-dots is reduced across warps in shared memory.
 // Where a kernel computes an entry's dh it also stores the entry's weight-gradient record at the
 // position the column index gave its slot (launch_column_index runs first).
-// A routed row is skipped by both (the dense routed-row path writes it).
+// A routed row is skipped by both (the dense routed-row path writes it). Where a loaded dy row holds
+// a NaN or Inf, the kernels raise control[kNonFiniteDyWord] for launch_nonfinite_dy.
 #include "cuda/cuda_check.hpp"
 #include "cuda/launch.cuh"
 #include "cuda/train_kernels.hpp"
@@ -30,7 +31,7 @@ __device__ void backward_row(const T* __restrict__ dy, const T* __restrict__ fir
                              const T* __restrict__ down, T* __restrict__ dx, float* __restrict__ dh_out,
                              const int64_t* __restrict__ position, EntryRecord* __restrict__ records,
                              const L1Coef& l1, int64_t k, const TwellView& tw, int64_t row,
-                             rows::RowShared& sm) {
+                             rows::RowShared& sm, int32_t* nonfinite_dy) {
   const int num_tiles = tiles_of(tw.shape);
   rows::stage_counts(sm, tw, row, num_tiles);
 
@@ -41,11 +42,15 @@ __device__ void backward_row(const T* __restrict__ dy, const T* __restrict__ fir
   float dyr[kVecs][kVecElems];
   float acc[kVecs][kVecElems];
   rows::load_row<T, kVecs>(dy + row * k, vectors, dyr);
+  bool nonfinite = false;
 #pragma unroll
   for (int j = 0; j < kVecs; ++j)
 #pragma unroll
-    for (int e = 0; e < kVecElems; ++e) acc[j][e] = 0.0f;
-  __syncthreads();
+    for (int e = 0; e < kVecElems; ++e) {
+      nonfinite |= !isfinite(dyr[j][e]);
+      acc[j][e] = 0.0f;
+    }
+  if (__syncthreads_or(nonfinite) && threadIdx.x == 0) atomicOr(nonfinite_dy, 1);
 
   rows::EntryCursor cur;
   int buffer = 0;
@@ -85,12 +90,13 @@ __global__ void __launch_bounds__(TrainRowConfig::kMaxThreads)
     backward_rows_kernel(const T* __restrict__ dy, const T* __restrict__ first, const T* __restrict__ up,
                          const T* __restrict__ down, T* __restrict__ dx, float* __restrict__ dh_out,
                          const int64_t* __restrict__ position, EntryRecord* __restrict__ records, L1Coef l1,
-                         int64_t k, TwellView tw) {
+                         int64_t k, TwellView tw, int32_t* nonfinite_dy) {
   chain_entry();
   __shared__ rows::RowShared sm;
   const int64_t row = blockIdx.x;
   if (tw.row_slot[row] < 0)
-    backward_row<T, kKind, kVecs>(dy, first, up, down, dx, dh_out, position, records, l1, k, tw, row, sm);
+    backward_row<T, kKind, kVecs>(dy, first, up, down, dx, dh_out, position, records, l1, k, tw, row, sm,
+                                  nonfinite_dy);
 }
 
 struct WarpArgs {
@@ -106,6 +112,7 @@ struct WarpArgs {
   TwellView tw;
   int32_t* control;
   int32_t* long_rows;
+  int32_t* nonfinite_dy;
 };
 
 // One warp's part of a compact row: the entry groups first_group, first_group + group_step, ...
@@ -122,8 +129,13 @@ __device__ void backward_warp_row(const WarpArgs& a, int64_t row, int lane, int 
   const T* plane1 = values + plane_elements(a.tw.shape);
   const float scale = l1_scale(a.l1, a.tw.shape.rows);
   uint4 dyr[kChunks];
-  if constexpr (kPhase != Phase::axpys)
+  if constexpr (kPhase != Phase::axpys) {
     warp_rows::load_row<T, kChunks>(static_cast<const T*>(a.dy) + row * k, lane, dyr);
+    bool nonfinite = false;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) nonfinite |= any_nonfinite<T>(dyr[c]);
+    if (__any_sync(warp_rows::kFullMask, nonfinite) && lane == 0) atomicOr(a.nonfinite_dy, 1);
+  }
   warp_rows::zero(acc);
   int group = 0;
   warp_rows::for_each_entry_group(a.tw, row, lane, [&](int neuron, int64_t slot, int count) {
@@ -231,8 +243,8 @@ void launch_backward_rows(const BackwardRowsArgs& a, const DeviceInfo& dev, cuda
   const rows::PassGrid grid = rows::pass_grid(rows, a.k, dev);
   if (grid.warp) {
     check_cuda(cudaMemsetAsync(a.control, 0, kRowQueueWords * sizeof(int32_t), s), op, "row queues");
-    const WarpArgs w{a.dy,       a.first,   a.up, a.down,  a.dx,      a.dh,
-                     a.position, a.records, a.l1, a.saved, a.control, a.long_rows};
+    const WarpArgs w{a.dy,       a.first,   a.up, a.down,  a.dx,      a.dh,        a.position,
+                     a.records,  a.l1,      a.saved, a.control, a.long_rows, a.control + kNonFiniteDyWord};
     rows::dispatch_warp_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto chunks) {
       using T = decltype(tag);
       constexpr FfnKind kKind = decltype(kind)::value;
@@ -247,12 +259,13 @@ void launch_backward_rows(const BackwardRowsArgs& a, const DeviceInfo& dev, cuda
     check_launch(op, "training backward warp-row kernels");
     return;
   }
+  check_cuda(cudaMemsetAsync(a.control + kNonFiniteDyWord, 0, sizeof(int32_t), s), op, "non-finite dy flag");
   rows::dispatch_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto vecs, int threads) {
     using T = decltype(tag);
     launch(backward_rows_kernel<T, decltype(kind)::value, decltype(vecs)::value>, dim3(unsigned(rows)),
            dim3(unsigned(threads)), 0, s, static_cast<const T*>(a.dy), static_cast<const T*>(a.first),
            static_cast<const T*>(a.up), static_cast<const T*>(a.down), static_cast<T*>(a.dx), a.dh,
-           a.position, a.records, a.l1, a.k, a.saved);
+           a.position, a.records, a.l1, a.k, a.saved, a.control + kNonFiniteDyWord);
   });
   check_launch(op, "training backward rows kernel");
 }

@@ -1,11 +1,14 @@
 // Training's dense path (early-training densities): the saved layout with every row routed and
 // its dense planes in the backup rows, and the elementwise backward of the hidden layer.
 //   layout:   row_slot[m] = routed_rows[m] = m, *num_routed = M (grid-stride over rows).
-//   backward: per element of [M, N], with g = relu(G), u = U from the backup planes and dh from
-//             the dh GEMM: t = dh + l1 * sign(h) / M;  gated: dg = t u [g > 0], du = t g into
-//             q = [dg | du] (row width 2N), h = g u (over dh: each thread reads its dh vector before
-//             writing its h vector there);  plain: dg = t [g > 0] into q (width N).
-//             Each value rounded once to the dtype, as a framework's dense layer stores them.
+//   backward: per element of [M, N], with G (gated: x Wg^T before the ReLU; plain: relu(x Wu^T),
+//             which the forward's dense hidden pass wrote), u = U from the backup planes and dh
+//             from the dh GEMM: g = relu(G), t = dh + l1 * sign(h) / M;  gated: dg = t u [G active],
+//             du = t g into q = [dg | du] (row width 2N), h = g u (over dh: each thread reads its dh
+//             vector before writing its h vector there);  plain: dg = t [G active] into q (width N).
+//             Each value rounded once to the dtype, as a framework's dense layer stores them. NaN
+//             as in the dense layer: relu(NaN) = NaN is active, h and du are products (0 * Inf =
+//             NaN), dg a select, sign(NaN) = 0.
 //   CTA: kThreads threads over a grid-stride range of 16-byte vectors (kCtasPerSm CTAs per SM).
 #include <algorithm>
 
@@ -51,10 +54,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < kVecElems; ++e) {
       const float ue = kGated ? uf[e] : 1.0f;
-      hf[e] = gf[e] * ue;
+      const float ge = relu(gf[e]);
+      hf[e] = ge * ue;
       const float t = df[e] + scale * sign_of(hf[e]);
-      dg[e] = gf[e] > 0.0f ? t * ue : 0.0f;
-      du[e] = t * gf[e];
+      dg[e] = relu_active(gf[e]) ? t * ue : 0.0f;
+      du[e] = t * ge;
     }
     T* qrow = q + row * (kGated ? 2 * n : n);
     *reinterpret_cast<uint4*>(qrow + col) = pack8<T>(dg);

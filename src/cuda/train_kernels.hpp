@@ -26,8 +26,10 @@ struct L1Coef {
 };
 
 // The int32 control words of a warp-per-row pass (forward or backward): the dots (or fused)
-// kernel's queue head, the long-row count, the axpys kernel's queue head.
-constexpr int kRowQueueWords = 3;
+// kernel's queue head, the long-row count, the axpys kernel's queue head, and (backward) the flag
+// the backward rows kernels raise where a compact row's dy holds a NaN or Inf.
+constexpr int kRowQueueWords = 4;
+constexpr int kNonFiniteDyWord = 3;
 
 // train_forward_rows.cu: for every compact row m and entry (n, g) of `saved`:
 //   gated: u = <x[m], Wu[n]> rounded to the dtype, stored in plane 1; h = g * u
@@ -76,10 +78,27 @@ struct BackwardRowsArgs {
   L1Coef l1;
   int64_t k = 0;
   TwellView saved;
-  int32_t* control = nullptr;    // as ForwardRowsArgs
+  int32_t* control = nullptr;    // as ForwardRowsArgs; also control[kNonFiniteDyWord] (zeroed here)
   int32_t* long_rows = nullptr;
 };
 void launch_backward_rows(const BackwardRowsArgs& a, const DeviceInfo& dev, cudaStream_t s);
+
+// train_nonfinite_dy.cu: last in a backward over the compact form, where a compact row's dy holds a
+// NaN or Inf, the NaNs the dense products have and the compact-row kernels skip (the row's
+// inactive neurons): gated, all of dx[m] and dWu[n] for n inactive in row m; both kinds,
+// dWd[n, k] for n inactive and dy[m, k] not finite. Exits at once while *flag
+// (launch_backward_rows's control[kNonFiniteDyWord]) is 0.
+struct NonFiniteDyArgs {
+  FfnKind kind = FfnKind::gated;
+  const void* dy = nullptr;  // [rows, K]
+  TwellView saved;
+  void* dx = nullptr;        // [rows, K]
+  float* dup = nullptr;      // dWu [N, K] (gated)
+  float* ddown = nullptr;    // [N, K]
+  int64_t k = 0;
+  const int32_t* flag = nullptr;
+};
+void launch_nonfinite_dy(const NonFiniteDyArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
 // train_routed_order.cu: the saved layout's routed rows renumbered in ascending order (routed_rows
 // ascending, row_slot their positions), so the bytes forward saves do not depend on the order of
@@ -138,10 +157,9 @@ struct RoutedChunk {
 
 // routed_gemm.cu (shared with the inference backup): tensor-core GEMMs over the R routed rows (fp32
 // accumulation).
-// Recompute: out[s] = act(src[order[s]] W^T), s < R; src [rows, K], W [n_out, K], out [R, ldo].
+// Recompute: out[s] = src[order[s]] W^T, s < R; src [rows, K], W [n_out, K], out [R, ldo].
 struct RecomputeArgs {
   DType dtype = DType::bf16;
-  Activation act = Activation::none;
   const void* src = nullptr;
   const void* weight = nullptr;
   void* out = nullptr;
@@ -195,9 +213,10 @@ struct WeightGradGemmArgs {
 };
 void launch_routed_weight_grad(const WeightGradGemmArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
-// train_routed_hidden.cu: the elementwise backward of the R routed rows, in place:
-//   gated: p = g -> h = g*u;  q = [u | dh] -> [dg | du]  (dh += l1 * sign(h) / rows)
-//   plain: p = g = h (kept); q = dh -> dg (zero where g = 0)
+// train_routed_hidden.cu: the elementwise backward of the R routed rows, in place, from
+// g = x W1^T before the ReLU:
+//   gated: p = g -> h = relu(g) u;  q = [u | dh] -> [dg | du]  (dh += l1 * sign(h) / rows)
+//   plain: p = g -> h = relu(g);  q = dh -> dg (zero where g is not active)
 // p [R, N], q [R, N * (gated ? 2 : 1)], all rounded to the dtype.
 struct RoutedHiddenArgs {
   FfnKind kind = FfnKind::gated;
@@ -217,13 +236,13 @@ void launch_routed_hidden(const RoutedHiddenArgs& a, const DeviceInfo& dev, cuda
 // the caller's GEMMs).
 void launch_dense_layout(const TwellView& saved, const DeviceInfo& dev, cudaStream_t s);
 
-// train_dense.cu: the dense path's elementwise backward over [rows, N]:
-//   t = dh + l1 * sign(g u) / rows; gated: q = [t u [g > 0] | t g] (row width 2N), h = g u;
-//   plain: q = t [g > 0] (width N). Every output rounded to the dtype.
+// train_dense.cu: the dense path's elementwise backward over [rows, N], with g = relu(G):
+//   t = dh + l1 * sign(g u) / rows; gated: q = [t u [G active] | t g] (row width 2N), h = g u;
+//   plain: q = t [G active] (width N). Every output rounded to the dtype.
 struct DenseBackwardArgs {
   FfnKind kind = FfnKind::gated;
   DType dtype = DType::bf16;
-  const void* g = nullptr;   // relu(G) [rows, N]
+  const void* g = nullptr;   // G [rows, N]: x Wg^T (gated), relu(x Wu^T) (plain)
   const void* u = nullptr;   // U [rows, N] (gated)
   const void* dh = nullptr;  // dy Wd^T [rows, N]
   void* q = nullptr;         // [rows, 2N] gated, [rows, N] plain
@@ -251,5 +270,27 @@ struct StatsArgs {
   int64_t partials = 0;
 };
 void launch_stats(const StatsArgs& a, const DeviceInfo& dev, cudaStream_t s);
+
+// saved_state.cu: forward's last kernel seals the saved buffer with its header; backward checks the
+// whole buffer first (header, routed list, every compact row's counts and columns). A fault is
+// written to `flag` (device memory, cleared by the launcher), the buffer emptied so that no later
+// kernel indexes with it, and the fault copied to `report` (host-mapped memory; the first fault
+// stays until the host clears it) for the plan to raise at its next call.
+enum class SavedFaultCode : int32_t { none = 0, header, num_routed, routed_rows, row_slot, count, column };
+struct alignas(16) SavedFault {
+  int32_t code = 0;   // SavedFaultCode
+  int32_t pad = 0;
+  int64_t row = -1;   // the row where it was seen (-1: none)
+  int64_t value = 0;  // the offending value (the header: the index of the first differing word)
+  int64_t pad2 = 0;
+};
+struct SavedCheckArgs {
+  TwellView saved;
+  TwellHeader expected;
+  SavedFault* flag = nullptr;    // device memory
+  SavedFault* report = nullptr;  // host-mapped memory
+};
+void launch_saved_check(const SavedCheckArgs& a, const DeviceInfo& dev, cudaStream_t s);
+void launch_write_header(TwellHeader* dst, const TwellHeader& value, cudaStream_t s, const char* op);
 
 }  // namespace twell::gpu

@@ -1,8 +1,11 @@
-// The elementwise backward of the R routed rows (their g, u and dh recomputed densely), in place:
-//   gated: p = g -> h = g*u;  q = [u | dh] -> [dg | du],  dh' = dh + l1 * sign(h) / M,
-//          dg = dh' * u where g > 0 (else 0), du = dh' * g
-//   plain: p = g = h (kept);  q = dh -> dg = dh + l1 / M where g > 0 (else 0)
-// every value rounded to the dtype once (the GEMMs that consume them read 16-bit operands).
+// The elementwise backward of the R routed rows (their g = x W1^T, u and dh recomputed densely,
+// g before the ReLU), in place:
+//   gated: p = g -> h = relu(g) * u;  q = [u | dh] -> [dg | du],  dh' = dh + l1 * sign(h) / M,
+//          dg = dh' * u where g is active (else 0), du = dh' * relu(g)
+//   plain: p = g -> h = relu(g);  q = dh -> dg = dh + l1 * sign(h) / M where g is active (else 0)
+// every value rounded to the dtype once (the GEMMs that consume them read 16-bit operands). As in
+// the dense layer: relu keeps NaN and is active there (relu_active), h and du are products even
+// where relu(g) = 0 (0 * Inf = NaN), dg a select, and sign(NaN) = 0.
 //   CTA: kThreads threads over a grid-stride range of 16-byte vectors of the chunk's rows of
 //        [R, N]; R read on the device (the grid is sized for R = M; CTAs past R*N exit).
 //   warp / thread: one vector of p (and the matching vectors of q) per step.
@@ -44,10 +47,10 @@ __global__ void __launch_bounds__(kThreads)
       unpack8<T>(*reinterpret_cast<const uint4*>(dv), a);
 #pragma unroll
       for (int e = 0; e < kVecElems; ++e) {
-        h[e] = g[e] * u[e];
+        h[e] = relu(g[e]) * u[e];
         const float dh = a[e] + scale * sign_of(h[e]);
-        a[e] = g[e] > 0.0f ? dh * u[e] : 0.0f;
-        du[e] = dh * g[e];
+        a[e] = relu_active(g[e]) ? dh * u[e] : 0.0f;
+        du[e] = dh * relu(g[e]);
       }
       *reinterpret_cast<uint4*>(pv) = pack8<T>(h);
       *reinterpret_cast<uint4*>(uv) = pack8<T>(a);
@@ -56,7 +59,11 @@ __global__ void __launch_bounds__(kThreads)
       T* dv = q + s * n + c;  // dh, then dg
       unpack8<T>(*reinterpret_cast<const uint4*>(dv), a);
 #pragma unroll
-      for (int e = 0; e < kVecElems; ++e) a[e] = g[e] > 0.0f ? a[e] + scale : 0.0f;
+      for (int e = 0; e < kVecElems; ++e) {
+        a[e] = relu_active(g[e]) ? a[e] + scale * sign_of(g[e]) : 0.0f;
+        g[e] = relu(g[e]);
+      }
+      *reinterpret_cast<uint4*>(pv) = pack8<T>(g);
       *reinterpret_cast<uint4*>(dv) = pack8<T>(a);
     }
   }

@@ -2,15 +2,17 @@
 // synchronisation, no allocation but the plan's workspace growing outside a capture, so a
 // forward + backward can be captured in a CUDA graph. The routed row count exists only on the
 // device; kernels over routed rows read it and exit past it.
-//   forward:  G = relu(x W1^T) (cuBLASLt) -> TwELL pack into `saved` (plane 0 = g) -> compact rows:
+//   forward:  G = x W1^T (cuBLASLt) -> TwELL pack of relu(G) into `saved` (plane 0 = g) -> compact rows:
 //             u into plane 1, y, per-row L1 -> routed rows: inference's dense backup (y, h in G)
 //             -> statistics {L0, L1}
 //   backward: (routed rows: the saved list, ascending) compact rows: dh per entry, dx -> column
 //             index -> per-neuron weight gradients (written) -> routed rows recomputed densely from
 //             x and dy on tensor cores: g, u, dh -> dg, du, h -> dx rows, weight gradients (added)
+//             -> the NaNs of compact rows whose dy is not finite (launch_nonfinite_dy)
 // The dense saved form (backup_capacity == M; automatic dispatch asks for it above dense_above):
-//   forward:  G = relu(x W1^T) and U = x Wu^T (cuBLASLt) straight into the backup planes ->
-//             h = G U and the activation count -> y = h Wd -> layout (every row routed) -> stats
+//   forward:  G = x W1^T and U = x Wu^T (cuBLASLt) straight into the backup planes ->
+//             h = relu(G) U (plain: relu(G), over G) and the activation count -> y = h Wd -> layout
+//             (every row routed) -> stats
 //   backward: dh = dy Wd^T -> [dg | du], h (elementwise) -> dx = [dg | du] [Wg; Wu] (cuBLASLt,
 //             depth 2N) -> dWg, dWu, dWd (cuBLAS, fp32 out)
 // Nothing depends on the order of an atomic or a float reduction across CTAs. Determinism::fast
@@ -95,10 +97,16 @@ class CudaTraining final : public detail::TrainingBackend {
     lt_ = std::make_unique<LtGemm>(dims_.dtype);
     blas_ = std::make_unique<BlasGemm>(dims_.dtype);
     check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), kPlanOp, "run event");
+    check_cuda(cudaMalloc(&fault_flag_, sizeof(SavedFault)), kPlanOp, "saved-state fault flag");
+    check_cuda(cudaHostAlloc(&fault_report_, sizeof(SavedFault), cudaHostAllocMapped), kPlanOp,
+               "saved-state fault report");
+    *fault_report_ = SavedFault{};
   }
 
   ~CudaTraining() override {
     if (done_ != nullptr) cudaEventDestroy(done_);
+    if (fault_flag_ != nullptr) cudaFree(fault_flag_);
+    if (fault_report_ != nullptr) cudaFreeHost(fault_report_);
   }
 
   DType saved_dtype() const override { return dims_.dtype; }
@@ -122,6 +130,31 @@ class CudaTraining final : public detail::TrainingBackend {
   void backward(const TrainingBackwardArgs& args, const TensorView& x, const TwellView& saved,
                 Stream stream) override;
 
+  void seal_saved(const TwellView& saved, const TwellHeader& header, Stream stream) override {
+    DeviceGuard guard(device_.index, kForwardOp);
+    launch_write_header(saved.header, header, resolve_stream(stream), kForwardOp);
+  }
+  void check_saved(const TwellView& saved, const TwellHeader& expected, Stream stream) override {
+    if (saved.shape.rows == 0) return;  // backward reads nothing of an empty state
+    DeviceGuard guard(device_.index, kBackwardOp);
+    launch_saved_check({saved, expected, fault_flag_, fault_report_}, device_, resolve_stream(stream));
+  }
+  // The report is host-mapped: reading it needs no synchronisation; a fault shows here once the
+  // check that found it has run.
+  void raise_reported_fault(const char* op) override {
+    const volatile SavedFault* r = fault_report_;
+    const int32_t code = r->code;
+    if (code == 0) return;
+    const int64_t row = r->row, value = r->value;
+    *fault_report_ = SavedFault{};
+    static constexpr const char* kWhat[] = {"", "header word", "num_routed", "routed_rows entry", "row_slot",
+                                            "count", "column"};
+    const bool known = code > 0 && code < int32_t(std::size(kWhat));
+    throw Error(op, "saved", "the state a forward of this plan wrote (checked on the device before backward)",
+                std::string("a corrupted or foreign buffer: ") + (known ? kWhat[code] : "fault") + " " +
+                    std::to_string(value) + (row >= 0 ? " at row " + std::to_string(row) : std::string()));
+  }
+
   std::shared_ptr<void> allocate(size_t bytes) override {
     DeviceGuard guard(device_.index, kForwardOp);
     void* p = nullptr;
@@ -133,6 +166,7 @@ class CudaTraining final : public detail::TrainingBackend {
     const char* op = "SavedActivations::routed_rows";
     DeviceGuard guard(device_.index, op);
     check_cuda(cudaDeviceSynchronize(), op, "device synchronisation");
+    raise_reported_fault(op);
     int32_t routed = 0;
     check_cuda(cudaMemcpy(&routed, saved.num_routed, sizeof routed, cudaMemcpyDeviceToHost), op,
                "routed row count");
@@ -221,6 +255,8 @@ class CudaTraining final : public detail::TrainingBackend {
   TrainingCalibration calibration_;  // automatic dispatch: timed steps of either saved form
   OwnedWorkspace own_;
   cudaEvent_t done_ = nullptr;          // recorded at the end of every uncaptured run
+  SavedFault* fault_flag_ = nullptr;    // device: the running saved-state check's first fault
+  SavedFault* fault_report_ = nullptr;  // host-mapped: the first fault not yet raised
   cudaStream_t last_stream_ = nullptr;  // the stream of the last uncaptured run
 };
 
@@ -272,6 +308,7 @@ void CudaTraining::forward_sparse(const TrainingForwardArgs& args, const TwellVi
   if (fused_gate_) {  // the gate GEMM packs plane 0 itself; G holds only the routed rows
     GatePackArgs fused;
     fused.op = kForwardOp;
+    fused.kind = dims_.kind;
     fused.x = args.x.data;
     fused.weight = first_weight();
     fused.k = dims_.k;
@@ -281,11 +318,12 @@ void CudaTraining::forward_sparse(const TrainingForwardArgs& args, const TwellVi
     fused.route_above = route_above();
     launch_gate_pack(fused, device_, s);
   } else {
-    lt_->run(linear_call(GemmId::gate, Activation::relu, rows, dims_.n, dims_.k, args.x.data, first_weight(),
+    lt_->run(linear_call(GemmId::gate, rows, dims_.n, dims_.k, args.x.data, first_weight(),
                          hidden),
              s, base + l.lt);
 
     PackArgs pack;
+    pack.kind = dims_.kind;
     pack.hidden = hidden;
     pack.out = saved;
     pack.active = active;
@@ -445,6 +483,9 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   launch_weight_grads(wg, device_, s);
 
   backward_routed(x.data, args.dy.data, g, rb, rows, l1, s);
+  launch_nonfinite_dy({dims_.kind, args.dy.data, saved, args.dx.data, g.dup, g.ddown, dims_.k,
+                       compact.control + kNonFiniteDyWord},
+                      device_, s);
   finish();
 }
 
@@ -470,11 +511,11 @@ void CudaTraining::backward_routed(const void* x, const void* dy, const Grads& g
   if (c > 0) {
     launch_gather_rows(x, k, list, x_rows, device_, s, kBackwardOp);
     launch_gather_rows(dy, k, list, dy_rows, device_, s, kBackwardOp);
-    lt_->run(linear_call(GemmId::gate, Activation::relu, c, n, k, x_rows, first_weight(), b.p), s, b.lt);
-    GemmCall call = linear_call(GemmId::up, Activation::none, c, n, k, x_rows, weights_.up.data, b.q);
+    lt_->run(linear_call(GemmId::gate, c, n, k, x_rows, first_weight(), b.p), s, b.lt);
+    GemmCall call = linear_call(GemmId::up, c, n, k, x_rows, weights_.up.data, b.q);
     call.ldd = q_cols;
     if (gated) lt_->run(call, s, b.lt);
-    call = linear_call(GemmId::grad_hidden, Activation::none, c, n, k, dy_rows, weights_.down.data,
+    call = linear_call(GemmId::grad_hidden, c, n, k, dy_rows, weights_.down.data,
                        gated ? q_second : b.q);
     call.ldd = q_cols;
     lt_->run(call, s, b.lt);
@@ -492,13 +533,11 @@ void CudaTraining::backward_routed(const void* x, const void* dy, const Grads& g
     r.first = first;
     r.chunk = chunk;
     r.split_k = b.split_k;
-    r.act = Activation::relu;
     r.src = x;
     r.weight = first_weight();
     r.out = b.p;
     r.ldo = n;
     launch_routed_recompute(r, device_, s);
-    r.act = Activation::none;
     r.ldo = q_cols;
     if (gated) {
       r.weight = weights_.up.data;
@@ -590,11 +629,11 @@ void CudaTraining::forward_dense(const TrainingForwardArgs& args, const TwellVie
   char* u_plane = g_plane + plane;                    // gated: x Wu^T
   void* h = gated ? base + l.hidden : g_plane;
 
-  lt_->run(linear_call(GemmId::gate, Activation::relu, rows, dims_.n, dims_.k, args.x.data, first_weight(),
+  lt_->run(linear_call(GemmId::gate, rows, dims_.n, dims_.k, args.x.data, first_weight(),
                        g_plane),
            s, base + l.lt);
   if (gated)
-    lt_->run(linear_call(GemmId::up, Activation::none, rows, dims_.n, dims_.k, args.x.data, weights_.up.data,
+    lt_->run(linear_call(GemmId::up, rows, dims_.n, dims_.k, args.x.data, weights_.up.data,
                          u_plane),
              s, base + l.lt);
   DenseHiddenArgs dh;
@@ -629,7 +668,7 @@ void CudaTraining::backward_dense(const TrainingBackwardArgs& args, const Tensor
   const void* h = gated ? static_cast<const void*>(base + l.dh) : g_plane;  // h overwrites dh
 
   // dh = dy Wd^T
-  lt_->run(linear_call(GemmId::grad_hidden, Activation::none, rows, n, k, args.dy.data, weights_.down.data,
+  lt_->run(linear_call(GemmId::grad_hidden, rows, n, k, args.dy.data, weights_.down.data,
                        base + l.dh),
            s, base + l.lt);
 

@@ -1,6 +1,7 @@
 // fp64 oracle of the FFN forward and backward. Plain loops on purpose: this is the ground truth.
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "twell/error.hpp"
 #include "twell/reference.hpp"
@@ -43,14 +44,28 @@ Matrix times_transposed(const Matrix& a, const Matrix& b) {
   return c;
 }
 
+// Whether each row of m holds only finite values. The products below skip a zero coefficient
+// only against a finite row: 0 * Inf and 0 * NaN are NaN, as in a dense GEMM.
+std::vector<bool> finite_rows(const Matrix& m) {
+  std::vector<bool> finite(size_t(m.rows), true);
+  for (int64_t r = 0; r < m.rows; ++r)
+    for (int64_t c = 0; c < m.cols; ++c)
+      if (!std::isfinite(m.at(r, c))) {
+        finite[size_t(r)] = false;
+        break;
+      }
+  return finite;
+}
+
 // a [M, N] times b [N, K] -> [M, K]
 Matrix times(const Matrix& a, const Matrix& b) {
   Matrix c(a.rows, b.cols);
+  const std::vector<bool> finite = finite_rows(b);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < a.rows; ++i)
     for (int64_t n = 0; n < a.cols; ++n) {
       const double v = a.at(i, n);
-      if (v == 0) continue;
+      if (v == 0 && finite[size_t(n)]) continue;
       for (int64_t k = 0; k < b.cols; ++k) c.at(i, k) += v * b.at(n, k);
     }
   return c;
@@ -59,16 +74,15 @@ Matrix times(const Matrix& a, const Matrix& b) {
 // a [M, N]^T times b [M, K] -> [N, K]
 Matrix transposed_times(const Matrix& a, const Matrix& b) {
   Matrix c(a.cols, b.cols);
+  const std::vector<bool> finite = finite_rows(b);
   for (int64_t m = 0; m < a.rows; ++m)
     for (int64_t n = 0; n < a.cols; ++n) {
       const double v = a.at(m, n);
-      if (v == 0) continue;
+      if (v == 0 && finite[size_t(m)]) continue;
       for (int64_t k = 0; k < b.cols; ++k) c.at(n, k) += v * b.at(m, k);
     }
   return c;
 }
-
-double relu(double v) { return v > 0 ? v : 0; }
 
 }  // namespace
 
@@ -96,7 +110,7 @@ Grads ffn_backward(const Weights& w, const Matrix& x, const Matrix& dy, double l
   Matrix dgate_pre(dh.rows, dh.cols), dup;
   if (gated) dup = Matrix(dh.rows, dh.cols);
   for (size_t i = 0; i < dh.v.size(); ++i) {
-    const bool active = f.gate_pre.v[i] > 0;
+    const bool active = relu_active(f.gate_pre.v[i]);
     dgate_pre.v[i] = active ? dh.v[i] * (gated ? f.up.v[i] : 1.0) : 0.0;
     if (gated) dup.v[i] = dh.v[i] * relu(f.gate_pre.v[i]);
   }
@@ -128,9 +142,8 @@ Matrix ffn_forward_rounded(const Weights& w, const Matrix& x, DType t) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < m_rows; ++i)
     for (int64_t j = 0; j < n; ++j) {
-      const float g = dot_f32(x, i, first, j);
-      const float hv = gated ? (g > 0 ? round_to(t, g * dot_f32(x, i, w.up, j)) : 0.0f) : (g > 0 ? g : 0.0f);
-      h.at(i, j) = hv;
+      const float g = float(relu(dot_f32(x, i, first, j)));
+      h.at(i, j) = gated ? round_to(t, g * dot_f32(x, i, w.up, j)) : g;
     }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < m_rows; ++i)

@@ -9,7 +9,7 @@ namespace twell::reference {
 double l0_per_token(const Forward& f) {
   if (f.gate_pre.rows == 0) return 0;
   int64_t active = 0;
-  for (double v : f.gate_pre.v) active += v > 0;
+  for (double v : f.gate_pre.v) active += relu_active(v);
   return double(active) / double(f.gate_pre.rows);
 }
 
@@ -23,7 +23,7 @@ double l1_per_token(const Forward& f) {
 void DeadNeuronTracker::observe(const Forward& f) {
   for (int64_t m = 0; m < f.gate_pre.rows; ++m)
     for (int64_t n = 0; n < f.gate_pre.cols && n < int64_t(hits_.size()); ++n)
-      hits_[size_t(n)] += f.gate_pre.at(m, n) > 0;
+      hits_[size_t(n)] += relu_active(f.gate_pre.at(m, n));
   tokens_ += f.gate_pre.rows;
 }
 
