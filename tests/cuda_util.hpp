@@ -188,6 +188,18 @@ void load_problem(D& d, testing::Problem p) {
   d.down.upload(d.p.down);
 }
 
+// Views of a problem's weights uploaded to device 0 (gate unused for a plain FFN).
+inline FfnWeights device_weights_of(const ProblemSpec& s, const DeviceBuffer& gate, const DeviceBuffer& up,
+                                    const DeviceBuffer& down) {
+  const Device dev = Device::cuda(0);
+  FfnWeights w;
+  w.kind = s.kind;
+  if (s.kind == FfnKind::gated) w.gate = TensorView::matrix(gate.get(), s.dtype, s.n, s.k, dev);
+  w.up = TensorView::matrix(up.get(), s.dtype, s.n, s.k, dev);
+  w.down = TensorView::matrix(down.get(), s.dtype, s.n, s.k, dev);
+  return w;
+}
+
 // A problem with its tensors on device 0.
 struct DeviceProblem {
   Problem p;
@@ -202,16 +214,7 @@ struct DeviceProblem {
         counters(2 * sizeof(int64_t)) {
     if (spec.kind == FfnKind::gated) gate = DeviceBuffer(p.gate);
   }
-  FfnWeights weights() const {
-    const Device dev = Device::cuda(0);
-    const ProblemSpec& s = p.spec;
-    FfnWeights w;
-    w.kind = s.kind;
-    if (s.kind == FfnKind::gated) w.gate = TensorView::matrix(gate.get(), s.dtype, s.n, s.k, dev);
-    w.up = TensorView::matrix(up.get(), s.dtype, s.n, s.k, dev);
-    w.down = TensorView::matrix(down.get(), s.dtype, s.n, s.k, dev);
-    return w;
-  }
+  FfnWeights weights() const { return device_weights_of(p.spec, gate, up, down); }
   InferenceArgs args(bool with_counters = true) const {
     const Device dev = Device::cuda(0);
     const ProblemSpec& s = p.spec;

@@ -380,15 +380,7 @@ struct OnDevice {
   explicit OnDevice(const Problem& p) : x(p.x), up(p.up), down(p.down) {
     if (p.spec.kind == FfnKind::gated) gate = DeviceBuffer(p.gate);
   }
-  FfnWeights weights(const ProblemSpec& s) const {
-    const Device dev = Device::cuda(0);
-    FfnWeights w;
-    w.kind = s.kind;
-    if (s.kind == FfnKind::gated) w.gate = TensorView::matrix(gate.get(), s.dtype, s.n, s.k, dev);
-    w.up = TensorView::matrix(up.get(), s.dtype, s.n, s.k, dev);
-    w.down = TensorView::matrix(down.get(), s.dtype, s.n, s.k, dev);
-    return w;
-  }
+  FfnWeights weights(const ProblemSpec& s) const { return device_weights_of(s, gate, up, down); }
 };
 
 DeviceBuffer poisoned(size_t bytes) {

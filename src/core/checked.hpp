@@ -11,24 +11,25 @@
 
 namespace twell::detail {
 
-template <class T>
-T checked_mul(T a, T b, const char* op, const std::string& what) {
-  static_assert(std::is_integral_v<T>, "checked_mul takes integers");
+// a OP b, or Error naming `what` when it overflows T (OP: __builtin_mul_overflow or _add_).
+template <class T, class Overflows>
+T checked_op(T a, T b, const char* op, const std::string& what, Overflows overflows, const char* sign) {
+  static_assert(std::is_integral_v<T>, "size arithmetic takes integers");
   T r;
-  if (__builtin_mul_overflow(a, b, &r))
+  if (overflows(a, b, &r))
     throw Error(op, what, "a size that fits in " + std::to_string(sizeof(T) * 8) + " bits",
-                std::to_string(a) + " * " + std::to_string(b) + " (overflow)");
+                std::to_string(a) + sign + std::to_string(b) + " (overflow)");
   return r;
 }
 
 template <class T>
+T checked_mul(T a, T b, const char* op, const std::string& what) {
+  return checked_op(a, b, op, what, [](T x, T y, T* r) { return __builtin_mul_overflow(x, y, r); }, " * ");
+}
+
+template <class T>
 T checked_add(T a, T b, const char* op, const std::string& what) {
-  static_assert(std::is_integral_v<T>, "checked_add takes integers");
-  T r;
-  if (__builtin_add_overflow(a, b, &r))
-    throw Error(op, what, "a size that fits in " + std::to_string(sizeof(T) * 8) + " bits",
-                std::to_string(a) + " + " + std::to_string(b) + " (overflow)");
-  return r;
+  return checked_op(a, b, op, what, [](T x, T y, T* r) { return __builtin_add_overflow(x, y, r); }, " + ");
 }
 
 // Runs `allocate` (which allocates `bytes` bytes), turning an allocation failure into an Error
