@@ -58,7 +58,7 @@ const char* fault_name(Fault f) {
 // relu(-Inf) = 0 there, with no u to multiply).
 bool reaches_y(FfnKind kind, Fault f) { return !(kind == FfnKind::plain && f == Fault::x_inf_inactive); }
 
-void poison_finite(std::vector<uint8_t>& b) { std::memset(b.data(), kFinitePoison, b.size()); }
+void poison_finite(std::vector<uint8_t>& b) { std::fill(b.begin(), b.end(), uint8_t(kFinitePoison)); }
 
 // The problem with its fault: x, weights and an independent random dy (host, in the dtype).
 struct Faulty {
