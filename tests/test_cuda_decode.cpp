@@ -2,7 +2,7 @@
 // M from 1 to 17 and around the decode limit and past it (where the TwELL path takes over), every
 // activation pattern, both kinds and 16-bit dtypes, K and N that are not multiples of the column
 // slice or the neuron chunk; the LLM shape at 0.5%; bit-identical reruns (entries split over
-// several CTAs per column slice); counters; CUDA-graph capture and replay.
+// several CTAs per column slice); counters. Graph capture: CudaGraph (test_cuda_inference.cpp).
 #include "common.hpp"
 
 #ifdef TWELL_WITH_CUDA
@@ -79,39 +79,6 @@ std::vector<DecodeCase> decode_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, CudaDecode, ::testing::ValuesIn(decode_cases()), decode_name);
-
-// A graph captured after one eager run (the plan's workspace exists) replays the same bytes, and a
-// replay after new x follows it (the graph holds pointers, not values).
-TEST(CudaDecodeGraph, CaptureAndReplay) {
-  TWELL_REQUIRE_DEVICE();
-  DeviceProblem d({FfnKind::gated, 1, 2048, 5632, DType::bf16, Pattern::uniform, 0.005, 256, seed(4401)});
-  InferenceOptions o;
-  o.dispatch = Dispatch::force_sparse;
-  InferencePlan plan(d.weights(), o);
-  const Outcome eager = run_once(plan, d);
-  cudaStream_t s = nullptr;
-  cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  cuda_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
-  plan.run(d.args(false), s);
-  cuda_ok(cudaStreamEndCapture(s, &graph), "end capture");
-  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  d.y.poison();
-  cuda_ok(cudaGraphLaunch(exec, s), "replay");
-  cuda_ok(cudaStreamSynchronize(s), "replay");
-  EXPECT_EQ(d.y_host(), eager.y);
-
-  for (size_t i = 1; i < d.p.x.size(); i += 2) d.p.x[i] ^= 0x80;  // -x: another active set
-  d.x.upload(d.p.x);
-  d.y.poison();
-  cuda_ok(cudaGraphLaunch(exec, s), "replay");
-  cuda_ok(cudaStreamSynchronize(s), "replay");
-  expect_matches_oracle(d, d.y_host(), "replay with new x");
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(s);
-}
 
 #endif
 

@@ -644,14 +644,17 @@ ProblemSpec small_spec(FfnKind kind, Pattern pattern, uint64_t salt) {
 
 struct GraphCase {
   Dispatch dispatch;
+  int64_t m;  // 1: the decode path; 257: the TwELL path
 };
-void PrintTo(const GraphCase& c, std::ostream* os) { *os << dispatch_name(c.dispatch); }
+void PrintTo(const GraphCase& c, std::ostream* os) { *os << dispatch_name(c.dispatch) << " M=" << c.m; }
 
 class CudaGraph : public ::testing::TestWithParam<GraphCase> {};
 
 TEST_P(CudaGraph, CaptureAndReplay) {
   TWELL_REQUIRE_DEVICE();
-  DeviceProblem d(small_spec(FfnKind::gated, Pattern::edge_rows, 404));
+  ProblemSpec spec = small_spec(FfnKind::gated, Pattern::edge_rows, 404);
+  spec.m = GetParam().m;
+  DeviceProblem d(spec);
   InferenceOptions o;
   o.dispatch = GetParam().dispatch;
   InferencePlan plan(d.weights(), o);
@@ -676,7 +679,8 @@ TEST_P(CudaGraph, CaptureAndReplay) {
   expect_matches_oracle(d, d.y_host(), "graph replay");
 
   // New x in the same buffer: the replay computes on it (nothing host-side was baked in).
-  d.p.x = testing::make_problem(small_spec(FfnKind::gated, Pattern::edge_rows, 405)).x;
+  spec.seed = seed(405);
+  d.p.x = testing::make_problem(spec).x;
   d.x.upload(d.p.x);
   d.y.poison();
   cuda_ok(cudaGraphLaunch(exec, s), "launch");
@@ -689,11 +693,13 @@ TEST_P(CudaGraph, CaptureAndReplay) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, CudaGraph,
-                         ::testing::Values(GraphCase{Dispatch::force_sparse},
-                                           GraphCase{Dispatch::force_dense},
-                                           GraphCase{Dispatch::automatic}),
+                         ::testing::Values(GraphCase{Dispatch::force_sparse, 257},
+                                           GraphCase{Dispatch::force_dense, 257},
+                                           GraphCase{Dispatch::automatic, 257},
+                                           GraphCase{Dispatch::force_sparse, 1},
+                                           GraphCase{Dispatch::automatic, 1}),
                          [](const ::testing::TestParamInfo<GraphCase>& i) {
-                           return dispatch_name(i.param.dispatch);
+                           return dispatch_name(i.param.dispatch) + "_M" + std::to_string(i.param.m);
                          });
 
 TEST(CudaInference, CaptureBeforeWorkspaceExistsRaises) {
