@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "twell/reference.hpp"
+#include "slack.hpp"
 #include "workload.hpp"
 
 namespace twell::testing {
@@ -21,7 +22,8 @@ reference::Matrix rows_of(const TensorView& t, const std::vector<int64_t>& rows)
 std::vector<int64_t> boundary_rows(const Problem& p, const std::vector<int64_t>& widths, int64_t limit);
 
 // Tolerance of a fast path on dtype t: 2x the relative error of a plain dense implementation in t
-// (each GEMM output, h and y rounded to t) plus a floor for summation-order noise.
+// (each GEMM output, h and y rounded to t), plus a floor for summation-order noise, plus the fp32
+// slack of an ill-conditioned problem (slack.hpp).
 double tolerance(const reference::Weights& w, const reference::Matrix& x,
                  const reference::Matrix& y_ref, DType t);
 
@@ -35,20 +37,5 @@ struct ForwardCheck {
 ForwardCheck check_forward(Problem& p, const void* y_host, int64_t limit = 512);
 // The same on the given rows.
 ForwardCheck check_forward_rows(Problem& p, const void* y_host, const std::vector<int64_t>& rows);
-
-// Gate values within fp32 summation noise of zero: their ReLU mask may come out either way in any
-// fp32-accumulating GEMM (cuBLAS's dense layer included; the oracle's sign is not the only right
-// answer), and a flipped mask moves the first weight's gradient and dx by a whole term
-// (dh + l1/M) * u, not by a rounding. The slack bounds, in Frobenius norm, what such flips can
-// change. Noise: 4 sqrt(K) fp32 roundoffs of sum_c |x_c w_c| (a probabilistic bound on the
-// accumulation error); `entries` counts the ambiguous gate values.
-struct MaskSlack {
-  double dx = 0, dfirst = 0;  // absolute: dx, and the gradient of the first weight (gate / up)
-  int64_t entries = 0;
-};
-MaskSlack gate_mask_slack(const reference::Weights& w, const reference::Matrix& x,
-                          const reference::Matrix& dy, const reference::Forward& f, double l1_coef);
-// A relative tolerance plus an absolute slack relative to the reference's norm.
-double with_slack(double relative_tolerance, double abs_slack, const reference::Matrix& ref);
 
 }  // namespace twell::testing

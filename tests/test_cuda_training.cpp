@@ -12,9 +12,10 @@
 //                allow at best; the compact rows compute this, up to fp32 accumulation).
 // The second term keeps the bound honest where few entries contribute (M = 1, sparse rows): there a
 // dense error can come out small by cancellation while the saved rounding alone does not.
-// dx and the first weight's gradient also get testing::gate_mask_slack: a gate value within fp32
-// summation noise of zero may take either ReLU mask (seen: TWELL_SEED=11400714624586974958 on the
-// M=5 K=2048 N=5632 edge_rows case, one such value moved dx by 3.5e-2 relative).
+// Every output also gets testing::fp32_slack: a gate value within fp32 summation noise of zero may
+// take either ReLU mask (seen: TWELL_SEED=11400714624586974958 on the M=5 K=2048 N=5632 edge_rows
+// case, one such value moved dx by 3.5e-2 relative), and a gate value that is small by
+// cancellation carries a large relative summation error into everything computed from it.
 #include "common.hpp"
 
 #ifdef TWELL_WITH_CUDA
@@ -301,7 +302,7 @@ OracleStep expect_grads_match(const ref::Weights& w, const ref::Matrix& x, const
   auto f32 = [](const std::vector<float>& v, int64_t r, int64_t c) {
     return ref::from_view(TensorView::matrix(const_cast<float*>(v.data()), DType::f32, r, c));
   };
-  const testing::MaskSlack slack = testing::gate_mask_slack(w, x, dy, f, coef);
+  const testing::Fp32Slack slack = testing::fp32_slack(w, x, dy, f, coef);
   using testing::with_slack;
   const std::string ambiguous = " (" + std::to_string(slack.entries) + " gate values within fp32 noise of 0)";
   EXPECT_LE(ref::rel_error(y, f.y), test::tolerance(w, x, f.y, t)) << "y, " << where;
@@ -311,11 +312,12 @@ OracleStep expect_grads_match(const ref::Weights& w, const ref::Matrix& x, const
     EXPECT_LE(ref::rel_error(f32(o.dgate, n, k), g.dgate),
               with_slack(tol(dense.dgate, saved.dgate, g.dgate), slack.dfirst, g.dgate))
         << "dgate, " << where << ambiguous;
-  const double dup_slack = gated ? 0.0 : slack.dfirst;
+  const double dup_slack = gated ? slack.dsecond : slack.dfirst;
   EXPECT_LE(ref::rel_error(f32(o.dup, n, k), g.dup),
             with_slack(tol(dense.dup, saved.dup, g.dup), dup_slack, g.dup))
       << "dup, " << where << ambiguous;
-  EXPECT_LE(ref::rel_error(f32(o.ddown, n, k), g.ddown), tol(dense.ddown, saved.ddown, g.ddown))
+  EXPECT_LE(ref::rel_error(f32(o.ddown, n, k), g.ddown),
+            with_slack(tol(dense.ddown, saved.ddown, g.ddown), slack.ddown, g.ddown))
       << "ddown, " << where;
   return {f, dense.l1, saved.l1};
 }
