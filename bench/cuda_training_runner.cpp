@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_rig.hpp"
+#include "cuda_rig.hpp"  // testing/
 #include "training.hpp"
 #include "training_dense.hpp"
 #include "training_dense_cuda.hpp"
@@ -20,6 +20,10 @@
 
 namespace twell::bench {
 namespace {
+
+using testing::check;
+using testing::CudaRig;
+using testing::DeviceBuffer;
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {

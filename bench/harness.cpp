@@ -104,7 +104,7 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0, double d = 
 
 std::vector<Row> run(const Options& o, std::ostream& progress) {
   const bool cuda = use_cuda(o);
-  std::unique_ptr<Runner> runner = cuda ? make_cuda_runner() : make_cpu_runner();
+  std::unique_ptr<Runner> runner = cuda ? testing::make_cuda_runner() : testing::make_cpu_runner();
   runner->configure(o.plan, o.dispatch);
   runner->replay_graphs(o.suite == "decode");
   const auto specs = suite_cases(o.suite, cuda, o.custom);

@@ -10,10 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "runner.hpp"  // testing/runner.hpp: the Runner interface the harness times through
 #include "twell/ffn.hpp"
 #include "workload.hpp"
 
 namespace twell::bench {
+
+using testing::Job;
+using testing::Runner;
 
 struct Timing {
   double median = 0, p20 = 0, p80 = 0;  // milliseconds
@@ -31,42 +35,6 @@ struct Row {
   double tflops = 0;           // dense-equivalent FLOPs / twell time
   double gbps = 0;             // x + y + all weights bytes / twell time
 };
-
-// What a row times: the plan forced dense (the baseline), the gate GEMM alone, the plan as users
-// get it (automatic dispatch).
-enum class Job : uint8_t { dense, gate, twell };
-
-// Runs one problem on one device. Implementations: CPU (std::chrono) and CUDA (events, L2 flushed
-// before each timed run). The harness interleaves the jobs rep by rep, so clock and temperature
-// drift over a row's measurements falls on all of them alike.
-class Runner {
- public:
-  virtual ~Runner() = default;
-  virtual std::string device() const = 0;
-  virtual std::string backend() const = 0;
-  virtual void load(testing::Problem& p) = 0;
-  virtual void warm(Job j) = 0;          // one untimed run, finished before it returns
-  virtual double time_once(Job j) = 0;   // one timed run, milliseconds
-  virtual RunInfo run_once(Dispatch d, std::vector<uint8_t>& y_host) = 0;
-  virtual RunInfo last_run(Dispatch d) = 0;  // of the last run with this dispatch
-  // Options of every plan the runner builds (their dispatch is the job's: force_dense for the
-  // dense job, `twell` for the twell job); call before load().
-  void configure(const InferenceOptions& o, Dispatch twell) {
-    options_ = o;
-    twell_dispatch_ = twell;
-  }
-  // CUDA: time_once replays a CUDA graph of each job, captured at its first timed run (after the
-  // warm-ups: automatic dispatch's decision is the graph's), as a decoding loop runs; the CPU
-  // runner ignores it.
-  void replay_graphs(bool on) { graphs_ = on; }
-
- protected:
-  InferenceOptions options_;
-  Dispatch twell_dispatch_ = Dispatch::automatic;
-  bool graphs_ = false;
-};
-std::unique_ptr<Runner> make_cpu_runner();
-std::unique_ptr<Runner> make_cuda_runner();  // throws Error without CUDA or without a device
 
 struct Options {
   std::string suite = "default";  // default | cpu | inference | decode | training | custom

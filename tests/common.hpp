@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "check.hpp"
 #include "twell/reference.hpp"
 #include "twell/twell.hpp"
-#include "check.hpp"
 #include "workload.hpp"
 
 namespace twell::test {

@@ -10,7 +10,7 @@
 
 #include <string>
 
-#include "cuda/config.hpp"
+#include "cuda/policy/config.hpp"
 #include "cuda_util.hpp"
 #endif
 

@@ -16,10 +16,10 @@
 #include <string>
 #include <type_traits>
 
-#include "cuda/calibration.hpp"
-#include "cuda/config.hpp"
-#include "cuda/device.hpp"
-#include "cuda/kernels.hpp"
+#include "cuda/kernels/inference.hpp"
+#include "cuda/policy/calibration.hpp"
+#include "cuda/policy/config.hpp"
+#include "cuda/runtime/device.hpp"
 #include "cuda_util.hpp"
 #endif
 
@@ -549,6 +549,7 @@ TEST_P(CudaPack, MatchesCpuPack) {
     a.hidden = hidden.get();
     a.active = &ctl->active;
     gpu::launch_gate_pack(a, dev, cudaStreamPerThread);
+    gpu::launch_route_overflow(out, hidden.get(), dev, cudaStreamPerThread, "test");
     cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "fused gate + pack");
   } else {
     gpu::PackArgs a;

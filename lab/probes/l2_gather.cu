@@ -42,7 +42,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/sm90.cuh"
+#include "cuda/kernels/common/sm90.cuh"
 
 namespace {
 

@@ -3,6 +3,7 @@
 
 #include "core/backend.hpp"
 #include "core/check.hpp"
+#include "core/policy.hpp"
 #include "twell/ffn.hpp"
 #include "twell/format.hpp"
 
@@ -45,16 +46,10 @@ namespace detail {
 
 InferenceOptions resolve_inference_options(const InferenceOptions& o, Device dev) {
   InferenceOptions r = o;
-  // Both backends pack 256-wide tiles (one gate-GEMM output tile on the GPU). The CPU runs dense
-  // above 3.5%: at M = 256 the sparse stage costs ~1 us per active (row, neuron) streaming weight
-  // rows from DRAM, the dense up and down ~63 ms, so they cross at ~4.4% (bench/results/cpu). CUDA
-  // times both paths per regime and keeps the faster (src/cuda/calibration.hpp); above 4% it does
-  // not try sparse at all (one gate GEMM plus 4 KB of L2 reads per active neuron and token cannot
-  // beat ~700 TFLOP/s tensor cores there; docs/kernels.md).
-  constexpr double kCpuDenseAbove = 0.035, kCudaDenseAbove = 0.04;
-  if (r.tile == 0) r.tile = 256;
-  if (r.dense_above < 0) r.dense_above = dev.type == DeviceType::cpu ? kCpuDenseAbove : kCudaDenseAbove;
-  if (r.capacity == 0) r.capacity = r.tile / 8;
+  if (r.tile == 0) r.tile = policy::kDefaultTile;
+  if (r.dense_above < 0)
+    r.dense_above = dev.type == DeviceType::cpu ? policy::kCpuDenseAbove : policy::kCudaDenseAbove;
+  if (r.capacity == 0) r.capacity = r.tile / policy::kDefaultCapacityDivisor;
   if (r.tile < 1 || r.tile > kMaxTwellTile)
     throw Error("InferencePlan", "options.tile", "1.." + std::to_string(kMaxTwellTile), std::to_string(r.tile));
   // Counts are uint16: a (row, tile) holds at most kMaxTwellCapacity entries.

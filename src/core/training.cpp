@@ -8,6 +8,7 @@
 #include "core/backend.hpp"
 #include "core/check.hpp"
 #include "core/checked.hpp"
+#include "core/policy.hpp"
 #include "twell/training.hpp"
 
 namespace twell {
@@ -33,11 +34,10 @@ TrainingOptions resolve_training_options(const TrainingOptions& o, Device dev) {
   r.capacity = io.capacity;
   if (!(r.l1_coef >= 0.0) || !std::isfinite(r.l1_coef))
     throw Error("TrainingPlan", "options.l1_coef", "a finite value >= 0", std::to_string(r.l1_coef));
-  constexpr double kCudaTrainingDenseAbove = 0.04;
   if (std::isnan(r.dense_above) || r.dense_above > 1.0)
     throw Error("TrainingPlan", "options.dense_above", "a density <= 1 (< 0: the default)",
                 std::to_string(r.dense_above));
-  if (r.dense_above < 0) r.dense_above = kCudaTrainingDenseAbove;
+  if (r.dense_above < 0) r.dense_above = policy::kCudaTrainingDenseAbove;
   return r;
 }
 

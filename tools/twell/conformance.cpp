@@ -12,7 +12,7 @@ namespace twell::cli {
 
 int run_check(const std::string& backend, std::ostream& out) {
   const bool cuda = backend == "cuda" || (backend == "auto" && cuda_device_count() > 0);
-  auto runner = cuda ? bench::make_cuda_runner() : bench::make_cpu_runner();
+  auto runner = cuda ? testing::make_cuda_runner() : testing::make_cpu_runner();
   out << "twell check on " << runner->device() << "\n";
   int failures = 0, index = 0;
   const DType dtypes[] = {DType::bf16, DType::f16, DType::f32};

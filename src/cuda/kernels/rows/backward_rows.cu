@@ -1,0 +1,274 @@
+// Training backward over the compact (non-routed) rows of the saved layout: the hidden gradient at
+// each active entry (kept per slot for the weight gradients) and dx.
+//   dh = <dy[m], Wd[n]> + l1 * sign(h) / M;  gated: dg = dh * u, du = dh * g;  plain: dg = dh
+//   dx[m] = sum dg W1[n] + du Wu[n] (fp32, rounded once)
+// Two kernels when K is a multiple of 256 up to 2048 (warp_rows.cuh), else the CTA kernel alone,
+// split as in forward_rows.cu:
+//   warp kernel: a warp per row from a queue, dy[m] and the fp32 accumulators of dx[m] in
+//     registers; entries consumed two at a time (two down-dots, then W1 and Wu rows axpy'd); rows
+//     over TrainRowConfig::kLongRow entries listed for the CTA kernel. Run split in two kernels
+//     (warp_rows::Phase): the dots phase stores dh, the axpys phase reads it back.
+//   CTA kernel: one row per CTA (grid = M, or grid-stride over the long-row list); each batch of
+//     kBatch down-dots is reduced across warps in shared memory.
+// Where a kernel computes an entry's dh it also stores the entry's weight-gradient record at the
+// position the column index gave its slot (launch_column_index runs first).
+// A routed row is skipped by both (the dense routed-row path writes it). Where a loaded dy row holds
+// a NaN or Inf, the kernels raise control[kNonFiniteDyWord] for launch_nonfinite_dy.
+#include "cuda/kernels/common/launch.cuh"
+#include "cuda/kernels/common/warp.cuh"
+#include "cuda/kernels/rows/cta_rows.cuh"
+#include "cuda/kernels/rows/warp_rows.cuh"
+#include "cuda/kernels/training.hpp"
+#include "cuda/runtime/cuda_check.hpp"
+
+namespace twell::gpu {
+
+namespace {
+
+using rows::kBatch;
+
+template <typename T, FfnKind kKind, int kVecs>
+__device__ void backward_row(const T* __restrict__ dy, const T* __restrict__ first, const T* __restrict__ up,
+                             const T* __restrict__ down, T* __restrict__ dx, float* __restrict__ dh_out,
+                             const int64_t* __restrict__ position, EntryRecord* __restrict__ records,
+                             const L1Coef& l1, int64_t k, const TwellView& tw, int64_t row,
+                             rows::RowShared& sm, int32_t* nonfinite_dy) {
+  const int num_tiles = tiles_of(tw.shape);
+  rows::stage_counts(sm, tw, row, num_tiles);
+
+  const int64_t vectors = k / kVecElems;
+  const auto* values = static_cast<const T*>(tw.values);
+  const T* plane1 = values + plane_elements(tw.shape);
+  const float scale = l1_scale(l1, tw.shape.rows);
+  float dyr[kVecs][kVecElems];
+  float acc[kVecs][kVecElems];
+  rows::load_row<T, kVecs>(dy + row * k, vectors, dyr);
+  bool nonfinite = false;
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j)
+#pragma unroll
+    for (int e = 0; e < kVecElems; ++e) {
+      nonfinite |= !isfinite(dyr[j][e]);
+      acc[j][e] = 0.0f;
+    }
+  if (__syncthreads_or(nonfinite) && threadIdx.x == 0) atomicOr(nonfinite_dy, 1);
+
+  rows::EntryCursor cur;
+  int buffer = 0;
+  for (;;) {
+    int neuron[kBatch];
+    int64_t slot[kBatch];
+    const int taken = cur.next(sm, num_tiles, tw, row, neuron, slot);
+    if (taken == 0) break;
+
+    float dot[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b)
+      dot[b] = b < taken ? rows::partial_dot<T, kVecs>(dyr, down + int64_t(neuron[b]) * k, vectors) : 0.0f;
+    rows::reduce_batch(dot, sm, buffer);
+
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (b >= taken) continue;
+      const float g = Elem<T>::to_float(values[slot[b]]);
+      const float u = kKind == FfnKind::gated ? Elem<T>::to_float(plane1[slot[b]]) : 1.0f;
+      const float dh = dot[b] + scale * sign_of(g * u);
+      if (threadIdx.x == 0) {
+        dh_out[slot[b]] = dh;
+        records[position[slot[b]]] = entry_record(row, dh, g, u);
+      }
+      rows::axpy_row<T, kVecs>(dh * u, first + int64_t(neuron[b]) * k, vectors, acc);
+      if constexpr (kKind == FfnKind::gated)
+        rows::axpy_row<T, kVecs>(dh * g, up + int64_t(neuron[b]) * k, vectors, acc);
+    }
+  }
+
+  rows::store_row<T, kVecs>(dx + row * k, vectors, acc);
+}
+
+template <typename T, FfnKind kKind, int kVecs>
+__global__ void __launch_bounds__(TrainRowConfig::kMaxThreads)
+    backward_rows_kernel(const T* __restrict__ dy, const T* __restrict__ first, const T* __restrict__ up,
+                         const T* __restrict__ down, T* __restrict__ dx, float* __restrict__ dh_out,
+                         const int64_t* __restrict__ position, EntryRecord* __restrict__ records, L1Coef l1,
+                         int64_t k, TwellView tw, int32_t* nonfinite_dy) {
+  chain_entry();
+  __shared__ rows::RowShared sm;
+  const int64_t row = blockIdx.x;
+  if (tw.row_slot[row] < 0)
+    backward_row<T, kKind, kVecs>(dy, first, up, down, dx, dh_out, position, records, l1, k, tw, row, sm,
+                                  nonfinite_dy);
+}
+
+struct WarpArgs {
+  const void* dy;
+  const void* first;
+  const void* up;
+  const void* down;
+  void* dx;
+  float* dh;
+  const int64_t* position;
+  EntryRecord* records;
+  L1Coef l1;
+  TwellView tw;
+  int32_t* control;
+  int32_t* long_rows;
+  int32_t* nonfinite_dy;
+};
+
+// One warp's part of a compact row: the entry groups first_group, first_group + group_step, ...
+// (dh stored at their slots, records at their positions), accumulated into acc.
+template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase = warp_rows::Phase::fused>
+__device__ void backward_warp_row(const WarpArgs& a, int64_t row, int lane, int first_group, int group_step,
+                                  float (&acc)[kChunks][kVecElems]) {
+  using warp_rows::Phase;
+  constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
+  const auto* first = static_cast<const T*>(a.first);
+  const auto* up = static_cast<const T*>(a.up);
+  const auto* down = static_cast<const T*>(a.down);
+  const auto* values = static_cast<const T*>(a.tw.values);
+  const T* plane1 = values + plane_elements(a.tw.shape);
+  const float scale = l1_scale(a.l1, a.tw.shape.rows);
+  uint4 dyr[kChunks];
+  if constexpr (kPhase != Phase::axpys) {
+    warp_rows::load_row<T, kChunks>(static_cast<const T*>(a.dy) + row * k, lane, dyr);
+    bool nonfinite = false;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) nonfinite |= any_nonfinite<T>(dyr[c]);
+    if (__any_sync(kFullMask, nonfinite) && lane == 0) atomicOr(a.nonfinite_dy, 1);
+  }
+  warp_rows::zero(acc);
+  int group = 0;
+  warp_rows::for_each_entry_group(a.tw, row, lane, [&](int neuron, int64_t slot, int count) {
+    if (group++ % group_step != first_group) return;
+    float g = 0.0f, u = 1.0f;
+    int64_t place = 0;  // where the entry's record goes (the dots and fused phases store it)
+    if (slot >= 0) {
+      g = Elem<T>::to_float(values[slot]);
+      if constexpr (kKind == FfnKind::gated) u = Elem<T>::to_float(plane1[slot]);
+      if constexpr (kPhase != Phase::axpys) place = a.position[slot];
+    }
+    for (int i = 0; i < count; i += 2) {
+      const bool two = i + 1 < count;
+      const int j = two ? i + 1 : i;
+      const int n0 = __shfl_sync(kFullMask, neuron, i);
+      const int n1 = __shfl_sync(kFullMask, neuron, j);
+      const int64_t s0 = __shfl_sync(kFullMask, slot, i);
+      const int64_t s1 = __shfl_sync(kFullMask, slot, j);
+      const float g0 = __shfl_sync(kFullMask, g, i);
+      const float g1 = __shfl_sync(kFullMask, g, j);
+      const float u0 = __shfl_sync(kFullMask, u, i);
+      const float u1 = __shfl_sync(kFullMask, u, j);
+      float dh0, dh1;
+      if constexpr (kPhase == Phase::axpys) {  // dh from the dots phase
+        dh0 = a.dh[s0];
+        dh1 = two ? a.dh[s1] : 0.0f;
+      } else {
+        float d0, d1;
+        warp_rows::dot2<T, kChunks>(dyr, down + int64_t(n0) * k, down + int64_t(n1) * k, lane, d0, d1);
+        dh0 = d0 + scale * sign_of(g0 * u0);
+        dh1 = two ? d1 + scale * sign_of(g1 * u1) : 0.0f;
+        const int64_t p0 = __shfl_sync(kFullMask, place, i);
+        const int64_t p1 = __shfl_sync(kFullMask, place, j);
+        if (lane == 0) {
+          a.dh[s0] = dh0;
+          a.records[p0] = entry_record(row, dh0, g0, u0);
+          if (two) {
+            a.dh[s1] = dh1;
+            a.records[p1] = entry_record(row, dh1, g1, u1);
+          }
+        }
+      }
+      if constexpr (kPhase == Phase::dots) continue;
+      warp_rows::axpy2<T, kChunks>(acc, dh0 * u0, first + int64_t(n0) * k, dh1 * u1, first + int64_t(n1) * k,
+                                   lane);
+      if constexpr (kKind == FfnKind::gated)
+        warp_rows::axpy2<T, kChunks>(acc, dh0 * g0, up + int64_t(n0) * k, dh1 * g1, up + int64_t(n1) * k, lane);
+    }
+  });
+}
+
+// Short compact rows, a warp each from a queue (control[0]; the axpys phase's control[2]); long
+// ones are listed (control[1]) for backward_long_kernel.
+template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase>
+__global__ void __launch_bounds__(TrainRowConfig::kWarpRowWarps * kWarpSize,
+                                  TrainRowConfig::kWarpRowCtasPerSm)
+    backward_warp_kernel(WarpArgs a) {
+  chain_entry();
+  using warp_rows::Phase;
+  constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
+  const int lane = threadIdx.x % kWarpSize;
+  for (;;) {
+    const int64_t row = warp_rows::next_row(&a.control[kPhase == Phase::axpys ? 2 : 0], lane);
+    if (row >= a.tw.shape.rows) return;
+    if (a.tw.row_slot[row] >= 0) continue;
+    if (warp_rows::row_entries(a.tw, row, lane) > TrainRowConfig::kLongRow) {
+      if (kPhase != Phase::axpys && lane == 0) a.long_rows[atomicAdd(&a.control[1], 1)] = int32_t(row);
+      continue;
+    }
+    float acc[kChunks][kVecElems];
+    backward_warp_row<T, kKind, kChunks, kPhase>(a, row, lane, 0, 1, acc);
+    if constexpr (kPhase == Phase::dots) continue;
+    warp_rows::store_row<T, kChunks>(static_cast<T*>(a.dx) + row * k, lane, acc);
+  }
+}
+
+// Long compact rows, a CTA each (grid-stride over the list): warp w takes entry groups w,
+// w + warps, ...; the partial sums of dx meet in shared memory in warp order.
+template <typename T, FfnKind kKind, int kChunks>
+__global__ void __launch_bounds__(TrainRowConfig::kLongRowWarps * kWarpSize)
+    backward_long_kernel(WarpArgs a) {
+  chain_entry();
+  constexpr int kWarps = TrainRowConfig::kLongRowWarps;
+  constexpr int kCols = kChunks * RowConfig::kChunk;
+  __shared__ float partial[kWarps][kCols];
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int count = a.control[1];
+  for (int i = blockIdx.x; i < count; i += gridDim.x) {
+    const int64_t row = a.long_rows[i];
+    float acc[kChunks][kVecElems];
+    backward_warp_row<T, kKind, kChunks>(a, row, lane, warp, kWarps, acc);
+    warp_rows::spill(partial[warp], lane, acc);
+    __syncthreads();
+    warp_rows::sum_partials<T, kWarps, kCols>(partial, static_cast<T*>(a.dx) + row * kCols);
+    __syncthreads();  // partial is rewritten by the next row
+  }
+}
+
+}  // namespace
+
+void launch_backward_rows(const BackwardRowsArgs& a, const DeviceInfo& dev, cudaStream_t s) {
+  const char* op = "TrainingPlan::backward";
+  const int64_t rows = a.saved.shape.rows;
+  if (rows == 0) return;
+  const rows::PassGrid grid = rows::pass_grid(rows, a.k, dev);
+  if (grid.warp) {
+    check_cuda(cudaMemsetAsync(a.control, 0, kRowQueueWords * sizeof(int32_t), s), op, "row queues");
+    const WarpArgs w{a.dy,       a.first,   a.up, a.down,  a.dx,      a.dh,        a.position,
+                     a.records,  a.l1,      a.saved, a.control, a.long_rows, a.control + kNonFiniteDyWord};
+    rows::dispatch_warp_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto chunks) {
+      using T = decltype(tag);
+      constexpr FfnKind kKind = decltype(kind)::value;
+      constexpr int kChunks = decltype(chunks)::value;
+      using warp_rows::Phase;
+      launch(backward_warp_kernel<T, kKind, kChunks, Phase::dots>, dim3(grid.warp_ctas),
+             dim3(grid.warp_threads), 0, s, w);
+      launch(backward_warp_kernel<T, kKind, kChunks, Phase::axpys>, dim3(grid.warp_ctas),
+             dim3(grid.warp_threads), 0, s, w);
+      launch(backward_long_kernel<T, kKind, kChunks>, dim3(grid.long_ctas), dim3(grid.long_threads), 0, s, w);
+    });
+    check_launch(op, "training backward warp-row kernels");
+    return;
+  }
+  check_cuda(cudaMemsetAsync(a.control + kNonFiniteDyWord, 0, sizeof(int32_t), s), op, "non-finite dy flag");
+  rows::dispatch_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto vecs, int threads) {
+    using T = decltype(tag);
+    launch(backward_rows_kernel<T, decltype(kind)::value, decltype(vecs)::value>, dim3(unsigned(rows)),
+           dim3(unsigned(threads)), 0, s, static_cast<const T*>(a.dy), static_cast<const T*>(a.first),
+           static_cast<const T*>(a.up), static_cast<const T*>(a.down), static_cast<T*>(a.dx), a.dh,
+           a.position, a.records, a.l1, a.k, a.saved, a.control + kNonFiniteDyWord);
+  });
+  check_launch(op, "training backward rows kernel");
+}
+
+}  // namespace twell::gpu

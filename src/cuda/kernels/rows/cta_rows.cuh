@@ -1,0 +1,219 @@
+// Device code shared by the compact-row passes (forward_rows.cu, backward_rows.cu):
+// the CTA shape over a K-wide row, a cursor over one row's TwELL entries, and the CTA-wide
+// reduction of a batch of dot products. A row is owned by one CTA; thread t owns the 16-byte
+// vectors v = t + j * blockDim (j < kVecs) of K.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/kernels/common/element.cuh"
+#include "cuda/kernels/common/train_device.cuh"
+#include "cuda/kernels/common/warp.cuh"
+#include "cuda/kernels/rows/warp_rows.cuh"
+#include "cuda/policy/train_config.hpp"
+#include "cuda/runtime/device.hpp"
+#include "twell/format.hpp"
+
+namespace twell::gpu::rows {
+
+constexpr int kBatch = TrainRowConfig::kBatch;
+constexpr int kMaxWarps = TrainRowConfig::kMaxWarps;
+
+static_assert(TrainRowConfig::kMaxThreads % kWarpSize == 0 && TrainRowConfig::kMaxThreads <= 1024,
+              "the CTA ceiling must be whole warps within the CTA size limit");
+static_assert(ShapeLimits::kMaxHidden / kVecElems <=
+                  int64_t(TrainRowConfig::kMaxThreads) * TrainRowConfig::kVectorsPerThread,
+              "the largest K must fit one CTA");
+
+// Host: vectors per thread (1, 2 or kVectorsPerThread) and threads per CTA for a K-wide row.
+// Small K: one warp; larger K: kVectorsPerThread per thread, as many warps as that takes.
+struct RowShape {
+  int vecs = 1;
+  int threads = kWarpSize;
+};
+inline RowShape row_shape(int64_t k) {
+  const int64_t vectors = k / kVecElems;
+  RowShape r;
+  r.vecs = vectors <= kWarpSize ? 1 : vectors <= 2 * kWarpSize ? 2 : TrainRowConfig::kVectorsPerThread;
+  const int64_t owners = (vectors + r.vecs - 1) / r.vecs;
+  r.threads = int((owners + kWarpSize - 1) / kWarpSize * kWarpSize);
+  return r;
+}
+
+// Host: calls launch(T{}, kind constant, vecs constant, threads) with the element type of `dtype`,
+// the FFN kind and the vectors per thread of row_shape(k) as compile-time constants, so a kernel
+// template <T, kKind, kVecs> is instantiated once per combination and launched with its CTA size.
+template <typename Launch>
+void dispatch_rows(DType dtype, FfnKind kind, int64_t k, const char* op, Launch&& launch) {
+  const RowShape shape = row_shape(k);
+  with_element_type(dtype, op, [&](auto tag) {
+    auto by_vecs = [&](auto kind_c) {
+      switch (shape.vecs) {
+        case 1: return launch(tag, kind_c, std::integral_constant<int, 1>{}, shape.threads);
+        case 2: return launch(tag, kind_c, std::integral_constant<int, 2>{}, shape.threads);
+        default:
+          return launch(tag, kind_c, std::integral_constant<int, TrainRowConfig::kVectorsPerThread>{},
+                        shape.threads);
+      }
+    };
+    if (kind == FfnKind::gated)
+      by_vecs(std::integral_constant<FfnKind, FfnKind::gated>{});
+    else
+      by_vecs(std::integral_constant<FfnKind, FfnKind::plain>{});
+  });
+}
+
+// Host: calls launch(T{}, kind constant, chunks constant) for the warp-per-row kernels
+// (warp_rows::supports(k)), the K / 256 chunks of a row a compile-time constant.
+template <typename Launch>
+void dispatch_warp_rows(DType dtype, FfnKind kind, int64_t k, const char* op, Launch&& launch) {
+  with_element_type(dtype, op, [&](auto tag) {
+    warp_rows::with_chunks(int(k / RowConfig::kChunk), [&](auto chunks) {
+      if (kind == FfnKind::gated)
+        launch(tag, std::integral_constant<FfnKind, FfnKind::gated>{}, chunks);
+      else
+        launch(tag, std::integral_constant<FfnKind, FfnKind::plain>{}, chunks);
+    });
+  });
+}
+
+// Host: the grids of a compact-row pass with the warp kernels (K supported): the warp kernel's
+// persistent grid, and the long-row kernel's grid-stride CTAs over its list.
+struct PassGrid {
+  bool warp = false;
+  unsigned warp_ctas = 0;
+  unsigned warp_threads = TrainRowConfig::kWarpRowWarps * kWarpSize;
+  unsigned long_ctas = 0;
+  unsigned long_threads = TrainRowConfig::kLongRowWarps * kWarpSize;
+};
+inline PassGrid pass_grid(int64_t rows, int64_t k, const DeviceInfo& dev) {
+  PassGrid g;
+  g.warp = warp_rows::supports(k);
+  g.warp_ctas = unsigned(std::min<int64_t>(int64_t(dev.sm_count) * TrainRowConfig::kWarpRowCtasPerSm,
+                                           (rows + TrainRowConfig::kWarpRowWarps - 1) / TrainRowConfig::kWarpRowWarps));
+  g.long_ctas = unsigned(std::min<int64_t>(rows, int64_t(dev.sm_count) * TrainRowConfig::kLongRowCtasPerSm));
+  return g;
+}
+
+// Loads the thread's vectors of a K-wide row as floats (zeros past K).
+template <typename T, int kVecs>
+__device__ __forceinline__ void load_row(const T* row, int64_t vectors, float (&out)[kVecs][kVecElems]) {
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int64_t v = threadIdx.x + int64_t(j) * blockDim.x;
+#pragma unroll
+    for (int e = 0; e < kVecElems; ++e) out[j][e] = 0.0f;
+    if (v < vectors) unpack8<T>(load_readonly(row + v * kVecElems), out[j]);
+  }
+}
+
+// Stores the thread's vectors of a K-wide row, rounded to T.
+template <typename T, int kVecs>
+__device__ __forceinline__ void store_row(T* row, int64_t vectors, const float (&in)[kVecs][kVecElems]) {
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int64_t v = threadIdx.x + int64_t(j) * blockDim.x;
+    if (v < vectors) *reinterpret_cast<uint4*>(row + v * kVecElems) = pack8<T>(in[j]);
+  }
+}
+
+// acc += coef * w[neuron] over the thread's vectors.
+template <typename T, int kVecs>
+__device__ __forceinline__ void axpy_row(float coef, const T* w, int64_t vectors,
+                                         float (&acc)[kVecs][kVecElems]) {
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int64_t v = threadIdx.x + int64_t(j) * blockDim.x;
+    if (v >= vectors) continue;
+    float wf[kVecElems];
+    unpack8<T>(load_readonly(w + v * kVecElems), wf);
+#pragma unroll
+    for (int e = 0; e < kVecElems; ++e) acc[j][e] = fmaf(coef, wf[e], acc[j][e]);
+  }
+}
+
+// The thread's part of <r, w> over its vectors.
+template <typename T, int kVecs>
+__device__ __forceinline__ float partial_dot(const float (&r)[kVecs][kVecElems], const T* w,
+                                             int64_t vectors) {
+  float dot = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int64_t v = threadIdx.x + int64_t(j) * blockDim.x;
+    if (v >= vectors) continue;
+    float wf[kVecElems];
+    unpack8<T>(load_readonly(w + v * kVecElems), wf);
+#pragma unroll
+    for (int e = 0; e < kVecElems; ++e) dot = fmaf(r[j][e], wf[e], dot);
+  }
+  return dot;
+}
+
+// Shared memory of a row pass: the row's tile counts and the cross-warp partial dots
+// (double-buffered: one barrier per batch).
+struct RowShared {
+  uint16_t counts[TrainRowConfig::kMaxTiles];
+  float partial[2][kMaxWarps][kBatch];
+};
+
+// Stages the row's tile counts; the caller synchronises before the cursor reads them.
+__device__ __forceinline__ void stage_counts(RowShared& sm, const TwellView& tw, int64_t row,
+                                             int num_tiles) {
+  for (int t = threadIdx.x; t < num_tiles; t += blockDim.x) sm.counts[t] = tw.counts[row * num_tiles + t];
+}
+
+// A row's entries, kBatch at a time, in TwELL order (tiles ascending, columns ascending within a
+// tile). Every thread of the CTA walks the same cursor, so batches are uniform without a broadcast.
+struct EntryCursor {
+  int tile = 0;
+  int index = 0;
+
+  // Fills neuron[b] and slot[b] for b < the returned count (unused ones get neuron 0, slot 0).
+  __device__ __forceinline__ int next(const RowShared& sm, int num_tiles, const TwellView& tw,
+                                      int64_t row, int (&neuron)[kBatch], int64_t (&slot)[kBatch]) {
+    int taken = 0;
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      while (tile < num_tiles && index >= sm.counts[tile]) {
+        ++tile;
+        index = 0;
+      }
+      neuron[b] = 0;
+      slot[b] = 0;
+      if (tile < num_tiles) {
+        slot[b] = (row * num_tiles + tile) * tw.shape.capacity + index;
+        neuron[b] = tile * tw.shape.tile + tw.cols[slot[b]];
+        ++index;
+        taken = b + 1;
+      }
+    }
+    return taken;
+  }
+};
+
+// Sums each dot[b] over the CTA (shuffles, then across warps in a fixed order); every thread ends
+// with the same totals. Must be reached by every thread of the CTA.
+__device__ __forceinline__ void reduce_batch(float (&dot)[kBatch], RowShared& sm, int& buffer) {
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+#pragma unroll
+  for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+    for (int d = kWarpSize / 2; d > 0; d >>= 1) dot[b] += __shfl_xor_sync(kFullMask, dot[b], d);
+  if (warps == 1) return;
+  if (lane == 0)
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) sm.partial[buffer][warp][b] = dot[b];
+  __syncthreads();  // the other buffer is rewritten only after the next batch's barrier
+#pragma unroll
+  for (int b = 0; b < kBatch; ++b) {
+    float sum = 0.0f;
+    for (int w = 0; w < warps; ++w) sum += sm.partial[buffer][w][b];
+    dot[b] = sum;
+  }
+  buffer ^= 1;
+}
+
+}  // namespace twell::gpu::rows

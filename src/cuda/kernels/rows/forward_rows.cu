@@ -1,0 +1,255 @@
+// Training forward over the compact (non-routed) rows of the saved layout: the up projection at
+// the active entries (saved as plane 1), y and the per-row L1 sum.
+//   gated: u = <x[m], Wu[n]> rounded to the dtype -> plane 1;  h = g * u;   plain: h = g
+//   y[m] = sum h Wd[n] (fp32, rounded once);  row_l1[m] = sum |h| (in entry order)
+// Warp kernels when K is a multiple of 256 up to 2048 (warp_rows.cuh; gated rows split into an up
+// dots phase that stores u and an axpys phase that reads it, warp_rows::Phase), else the CTA kernel alone:
+//   warp kernel: persistent grid; a warp takes the next row from a queue and holds x[m] and the
+//     fp32 accumulators of y[m] in registers; entries are decoded 32 at a time (one per lane) and
+//     consumed two at a time (two up-dots, one butterfly each, two Wd rows axpy'd). Rows with more
+//     than TrainRowConfig::kLongRow entries are listed for the CTA kernel.
+//   CTA kernel: one row per CTA (grid = M; or grid-stride over the long-row list): thread t holds
+//     the 16-byte vectors v = t + j * blockDim of K; each batch of kBatch up-dots is reduced across
+//     warps in shared memory.
+// A routed row is skipped by both (the routed-row backup writes it).
+#include "cuda/kernels/common/launch.cuh"
+#include "cuda/kernels/common/warp.cuh"
+#include "cuda/kernels/rows/cta_rows.cuh"
+#include "cuda/kernels/rows/warp_rows.cuh"
+#include "cuda/kernels/training.hpp"
+#include "cuda/runtime/cuda_check.hpp"
+
+namespace twell::gpu {
+
+namespace {
+
+using rows::kBatch;
+
+template <typename T, FfnKind kKind, int kVecs>
+__device__ void forward_row(const T* __restrict__ x, const T* __restrict__ up, const T* __restrict__ down,
+                            T* __restrict__ y, float* __restrict__ row_l1, int64_t k, const TwellView& tw,
+                            int64_t row, rows::RowShared& sm) {
+  const int num_tiles = tiles_of(tw.shape);
+  rows::stage_counts(sm, tw, row, num_tiles);
+
+  const int64_t vectors = k / kVecElems;
+  auto* values = static_cast<T*>(tw.values);
+  T* plane1 = values + plane_elements(tw.shape);
+  float xr[kVecs][kVecElems];
+  float acc[kVecs][kVecElems];
+  if constexpr (kKind == FfnKind::gated) rows::load_row<T, kVecs>(x + row * k, vectors, xr);
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j)
+#pragma unroll
+    for (int e = 0; e < kVecElems; ++e) acc[j][e] = 0.0f;
+  __syncthreads();
+
+  rows::EntryCursor cur;
+  int buffer = 0;
+  float l1 = 0.0f;
+  for (;;) {
+    int neuron[kBatch];
+    int64_t slot[kBatch];
+    const int taken = cur.next(sm, num_tiles, tw, row, neuron, slot);
+    if (taken == 0) break;
+    float h[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) h[b] = b < taken ? Elem<T>::to_float(values[slot[b]]) : 0.0f;
+
+    if constexpr (kKind == FfnKind::gated) {
+      float dot[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b)
+        dot[b] = b < taken ? rows::partial_dot<T, kVecs>(xr, up + int64_t(neuron[b]) * k, vectors) : 0.0f;
+      rows::reduce_batch(dot, sm, buffer);
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (b >= taken) continue;
+        const T u = Elem<T>::from_float(dot[b]);
+        if (threadIdx.x == 0) plane1[slot[b]] = u;
+        h[b] *= Elem<T>::to_float(u);
+      }
+    }
+
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (b >= taken) continue;
+      l1 += fabsf(h[b]);
+      rows::axpy_row<T, kVecs>(h[b], down + int64_t(neuron[b]) * k, vectors, acc);
+    }
+  }
+
+  rows::store_row<T, kVecs>(y + row * k, vectors, acc);
+  if (row_l1 != nullptr && threadIdx.x == 0) row_l1[row] = l1;
+}
+
+template <typename T, FfnKind kKind, int kVecs>
+__global__ void __launch_bounds__(TrainRowConfig::kMaxThreads)
+    forward_rows_kernel(const T* __restrict__ x, const T* __restrict__ up,
+                        const T* __restrict__ down, T* __restrict__ y, float* __restrict__ row_l1,
+                        int64_t k, TwellView tw) {
+  chain_entry();
+  __shared__ rows::RowShared sm;
+  const int64_t row = blockIdx.x;
+  if (tw.row_slot[row] < 0) forward_row<T, kKind, kVecs>(x, up, down, y, row_l1, k, tw, row, sm);
+}
+
+struct WarpArgs {
+  const void* x;
+  const void* up;
+  const void* down;
+  void* y;
+  float* row_l1;
+  TwellView tw;
+  int32_t* control;
+  int32_t* long_rows;
+};
+
+// One warp's part of a compact row: the entry groups first_group, first_group + group_step, ...
+// (u stored at their slots), accumulated into acc and l1 (|h| in entry order).
+template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase = warp_rows::Phase::fused>
+__device__ void forward_warp_row(const WarpArgs& a, int64_t row, int lane, int first_group, int group_step,
+                                 float (&acc)[kChunks][kVecElems], float& l1) {
+  using warp_rows::Phase;
+  constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
+  const auto* up = static_cast<const T*>(a.up);
+  const auto* down = static_cast<const T*>(a.down);
+  auto* values = static_cast<T*>(a.tw.values);
+  T* plane1 = values + plane_elements(a.tw.shape);
+  uint4 xr[kChunks];
+  if constexpr (kKind == FfnKind::gated && kPhase != Phase::axpys)
+    warp_rows::load_row<T, kChunks>(static_cast<const T*>(a.x) + row * k, lane, xr);
+  warp_rows::zero(acc);
+  l1 = 0.0f;
+  int group = 0;
+  warp_rows::for_each_entry_group(a.tw, row, lane, [&](int neuron, int64_t slot, int count) {
+    if (group++ % group_step != first_group) return;
+    const float g = slot >= 0 ? Elem<T>::to_float(values[slot]) : 0.0f;
+    for (int i = 0; i < count; i += 2) {
+      const bool two = i + 1 < count;
+      const int j = two ? i + 1 : i;
+      const int n0 = __shfl_sync(kFullMask, neuron, i);
+      const int n1 = __shfl_sync(kFullMask, neuron, j);
+      const int64_t s0 = __shfl_sync(kFullMask, slot, i);
+      const int64_t s1 = __shfl_sync(kFullMask, slot, j);
+      float h0 = __shfl_sync(kFullMask, g, i);
+      float h1 = two ? __shfl_sync(kFullMask, g, j) : 0.0f;
+      if constexpr (kPhase == Phase::axpys) {  // gated: u from the dots phase
+        h0 *= Elem<T>::to_float(plane1[s0]);
+        h1 *= two ? Elem<T>::to_float(plane1[s1]) : 0.0f;
+      } else if constexpr (kKind == FfnKind::gated) {
+        float d0, d1;
+        warp_rows::dot2<T, kChunks>(xr, up + int64_t(n0) * k, up + int64_t(n1) * k, lane, d0, d1);
+        const T u0 = Elem<T>::from_float(d0), u1 = Elem<T>::from_float(d1);
+        if (lane == 0) {
+          plane1[s0] = u0;
+          if (two) plane1[s1] = u1;
+        }
+        h0 *= Elem<T>::to_float(u0);
+        h1 *= Elem<T>::to_float(u1);
+      }
+      if constexpr (kPhase != Phase::dots) {
+        l1 += fabsf(h0);
+        if (two) l1 += fabsf(h1);
+        warp_rows::axpy2<T, kChunks>(acc, h0, down + int64_t(n0) * k, h1, down + int64_t(n1) * k, lane);
+      }
+    }
+  });
+}
+
+// Short compact rows, a warp each from a queue (control[0]; the axpys phase's control[2]); long
+// ones are listed (control[1]) for forward_long_kernel.
+template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase>
+__global__ void __launch_bounds__(TrainRowConfig::kWarpRowWarps * kWarpSize,
+                                  TrainRowConfig::kWarpRowCtasPerSm)
+    forward_warp_kernel(WarpArgs a) {
+  chain_entry();
+  using warp_rows::Phase;
+  constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
+  const int lane = threadIdx.x % kWarpSize;
+  for (;;) {
+    const int64_t row = warp_rows::next_row(&a.control[kPhase == Phase::axpys ? 2 : 0], lane);
+    if (row >= a.tw.shape.rows) return;
+    if (a.tw.row_slot[row] >= 0) continue;
+    if (warp_rows::row_entries(a.tw, row, lane) > TrainRowConfig::kLongRow) {
+      if (kPhase != Phase::axpys && lane == 0) a.long_rows[atomicAdd(&a.control[1], 1)] = int32_t(row);
+      continue;
+    }
+    float acc[kChunks][kVecElems];
+    float l1;
+    forward_warp_row<T, kKind, kChunks, kPhase>(a, row, lane, 0, 1, acc, l1);
+    if constexpr (kPhase == Phase::dots) continue;
+    warp_rows::store_row<T, kChunks>(static_cast<T*>(a.y) + row * k, lane, acc);
+    if (a.row_l1 != nullptr && lane == 0) a.row_l1[row] = l1;
+  }
+}
+
+// Long compact rows, a CTA each (grid-stride over the list): warp w takes entry groups w,
+// w + warps, ...; the partial sums of y and l1 meet in shared memory in warp order.
+template <typename T, FfnKind kKind, int kChunks>
+__global__ void __launch_bounds__(TrainRowConfig::kLongRowWarps * kWarpSize)
+    forward_long_kernel(WarpArgs a) {
+  chain_entry();
+  constexpr int kWarps = TrainRowConfig::kLongRowWarps;
+  constexpr int kCols = kChunks * RowConfig::kChunk;
+  __shared__ float partial[kWarps][kCols];
+  __shared__ float partial_l1[kWarps];
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int count = a.control[1];
+  for (int i = blockIdx.x; i < count; i += gridDim.x) {
+    const int64_t row = a.long_rows[i];
+    float acc[kChunks][kVecElems];
+    float l1;
+    forward_warp_row<T, kKind, kChunks>(a, row, lane, warp, kWarps, acc, l1);
+    warp_rows::spill(partial[warp], lane, acc);
+    if (lane == 0) partial_l1[warp] = l1;
+    __syncthreads();
+    warp_rows::sum_partials<T, kWarps, kCols>(partial, static_cast<T*>(a.y) + row * kCols);
+    if (a.row_l1 != nullptr && threadIdx.x == 0) {
+      float sum = 0.0f;
+      for (int w = 0; w < kWarps; ++w) sum += partial_l1[w];
+      a.row_l1[row] = sum;
+    }
+    __syncthreads();  // partial is rewritten by the next row
+  }
+}
+
+}  // namespace
+
+void launch_forward_rows(const ForwardRowsArgs& a, const DeviceInfo& dev, cudaStream_t s) {
+  const char* op = "TrainingPlan::forward";
+  const int64_t rows = a.saved.shape.rows;
+  if (rows == 0) return;
+  const rows::PassGrid grid = rows::pass_grid(rows, a.k, dev);
+  if (grid.warp) {
+    check_cuda(cudaMemsetAsync(a.control, 0, kRowQueueWords * sizeof(int32_t), s), op, "row queues");
+    const WarpArgs w{a.x, a.up, a.down, a.y, a.row_l1, a.saved, a.control, a.long_rows};
+    rows::dispatch_warp_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto chunks) {
+      using T = decltype(tag);
+      constexpr FfnKind kKind = decltype(kind)::value;
+      constexpr int kChunks = decltype(chunks)::value;
+      using warp_rows::Phase;
+      if constexpr (kKind == FfnKind::gated) {
+        launch(forward_warp_kernel<T, kKind, kChunks, Phase::dots>, dim3(grid.warp_ctas),
+               dim3(grid.warp_threads), 0, s, w);
+        launch(forward_warp_kernel<T, kKind, kChunks, Phase::axpys>, dim3(grid.warp_ctas),
+               dim3(grid.warp_threads), 0, s, w);
+      } else {
+        launch(forward_warp_kernel<T, kKind, kChunks, Phase::fused>, dim3(grid.warp_ctas),
+               dim3(grid.warp_threads), 0, s, w);
+      }
+      launch(forward_long_kernel<T, kKind, kChunks>, dim3(grid.long_ctas), dim3(grid.long_threads), 0, s, w);
+    });
+    check_launch(op, "training forward warp-row kernels");
+    return;
+  }
+  rows::dispatch_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto vecs, int threads) {
+    using T = decltype(tag);
+    launch(forward_rows_kernel<T, decltype(kind)::value, decltype(vecs)::value>, dim3(unsigned(rows)),
+           dim3(unsigned(threads)), 0, s, static_cast<const T*>(a.x), static_cast<const T*>(a.up),
+           static_cast<const T*>(a.down), static_cast<T*>(a.y), a.row_l1, a.k, a.saved);
+  });
+  check_launch(op, "training forward rows kernel");
+}
+
+}  // namespace twell::gpu
