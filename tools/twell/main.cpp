@@ -46,7 +46,9 @@ bench options:
                     dispatch; sparse / dense force one, e.g. to time the path dispatch avoids)
   --reps R          timed repetitions per measurement, median reported (default 10)
   --warmup W        untimed runs first (default 4: automatic dispatch times each path twice)
-  --out DIR         results folder (default bench/results/<device>)
+  --out DIR         results folder (default: BUILD/bench-results/<device>, BUILD the build
+                    folder this twell runs from, ./bench-results/<device> if installed; the
+                    committed results change only with --out bench/results/<device>)
   --no-check        skip the comparison with the fp64 oracle (training: with the dense step)
   --no-write        print only
 
@@ -137,6 +139,26 @@ int cmd_info() {
   return 0;
 }
 
+// The results folder without --out. Never the committed bench/results/<device>: a first `twell
+// bench` must not overwrite them. The build folder this binary runs from (BUILD/tools/twell/twell,
+// BUILD holding CMakeCache.txt) gets BUILD/bench-results/<device>, whatever the working directory;
+// an installed twell writes ./bench-results/<device>.
+std::string default_out_dir(const std::string& device) {
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  const std::string tail = "/tools/twell/twell";
+  if (n > 0) {
+    const std::string path(exe, size_t(n));
+    const size_t cut = path.size() - std::min(path.size(), tail.size());
+    if (cut > 0 && path.compare(cut, std::string::npos, tail) == 0) {
+      const std::string build = path.substr(0, cut);
+      if (access((build + "/CMakeCache.txt").c_str(), F_OK) == 0)
+        return build + "/bench-results/" + device;
+    }
+  }
+  return "bench-results/" + device;
+}
+
 int cmd_bench(const std::vector<std::string>& a) {
   twell::bench::Options o;
   bool write = true, dtype_set = false, suite_set = false;
@@ -220,7 +242,7 @@ int cmd_bench(const std::vector<std::string>& a) {
     twell::bench::print_training_table(rows, std::cout);
     if (write && !rows.empty()) {
       const std::string dir =
-          o.out_dir.empty() ? "bench/results/" + twell::bench::device_slug(rows[0].device) : o.out_dir;
+          o.out_dir.empty() ? default_out_dir(twell::bench::device_slug(rows[0].device)) : o.out_dir;
       twell::bench::write_training_results(rows, dir, o.suite);
       std::cout << "results: " << dir << "/" << o.suite << ".json, .csv\n";
     }
@@ -233,7 +255,7 @@ int cmd_bench(const std::vector<std::string>& a) {
   twell::bench::print_table(rows, std::cout);
   if (write && !rows.empty()) {
     const std::string dir =
-        o.out_dir.empty() ? "bench/results/" + twell::bench::device_slug(rows[0].device) : o.out_dir;
+        o.out_dir.empty() ? default_out_dir(twell::bench::device_slug(rows[0].device)) : o.out_dir;
     twell::bench::write_results(rows, dir, o.suite);
     std::cout << "results: " << dir << "/" << o.suite << ".json, .csv\n";
   }

@@ -1,5 +1,15 @@
 """PyTorch integration of twell: custom ops (torch.ops.twell.*), nn.Modules, model patching and
 sparsity tracking. Tensors cross to the C++ library through DLPack; no libtorch is linked."""
+import importlib.util as _importlib_util
+
+if _importlib_util.find_spec("torch") is None:  # torch is optional: say how to get it
+    raise ModuleNotFoundError(
+        "twell.torch needs PyTorch, which is not installed: `pip install torch`, or install twell "
+        "with its torch extra (`pip install .[torch]` in the source tree); twell itself (numpy and "
+        "DLPack arrays) works without it",
+        name="torch",
+    )
+
 from twell.torch import _ops  # noqa: F401  (registers torch.ops.twell)
 from twell.torch._ops import saved_dtype
 from twell.torch._plans import clear as clear_plans
