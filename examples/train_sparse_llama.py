@@ -2,16 +2,31 @@
 
 A thin wrapper of the training entry point, `python -m twell.train` (see its --help, and
 scripts/prepare-gcide for a real English corpus): a tiny LlamaForCausalLM (built from a config,
-nothing downloaded) trained with twell ReLU FFNs and the L1 penalty on a counting task (each
-token is the previous one plus one, in runs from random starts), or on --data. It ends with one
-line: loss, L0 per layer, dead units per layer, the share of rows twell's sparse kernels ran, and
-tokens/s; the JSONL log of every 50 steps is in --out.
+nothing downloaded; 2 layers, 256 FFN units each) trained with twell ReLU FFNs and the L1 penalty
+on a counting task (each token is the previous one plus one, in runs from random starts), or on
+--data. The L1 term drives most units to exactly zero for each token; twell's sparse kernels
+then skip them.
 
     python examples/train_sparse_llama.py --device cpu
     python examples/train_sparse_llama.py --data .carry/gcide --steps 2000 --l1 1e-3
 
-With the defaults (300 steps, L1 1e-2) the tiny model gets under 1% density on the counting task
-without a silent layer or dead units; every flag not listed here goes to twell.train as is.
+What it prints:
+  * a progress bar (tqdm where installed, else a line every 50 steps): loss, mean density, dead
+    units, the share of rows twell's sparse kernels ran, tokens/s;
+  * every 100 steps and at the end, one line per layer: L0 (mean active units per token) and
+    density on held-out tokens, dead units (never active over the validation tokens, and over
+    the last 16,384 training tokens), the share of training rows twell ran sparse, and the path
+    twell's inference dispatch took on the validation batches (sparse, or dense: on the CPU
+    above 3.5% density);
+  * a WARNING for a silent layer (no unit active for any token) or one with nearly all units dead;
+  * last, one summary line. Every 50 steps' figures are in OUT/log.jsonl.
+
+Defaults (300 steps, L1 1e-2, learning rate 3e-3 with warm-up and cosine decay, dead units
+re-initialised at most every 200 steps as in the project's recipe): over 99% sparse at the end
+(L0 about 0.7 and 2 of 256 on validation tokens), no silent layer, no unit dead over the training
+window, in about a minute on 2 CPU cores. The first ~150 steps are the dense regime (over 3.5%
+density: twell's inference runs dense, and training rows overflow the tiles); by step 200 both
+layers run sparse. Every flag not listed here goes to twell.train as is.
 """
 import argparse
 import sys
@@ -34,6 +49,11 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--l1", type=float, default=1e-2, help="L1 coefficient")
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--reinit-dead-every", type=int, default=200,
+                   help="re-initialise units dead over 16,384 training tokens, at most every N "
+                        "steps (0: never)")
+    p.add_argument("--report-every", type=int, default=100,
+                   help="validate and print the per-layer report every N steps (and at the end)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="build-train/runs/example", help="run folder (log.jsonl)")
     return p.parse_known_args(argv)
@@ -47,8 +67,8 @@ def main(argv=None):
         "--hidden", str(args.hidden), "--intermediate", str(args.intermediate),
         "--layers", str(args.layers), "--l1", str(args.l1), "--lr", str(args.lr),
         "--seed", str(args.seed), "--out", args.out,
-        "--log-every", "50", "--eval-every", "0", "--eval-batches", "8",
-        "--dead-window", "16384", *rest])
+        "--log-every", "50", "--eval-every", str(args.report_every), "--eval-batches", "8",
+        "--dead-window", "16384", "--reinit-dead-every", str(args.reinit_dead_every), *rest])
 
 
 if __name__ == "__main__":

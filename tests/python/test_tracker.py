@@ -64,3 +64,28 @@ def test_stop_and_start(seed):
     with torch.no_grad():
         model(x)
     assert tracker.tokens("0") == 64
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_ran_dense_records_the_inference_dispatch(seed, gated):
+    """record_dispatch: ran_dense tells the path twell's inference dispatch took (forced, and
+    automatic on either side of the CPU's 3.5% density); None when not asked for, after a
+    training forward and before any forward."""
+    torch.manual_seed(seed)
+    cls = tt.SparseGatedMLP if gated else tt.SparseMLP
+    mlp = cls(64, 256)
+    x = torch.randn(64, 64)
+    assert mlp.ran_dense is None and not mlp.record_dispatch
+    with torch.no_grad():
+        mlp(x)
+        assert mlp.ran_dense is None  # not recorded unless asked
+        mlp.record_dispatch = True
+        for dispatch, dense in (("dense", True), ("sparse", False), ("auto", True)):
+            mlp.dispatch = dispatch
+            mlp(x)  # random weights: about half the units active
+            assert mlp.ran_dense is dense, dispatch
+        mlp.first_weight[2:] = -mlp.first_weight[2:].abs()
+        mlp(x.abs())  # at most 2 of 256 units active: under 3.5%
+        assert mlp.ran_dense is False
+    mlp(x.abs()).sum().backward()  # a training forward: its saved state tells the path
+    assert mlp.ran_dense is None

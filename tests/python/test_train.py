@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 pytest.importorskip("transformers", reason="transformers is not installed")
 
 from twell.train import data as td  # noqa: E402
+from twell.train import report  # noqa: E402
 from twell.train.cli import main  # noqa: E402
 
 WORDS = ("the of a to in is was for on that with as by at from his an be which or are this "
@@ -20,9 +21,9 @@ WORDS = ("the of a to in is was for on that with as by at from his an be which o
          "small great old new long little good high black white red green quick slow").split()
 
 LOG_FIELDS = {"kind", "step", "tokens", "lr", "l1_coef", "train_ce", "l1_term", "l1_value",
-              "val_ce", "val_density", "grad_norm", "tokens_per_s", "elapsed_s", "mean_density",
-              "sparsity", "density", "l0", "dead", "dead_fraction", "dead_windows", "silent",
-              "sparse_form", "sparse_rows", "reinit"}
+              "val_ce", "val_density", "val_dead", "val_ran_dense", "val_tokens", "grad_norm",
+              "tokens_per_s", "elapsed_s", "mean_density", "sparsity", "density", "l0", "dead",
+              "dead_fraction", "dead_windows", "silent", "sparse_form", "sparse_rows", "reinit"}
 
 
 def _write_corpus(folder, files=24, sentences=12, seed=7):
@@ -168,6 +169,9 @@ def test_train_loss_falls_and_logs_every_field(corpus, tmp_path, capsys):
     assert [r["step"] for r in evaluated] == [6, 12, 18, 24]
     assert evaluated[-1]["val_ce"] < evaluated[0]["val_ce"]
     assert all(len(r["val_density"]) == 2 for r in evaluated)
+    for r in evaluated:  # validation: 7 windows of 32 tokens, dead units, inference path
+        assert r["val_tokens"] == 224 and all(0 <= d <= 256 for d in r["val_dead"])
+        assert all(0 <= f <= 1 for f in r["val_ran_dense"])
     assert logs[-1]["dead_windows"] >= 1 and all(d is not None for d in logs[-1]["dead"])
     config = _records(out, "config")[0]
     assert config["layers"] == ["model.layers.0.mlp", "model.layers.1.mlp"]
@@ -176,7 +180,10 @@ def test_train_loss_falls_and_logs_every_field(corpus, tmp_path, capsys):
     assert os.path.exists(out / "checkpoint.pt") and last["step"] == 24
     stdout = capsys.readouterr().out.strip().splitlines()
     assert stdout[-1].startswith("final: loss") and "L0 per layer" in stdout[-1]
-    assert "tokens/s" in stdout[-1] and "dead" in stdout[-1]
+    assert "tokens/s" in stdout[-1] and "dead" in stdout[-1] and "inference ran" in stdout[-1]
+    table = stdout.index("per layer at step 24 (L0 and density over the validation tokens):")
+    for name, line in zip(config["layers"], stdout[table + 2:table + 4]):
+        assert line.split()[0] == name and line.split()[1].endswith("/256"), line
 
 
 @pytest.mark.parametrize("extra", [(), ("--precision", "bf16", "--reinit-dead-every", "2",
@@ -245,7 +252,32 @@ def test_silent_layer_is_reported(tmp_path, capsys):
     trainer.train_step()
     record = trainer.log()
     assert record["silent"] == [name] and record["density"][0] == 0.0
+    val = trainer.evaluate()
+    assert val[1]["density"][0] == 0.0 and val[1]["dead"][0] == 256
+    assert val[1]["tokens"] == sum(b[:, 1:].size for b in trainer.val)
+    record = trainer.log(val)
+    warnings = report.layer_warnings(trainer.monitor.names, 256, record)
+    assert len(warnings) == 1 and warnings[0].startswith(f"WARNING: {name} is silent")
     trainer.monitor.remove()
+
+
+def test_nearly_all_dead_is_reported():
+    names = ["a", "b"]
+    record = {"step": 5, "density": [0.01, 0.2], "val_density": [0.01, 0.2],
+              "val_dead": [240, 3], "val_tokens": 4096, "dead": [None, 250],
+              "sparse_rows": [1.0, 0.5], "val_ran_dense": [0.0, 1.0]}
+    warnings = report.layer_warnings(names, 256, record, dead_window=16384)
+    assert warnings == [
+        "WARNING: a: nearly all units dead: 240 of 256 units never active over the 4,096 "
+        "validation tokens",
+        "WARNING: b: nearly all units dead: 250 of 256 never active over 16,384 training tokens"]
+    lines = report.layer_table(names, 256, record)
+    assert lines[2].split() == ["a", "2.6/256", "1.00%", "240", "(93.8%)", "-", "100%", "sparse"]
+    assert lines[3].split()[-1] == "dense"
+    record.update(density=[0.0, 0.2], val_density=None, val_dead=None)  # no validation yet
+    warnings = report.layer_warnings(names, 256, record)
+    assert warnings[0].startswith("WARNING: a is silent: no unit was active for any training")
+    assert report.layer_table(names, 256, record)[2].split()[1:3] == ["0.0/256", "0.00%"]
 
 
 def test_monitor_reads_the_saved_form_and_routed_rows():

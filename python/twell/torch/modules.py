@@ -6,7 +6,11 @@ runs the training op: it records `l0` (mean active units per token, detached) an
 `l1_loss` = l1_coef * (1/M) sum |h|, a differentiable term to add to the loss (the function
 `l1_loss(model)` sums them). `l1_coef` (constructor or attribute) must be a finite number >= 0
 (ValueError otherwise).
-Otherwise it runs the inference op and records `l0` only.
+Otherwise it runs the inference op and records `l0` only, and, where `record_dispatch` is set
+(False by default: it costs a plan look-up per call), `ran_dense`: whether twell's dispatch ran
+that call on the dense path (on the CPU: any block of its rows); None after a training forward
+(whose path the size of the saved state tells, see twell.train.sparsity) and inside
+torch.compile.
 
 `dispatch` ("auto", "sparse", "dense") applies to both: inference picks its path per call,
 training the form of the state saved for backward (CUDA, "auto": the plan's timing dispatch,
@@ -22,6 +26,7 @@ import torch
 from torch import nn
 
 from twell.torch import _ops  # noqa: F401  (registers torch.ops.twell)
+from twell.torch import _plans
 
 
 def check_l1_coef(value):
@@ -37,6 +42,8 @@ def check_l1_coef(value):
 
 
 class _SparseFFN(nn.Module):
+    record_dispatch = False  # set True on a module to record `ran_dense` after inference calls
+
     def __init__(self, hidden_size, intermediate_size, gated, *, l1_coef=0.0, tile=0, capacity=0,
                  dispatch="auto", dense_above=-1.0, device=None, dtype=None):
         super().__init__()
@@ -55,6 +62,7 @@ class _SparseFFN(nn.Module):
         self.dense_above = dense_above
         self.l0 = None
         self.l1_loss = None
+        self.ran_dense = None
 
     @property
     def l1_coef(self):
@@ -97,6 +105,7 @@ class _SparseFFN(nn.Module):
                                                     dispatch, self.dense_above)
             self.l0 = stats[0].detach()
             self.l1_loss = self.l1_coef * stats[1]
+            self.ran_dense = None
         else:
             down = getattr(self, "down_nk", None)
             if down is None:
@@ -105,6 +114,13 @@ class _SparseFFN(nn.Module):
                                               self.dispatch, self.dense_above)
             self.l0 = counters[1].float() / max(x2.shape[0], 1)
             self.l1_loss = None
+            self.ran_dense = None
+            if self.record_dispatch and not torch.compiler.is_compiling():
+                # The op's plan (cached, found again by the same weights and options) knows its
+                # last decision on the host: no device synchronisation.
+                plan = _plans.inference_plan(gate, up, down, self.tile, self.capacity,
+                                             self.dispatch, self.dense_above)
+                self.ran_dense = plan.last_run().ran_dense
         return y.reshape(shape)
 
     def extra_repr(self):

@@ -22,6 +22,7 @@ import twell.torch as tt
 from twell.train import checkpoint, models
 from twell.train import data as data_mod
 from twell.train.progress import Progress
+from twell.train.report import layer_table, layer_warnings
 from twell.train.sparsity import LayerMonitor
 
 def _device(name):
@@ -201,7 +202,7 @@ class Trainer:
         val_ce = float(total) / count
         self.eval_time = time.monotonic() - t
         self.paused_s += self.eval_time
-        return val_ce, figures["density"]
+        return val_ce, figures
 
     # ---- log -------------------------------------------------------------------------------
 
@@ -234,7 +235,10 @@ class Trainer:
             "l1_term": l1_term if self.sparse else None,
             "l1_value": l1_term / coef if self.sparse and coef and l1_term is not None else None,
             "val_ce": val[0] if val else None,
-            "val_density": val[1] if val else None,
+            "val_density": val[1]["density"] if val else None,
+            "val_dead": val[1]["dead"] if val else None,
+            "val_ran_dense": val[1]["ran_dense"] if val else None,
+            "val_tokens": val[1]["tokens"] if val else None,
             "grad_norm": float(acc["grad_norm"]) if self.args.clip > 0 else None,
             "tokens_per_s": acc["tokens"] / wall if wall > 0 and acc["tokens"] else None,
             "elapsed_s": round(time.monotonic() - self.start_time, 3),
@@ -300,16 +304,21 @@ def _summary(trainer, record, val_ce):
         parts.append(f"val CE {val_ce:.4f}")
     if trainer.sparse:
         parts.append("L0 per layer " + ", ".join(
-            "n/a" if v is None else f"{v:.1f}" for v in record["l0"]) + f" of {n}"
+            "n/a" if v is None else f"{v:.1f}" for v in record["l0"]) + f" of {n} in training"
             + (f" (mean density {100 * record['mean_density']:.2f}%)"
                if record["mean_density"] is not None else ""))
         parts.append("dead units per layer " + (
             "n/a (no window closed)" if record["dead"][0] is None else
-            ", ".join(str(d) for d in record["dead"])))
+            ", ".join(str(d) for d in record["dead"])
+            + f" (over {trainer.args.dead_window:,} training tokens)"))
         if any(r is not None for r in record["sparse_rows"]):
             parts.append("twell ran sparse for " + ", ".join(
                 "n/a" if r is None else f"{100 * r:.0f}%" for r in record["sparse_rows"])
-                + " of rows")
+                + " of training rows")
+        if any(r is not None for r in record.get("val_ran_dense") or []):
+            parts.append("inference ran " + ", ".join(
+                "n/a" if r is None else "sparse" if r == 0 else "dense" if r == 1 else "mixed"
+                for r in record["val_ran_dense"]))
     else:
         parts.append(f"L0 per layer n/a ({trainer.args.activation}, dense MLPs)")
     if record["silent"]:
@@ -317,6 +326,16 @@ def _summary(trainer, record, val_ce):
     rate = record["tokens_per_s"]
     parts.append(f"{rate:,.0f} tokens/s" if rate else "n/a tokens/s")
     return ", ".join(parts)
+
+
+def _layer_report(trainer, record):
+    """The per-layer table and warnings of a record (twell.train.report); [] without twell
+    layers."""
+    if not trainer.sparse:
+        return []
+    names, n = trainer.monitor.names, trainer.shape["intermediate"]
+    window = trainer.args.dead_window if trainer.monitor.tracker is not None else None
+    return layer_table(names, n, record) + layer_warnings(names, n, record, window)
 
 
 def run(args, start_time=None):
@@ -367,7 +386,10 @@ def run(args, start_time=None):
         if trainer.step % args.log_every == 0 or val is not None or last:
             record = trainer.log(val)
             bar.update(trainer.step, record)
-            if record["silent"]:
+            if val is not None and not last:
+                for line in _layer_report(trainer, record):
+                    say(line)
+            if record["silent"] and val is None:  # else the table's warnings say it
                 say(f"WARNING: step {trainer.step}: silent layers (density 0, no unit active "
                     f"for any token): {', '.join(record['silent'])}")
             if record["reinit"] is None and trainer.monitor.dead_windows > warned_window:
@@ -403,6 +425,8 @@ def run(args, start_time=None):
         record = _last_record(trainer.log_path)
         val_ce = record.get("val_ce") if record else None
     if record is not None:
+        for line in _layer_report(trainer, record):
+            print(line, flush=True)
         print(_summary(trainer, record, val_ce), flush=True)
     trainer.monitor.remove()
     return record

@@ -15,6 +15,13 @@ node of twell::ffn_train): its size tells the form (twell.layout.saved_bytes), i
 array the routed rows (the single-buffer form of docs/format.md: values, backup, cols, counts,
 row_slot, routed_rows, num_routed, each 16-byte aligned). No host synchronisation except in
 `collect`.
+
+Over validation (inference) forwards, `collect("eval")` gives the density and
+  dead         units active for no validation token (one extra [M, N] GEMM per forward, as the
+               tracker's); a small sample next to the training window, so it counts rare units too
+  ran_dense    fraction of the validation forwards that twell's inference dispatch ran dense
+               (the modules' `ran_dense`: CPU, dense above 3.5% density; CUDA, where it measured
+               dense faster)
 """
 import torch
 
@@ -52,6 +59,8 @@ class LayerMonitor:
         self.window = window
         self.tracker = (tt.SparsityTracker(model, window=window)
                         if self.layers and track_dead and window > 0 else None)
+        # Units never active over the validation forwards (window 0: dead = no hit so far).
+        self.val_tracker = tt.SparsityTracker(model, window=0).stop() if self.layers else None
         self.dead = [None] * len(self.layers)
         self.dead_windows = 0  # windows closed so far
         self.training = True
@@ -62,11 +71,14 @@ class LayerMonitor:
     def reset_interval(self, split="train"):
         n = len(self.layers)
         acc = {"l0": [None] * n, "calls": [0] * n, "compact": [0] * n, "known": [0] * n,
-               "rows": [0] * n, "compact_rows": [0] * n, "routed": [None] * n}
+               "rows": [0] * n, "compact_rows": [0] * n, "routed": [None] * n,
+               "dense_calls": [0] * n, "dispatch_calls": [0] * n}
         if split == "train":
             self._train = acc
         else:
             self._eval = acc
+            if self.val_tracker is not None:
+                self.val_tracker.reset()
 
     def set_training(self, training):
         """Training forwards feed the interval figures and the dead-unit windows; validation
@@ -74,6 +86,10 @@ class LayerMonitor:
         self.training = training
         if self.tracker is not None:
             (self.tracker.start if training else self.tracker.stop)()
+        if self.val_tracker is not None:
+            (self.val_tracker.stop if training else self.val_tracker.start)()
+        for _, m in self.layers:
+            m.record_dispatch = not training
         if not training:
             self.reset_interval("eval")
 
@@ -83,6 +99,9 @@ class LayerMonitor:
             if module.l0 is not None:
                 acc["l0"][i] = module.l0 if acc["l0"][i] is None else acc["l0"][i] + module.l0
                 acc["calls"][i] += 1
+            if module.ran_dense is not None:
+                acc["dispatch_calls"][i] += 1
+                acc["dense_calls"][i] += int(module.ran_dense)
             node = _train_node(out) if self.training else None
             if node is None:
                 return
@@ -109,9 +128,12 @@ class LayerMonitor:
 
     def collect(self, split="train"):
         """{"density": [...], "sparse_form": [...], "sparse_rows": [...]} per layer (None where
-        nothing was seen) over the interval (synchronises), and starts a new interval."""
+        nothing was seen) over the interval (synchronises), and starts a new interval; for
+        split="eval" also "dead" and "ran_dense" (see the module's docstring) and "tokens"."""
         acc = self._train if split == "train" else self._eval
         out = {"density": [], "sparse_form": [], "sparse_rows": []}
+        if split != "train":
+            out.update(self._eval_figures(acc))
         for i, (_, m) in enumerate(self.layers):
             calls = acc["calls"][i]
             out["density"].append(float(acc["l0"][i]) / calls / m.intermediate_size
@@ -122,6 +144,17 @@ class LayerMonitor:
             out["sparse_rows"].append((acc["compact_rows"][i] - routed) / acc["rows"][i]
                                       if known and acc["rows"][i] else None)
         self.reset_interval(split)
+        return out
+
+    def _eval_figures(self, acc):
+        out = {"dead": [], "ran_dense": [], "tokens": 0}
+        summary = self.val_tracker.summary() if self.val_tracker is not None else {}
+        for i, name in enumerate(self.names):
+            s = summary.get(name, {})
+            out["dead"].append(s.get("dead") if s.get("tokens") else None)
+            calls = acc["dispatch_calls"][i]
+            out["ran_dense"].append(acc["dense_calls"][i] / calls if calls else None)
+            out["tokens"] = max(out["tokens"], s.get("tokens", 0))
         return out
 
     def window_full(self):
@@ -167,5 +200,8 @@ class LayerMonitor:
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        if self.tracker is not None:
-            self.tracker.stop()
+        for tracker in (self.tracker, self.val_tracker):
+            if tracker is not None:
+                tracker.stop()
+        for _, m in self.layers:
+            m.record_dispatch = False
