@@ -16,6 +16,16 @@
 
 namespace twell::test {
 
+// A dispatch mode in test names.
+inline std::string dispatch_name(Dispatch d) {
+  switch (d) {
+    case Dispatch::automatic: return "auto";
+    case Dispatch::force_sparse: return "sparse";
+    case Dispatch::force_dense: return "dense";
+  }
+  return "unknown";
+}
+
 // TWELL_SMALL=1: small shapes only (the sanitizer runs of scripts/gpu-check).
 inline bool small_only() {
   const char* s = std::getenv("TWELL_SMALL");

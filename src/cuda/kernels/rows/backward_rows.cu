@@ -198,19 +198,14 @@ __global__ void __launch_bounds__(TrainRowConfig::kWarpRowWarps * kWarpSize,
   using warp_rows::Phase;
   constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
   const int lane = threadIdx.x % kWarpSize;
-  for (;;) {
-    const int64_t row = warp_rows::next_row(&a.control[kPhase == Phase::axpys ? 2 : 0], lane);
-    if (row >= a.tw.shape.rows) return;
-    if (a.tw.row_slot[row] >= 0) continue;
-    if (warp_rows::row_entries(a.tw, row, lane) > TrainRowConfig::kLongRow) {
-      if (kPhase != Phase::axpys && lane == 0) a.long_rows[atomicAdd(&a.control[1], 1)] = int32_t(row);
-      continue;
-    }
-    float acc[kChunks][kVecElems];
-    backward_warp_row<T, kKind, kChunks, kPhase>(a, row, lane, 0, 1, acc);
-    if constexpr (kPhase == Phase::dots) continue;
-    warp_rows::store_row<T, kChunks>(static_cast<T*>(a.dx) + row * k, lane, acc);
-  }
+  warp_rows::for_each_short_row(
+      a.tw, a.control, kPhase == Phase::axpys ? 2 : 0, kPhase != Phase::axpys, a.long_rows, TrainRowConfig::kLongRow,
+      lane, [&](int64_t row) {
+        float acc[kChunks][kVecElems];
+        backward_warp_row<T, kKind, kChunks, kPhase>(a, row, lane, 0, 1, acc);
+        if constexpr (kPhase != Phase::dots)
+          warp_rows::store_row<T, kChunks>(static_cast<T*>(a.dx) + row * k, lane, acc);
+      });
 }
 
 // Long compact rows, a CTA each (grid-stride over the list): warp w takes entry groups w,

@@ -195,4 +195,25 @@ __device__ __forceinline__ int64_t next_row(int32_t* head, int lane) {
   return __shfl_sync(kFullMask, row, 0);
 }
 
+// The queue protocol of training's warp-per-row passes (forward_rows.cu, backward_rows.cu): the
+// warp takes rows from the queue head control[queue] until it runs past the rows, skips routed
+// rows (the dense backup computes them), lists each row of more than long_row entries at
+// long_rows[control[1]++] for the long-row kernel (where list_long: the first phase only), and
+// calls row_fn(row) for every other row.
+template <typename RowFn>
+__device__ __forceinline__ void for_each_short_row(const TwellView& tw, int32_t* control, int queue,
+                                                   bool list_long, int32_t* long_rows, int long_row, int lane,
+                                                   RowFn&& row_fn) {
+  for (;;) {
+    const int64_t row = next_row(&control[queue], lane);
+    if (row >= tw.shape.rows) return;
+    if (tw.row_slot[row] >= 0) continue;
+    if (row_entries(tw, row, lane) > long_row) {
+      if (list_long && lane == 0) long_rows[atomicAdd(&control[1], 1)] = int32_t(row);
+      continue;
+    }
+    row_fn(row);
+  }
+}
+
 }  // namespace twell::gpu::warp_rows
