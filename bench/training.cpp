@@ -97,7 +97,7 @@ std::vector<ProblemSpec> training_cases(bool cuda) {
 }
 
 std::vector<uint8_t> make_upstream_gradient(const ProblemSpec& s) {
-  // As tests/test_cuda_training.cpp does: the x of a second, unrelated problem.
+  // As tests/cuda_training_step.hpp does: the x of a second, unrelated problem.
   ProblemSpec g;
   g.kind = s.kind, g.m = s.m, g.k = s.k, g.n = 1, g.dtype = s.dtype, g.pattern = Pattern::uniform;
   g.density = 0.5, g.hot_tile = 64, g.seed = s.seed + 1;

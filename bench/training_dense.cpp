@@ -43,7 +43,7 @@ void check_operand(const RowMajor& t, const char* what) {
 //   * Leading dimensions pass through unchanged (lda of the call = B.ld, ldb = A.ld). BLAS asks
 //     lda >= m with flag N (B is row-major k x m there: B.ld >= B.cols = m) and lda >= k with T
 //     (B is row-major m x k: B.ld >= k); check_operand's ld >= cols is exactly that.
-// Example, the gate GEMM of bench/cuda_runner.cpp: G[M, N] = x[M, K] W[N, K]^T maps to
+// Example, the gate GEMM of testing/cuda_runner.cpp: G[M, N] = x[M, K] W[N, K]^T maps to
 // (T, N, m = N, n = M, k = K, W, ld K, x, ld K, G, ld N).
 ColMajorGemm map_row_major(const RowMajor& a, bool trans_a, const RowMajor& b, bool trans_b,
                            const RowMajor& c) {

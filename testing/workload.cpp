@@ -66,16 +66,21 @@ FfnWeights Problem::weights() {
   return w;
 }
 
-Problem make_problem(const ProblemSpec& spec) {
-  if (spec.k < 4) throw Error("make_problem", "K", ">= 4 (three control channels)", std::to_string(spec.k));
-  if (spec.m < 0 || spec.n < 1) throw Error("make_problem", "M, N", "M >= 0, N >= 1", "other");
-  const int64_t m = spec.m, k = spec.k, n = spec.n, kr = k - 3;  // kr: random channels
-  std::mt19937_64 rng(spec.seed);
+// Per-neuron ReLU thresholds (the gate's bias channel) giving the pattern's density, and per-token
+// scales of x (heavy-tailed: lognormal rates per neuron, a few tokens 10-40x denser).
+struct ThresholdsAndScales {
+  std::vector<double> t, scale;
+};
+
+ThresholdsAndScales thresholds_and_scales(const ProblemSpec& spec, std::mt19937_64& rng) {
+  const int64_t m = spec.m, n = spec.n;
   std::normal_distribution<double> z(0.0, 1.0);
   std::uniform_real_distribution<double> u01(0.0, 1.0);
-
-  // Per-neuron thresholds and per-token scales.
-  std::vector<double> t(static_cast<size_t>(n)), scale(size_t(m), 1.0);
+  ThresholdsAndScales out;
+  std::vector<double>& t = out.t;
+  std::vector<double>& scale = out.scale;
+  t.assign(static_cast<size_t>(n), 0.0);
+  scale.assign(size_t(m), 1.0);
   const double d = std::clamp(spec.density, 0.0, 1.0);
   if (spec.pattern == Pattern::heavy_tailed) {
     std::vector<double> rate(static_cast<size_t>(n));
@@ -98,6 +103,20 @@ Problem make_problem(const ProblemSpec& spec) {
   } else {
     std::fill(t.begin(), t.end(), normal_tail_quantile(d));
   }
+  return out;
+}
+
+Problem make_problem(const ProblemSpec& spec) {
+  if (spec.k < 4) throw Error("make_problem", "K", ">= 4 (three control channels)", std::to_string(spec.k));
+  if (spec.m < 0 || spec.n < 1) throw Error("make_problem", "M, N", "M >= 0, N >= 1", "other");
+  const int64_t m = spec.m, k = spec.k, n = spec.n, kr = k - 3;  // kr: random channels
+  std::mt19937_64 rng(spec.seed);
+  std::uniform_real_distribution<double> u01(0.0, 1.0);
+
+  // Per-neuron thresholds and per-token scales.
+  const ThresholdsAndScales ts = thresholds_and_scales(spec, rng);
+  const std::vector<double>& t = ts.t;
+  const std::vector<double>& scale = ts.scale;
   double tmax = 0;
   for (double v : t) tmax = std::max(tmax, std::fabs(v));
   const double a = tmax + 4, b = tmax + 4;
@@ -156,7 +175,7 @@ Problem make_problem(const ProblemSpec& spec) {
   } else {
     fill_first(p.up);
   }
-  fill_random(p.down, 1.0 / std::sqrt(std::max(1.0, d * double(n))), 3);
+  fill_random(p.down, 1.0 / std::sqrt(std::max(1.0, std::clamp(spec.density, 0.0, 1.0) * double(n))), 3);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < m; ++r) {
     std::mt19937_64 rr = row_rng(4, r);

@@ -203,9 +203,8 @@ TrainingOptions training_options(int32_t tile, int32_t capacity, double l1_coef,
   return o;
 }
 
-}  // namespace
-
-void bind_plans(nb::module_& m) {
+// The enums and value types the plans take and return.
+void bind_types(nb::module_& m) {
   using namespace nb::literals;
 
   nb::enum_<Dispatch>(m, "Dispatch")
@@ -238,6 +237,10 @@ void bind_plans(nb::module_& m) {
       .def("num_tiles", &TwellShape::num_tiles)
       .def("bytes", &TwellShape::bytes, "dtype"_a,
            "Bytes of the single-buffer form (every array 16-byte aligned).");
+}
+
+void bind_inference_plan(nb::module_& m) {
+  using namespace nb::literals;
 
   nb::class_<PyInferencePlan>(m, "InferencePlan",
                               "Sparse FFN inference. Weights [N, K]; down is neuron-major "
@@ -268,6 +271,10 @@ void bind_plans(nb::module_& m) {
       .def_prop_ro("dispatch", [](const PyInferencePlan& p) { return p.plan().options().dispatch; })
       .def_prop_ro("determinism",
                    [](const PyInferencePlan& p) { return p.plan().options().determinism; });
+}
+
+void bind_training_plan(nb::module_& m) {
+  using namespace nb::literals;
 
   nb::class_<PyTrainingPlan>(m, "TrainingPlan",
                              "Sparse FFN training with caller-owned saved state (a uint8 buffer of "
@@ -315,6 +322,14 @@ void bind_plans(nb::module_& m) {
       .def_prop_ro("capacity", [](const PyTrainingPlan& p) { return p.plan().options().capacity; })
       .def_prop_ro("l1_coef", [](const PyTrainingPlan& p) { return p.plan().options().l1_coef; })
       .def_prop_ro("dispatch", [](const PyTrainingPlan& p) { return p.plan().options().dispatch; });
+}
+
+}  // namespace
+
+void bind_plans(nb::module_& m) {
+  bind_types(m);
+  bind_inference_plan(m);
+  bind_training_plan(m);
 }
 
 }  // namespace twell::python

@@ -159,9 +159,17 @@ std::string default_out_dir(const std::string& device) {
   return "bench-results/" + device;
 }
 
-int cmd_bench(const std::vector<std::string>& a) {
+// `twell bench`'s arguments: the harness options, whether to write results, and whether --dtype
+// was given (else the backend's default dtype).
+struct BenchRequest {
   twell::bench::Options o;
-  bool write = true, dtype_set = false, suite_set = false;
+  bool write = true, dtype_set = false;
+};
+
+BenchRequest parse_bench(const std::vector<std::string>& a) {
+  BenchRequest r;
+  twell::bench::Options& o = r.o;
+  bool suite_set = false;
   std::string custom_flag;  // the first flag that describes a custom case
   o.custom.m = 256, o.custom.k = 2048, o.custom.n = 5632, o.custom.density = 0.005;
   o.custom.pattern = twell::testing::Pattern::heavy_tailed;
@@ -195,7 +203,7 @@ int cmd_bench(const std::vector<std::string>& a) {
         usage_error(f + ": expected " + e.expected() + ", got '" + p + "'");
       }
     } else if (f == "--dtype") {
-      o.custom.dtype = parse_dtype(f, value()), dtype_set = true, custom();
+      o.custom.dtype = parse_dtype(f, value()), r.dtype_set = true, custom();
     } else if (f == "--kind") {
       const std::string k = parse_choice(f, value(), {"gated", "plain"});
       o.custom.kind = k == "gated" ? twell::FfnKind::gated : twell::FfnKind::plain;
@@ -216,7 +224,7 @@ int cmd_bench(const std::vector<std::string>& a) {
     } else if (f == "--no-check") {
       o.check = false;
     } else if (f == "--no-write") {
-      write = false;
+      r.write = false;
     } else {
       usage_error("unknown bench option " + f);
     }
@@ -233,35 +241,49 @@ int cmd_bench(const std::vector<std::string>& a) {
     }
   }
   if (o.suite == "custom" || o.training_custom) check_case_fits(o.custom);
-  const bool cuda = o.backend == "cuda" || (o.backend == "auto" && twell::cuda_device_count() > 0);
-  if (!dtype_set) o.custom.dtype = cuda ? twell::DType::bf16 : twell::DType::f32;
-  std::cerr << "twell bench: suite " << o.suite << " on " << (cuda ? "CUDA" : "CPU") << "\n";
-  if (o.suite == "training") {
-    std::vector<std::string> errors;  // failed cases: reported, the others still written
-    const auto rows = twell::bench::run_training(o, std::cerr, &errors);
-    twell::bench::print_training_table(rows, std::cout);
-    if (write && !rows.empty()) {
-      const std::string dir =
-          o.out_dir.empty() ? default_out_dir(twell::bench::device_slug(rows[0].device)) : o.out_dir;
-      twell::bench::write_training_results(rows, dir, o.suite);
-      std::cout << "results: " << dir << "/" << o.suite << ".json, .csv\n";
-    }
-    for (const auto& e : errors) std::cerr << "twell: training case failed: " << e << "\n";
-    for (const auto& r : rows)
-      if (!r.ok()) return 1;
-    return errors.empty() ? 0 : 1;
+  return r;
+}
+
+// The results folder of a run on `device`: --out, or the default.
+std::string out_dir_of(const twell::bench::Options& o, const std::string& device) {
+  return o.out_dir.empty() ? default_out_dir(twell::bench::device_slug(device)) : o.out_dir;
+}
+
+int bench_training(const twell::bench::Options& o, bool write) {
+  std::vector<std::string> errors;  // failed cases: reported, the others still written
+  const auto rows = twell::bench::run_training(o, std::cerr, &errors);
+  twell::bench::print_training_table(rows, std::cout);
+  if (write && !rows.empty()) {
+    const std::string dir = out_dir_of(o, rows[0].device);
+    twell::bench::write_training_results(rows, dir, o.suite);
+    std::cout << "results: " << dir << "/" << o.suite << ".json, .csv\n";
   }
+  for (const auto& e : errors) std::cerr << "twell: training case failed: " << e << "\n";
+  for (const auto& r : rows)
+    if (!r.ok()) return 1;
+  return errors.empty() ? 0 : 1;
+}
+
+int bench_inference(const twell::bench::Options& o, bool write) {
   const auto rows = twell::bench::run(o, std::cerr);
   twell::bench::print_table(rows, std::cout);
   if (write && !rows.empty()) {
-    const std::string dir =
-        o.out_dir.empty() ? default_out_dir(twell::bench::device_slug(rows[0].device)) : o.out_dir;
+    const std::string dir = out_dir_of(o, rows[0].device);
     twell::bench::write_results(rows, dir, o.suite);
     std::cout << "results: " << dir << "/" << o.suite << ".json, .csv\n";
   }
   for (const auto& r : rows)
     if (o.check && r.tolerance < 0) return 1;
   return 0;
+}
+
+int cmd_bench(const std::vector<std::string>& a) {
+  BenchRequest r = parse_bench(a);
+  twell::bench::Options& o = r.o;
+  const bool cuda = o.backend == "cuda" || (o.backend == "auto" && twell::cuda_device_count() > 0);
+  if (!r.dtype_set) o.custom.dtype = cuda ? twell::DType::bf16 : twell::DType::f32;
+  std::cerr << "twell bench: suite " << o.suite << " on " << (cuda ? "CUDA" : "CPU") << "\n";
+  return o.suite == "training" ? bench_training(o, r.write) : bench_inference(o, r.write);
 }
 
 }  // namespace
