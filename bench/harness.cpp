@@ -9,6 +9,7 @@
 #include <ostream>
 #include <sys/stat.h>
 
+#include "capture.hpp"
 #include "check.hpp"
 #include "twell/info.hpp"
 
@@ -102,53 +103,70 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0, double d = 
 
 }  // namespace
 
+namespace {
+
+// One row: the problem run once and checked against the oracle, then the three jobs timed,
+// interleaved rep by rep. The caller has set r.suite, device, backend and spec.
+void run_case(Runner& runner, testing::Problem& p, const Options& o, int warmup, int reps, Row& r,
+              std::ostream& progress) {
+  runner.load(p);
+  std::vector<uint8_t> y;
+  const RunInfo info = runner.run_once(o.dispatch, y);
+  r.density = r.spec.m ? double(info.active) / double(r.spec.m * r.spec.n) : 0;
+  r.routed_rows = info.routed_rows;
+  if (o.check) {
+    const testing::ForwardCheck c = testing::check_forward(p, y.data(), 128);
+    r.error = c.error;
+    r.tolerance = c.ok() ? c.tolerance : -c.tolerance;  // negative tolerance marks a failed check
+  } else {
+    r.error = r.tolerance = -1;
+  }
+  const Job jobs[] = {Job::dense, Job::gate, Job::twell};
+  for (int w = 0; w < warmup; ++w)
+    for (Job j : jobs) runner.warm(j);
+  std::vector<double> ms[3];
+  for (int rep = 0; rep < reps; ++rep)
+    for (Job j : jobs) ms[int(j)].push_back(runner.time_once(j));
+  r.dense = summarize(ms[int(Job::dense)]);
+  r.gate = summarize(ms[int(Job::gate)]);
+  r.twell = summarize(ms[int(Job::twell)]);
+  r.ran_dense = runner.last_run(o.dispatch).ran_dense;
+  r.speedup = r.dense.median / r.twell.median;
+  const double m = double(r.spec.m), k = double(r.spec.k), n = double(r.spec.n);
+  const double es = double(dtype_size(r.spec.dtype));
+  r.tflops = 6 * m * k * n / (r.twell.median * 1e-3) / 1e12;
+  r.gbps = (2 * m * k + 3 * n * k) * es / (r.twell.median * 1e-3) / 1e9;
+  progress << fmt(" dense %.3f ms, gate %.3f ms, twell %.3f ms, %.2fx", r.dense.median, r.gate.median,
+                  r.twell.median, r.speedup)
+           << fmt(", density %.3f%%, routed %.0f, error %.2e", 100 * r.density, double(r.routed_rows), r.error)
+           << (r.tolerance < 0 && o.check ? "  ERROR ABOVE TOLERANCE" : "") << "\n";
+}
+
+}  // namespace
+
 std::vector<Row> run(const Options& o, std::ostream& progress) {
   const bool cuda = use_cuda(o);
   std::unique_ptr<Runner> runner = cuda ? testing::make_cuda_runner() : testing::make_cpu_runner();
   runner->configure(o.plan, o.dispatch);
   runner->replay_graphs(o.suite == "decode");
-  const auto specs = suite_cases(o.suite, cuda, o.custom);
   const int warmup = o.warmup < 0 ? 6 : o.warmup, reps = o.reps < 0 ? 10 : o.reps;
+  const bool captured = !o.from_dir.empty();
+  const auto specs = captured ? std::vector<ProblemSpec>() : suite_cases(o.suite, cuda, o.custom);
+  const size_t cases = captured ? size_t(testing::captured_layers(o.from_dir)) : specs.size();
   std::vector<Row> rows;
-  for (size_t i = 0; i < specs.size(); ++i) {
+  for (size_t i = 0; i < cases; ++i) {
+    testing::Problem p = captured ? testing::load_captured_layer(o.from_dir, int(i), o.from_rows)
+                                  : testing::make_problem(specs[i]);
     Row r;
     r.suite = o.suite;
     r.device = runner->device();
     r.backend = runner->backend();
-    r.spec = specs[i];
-    progress << "[" << i + 1 << "/" << specs.size() << "] " << r.spec.describe() << " ..." << std::flush;
-    testing::Problem p = testing::make_problem(r.spec);
-    runner->load(p);
-    std::vector<uint8_t> y;
-    const RunInfo info = runner->run_once(o.dispatch, y);
-    r.density = r.spec.m ? double(info.active) / double(r.spec.m * r.spec.n) : 0;
-    r.routed_rows = info.routed_rows;
-    if (o.check) {
-      const testing::ForwardCheck c = testing::check_forward(p, y.data(), 128);
-      r.error = c.error;
-      r.tolerance = c.ok() ? c.tolerance : -c.tolerance;  // negative tolerance marks a failed check
-    } else {
-      r.error = r.tolerance = -1;
-    }
-    const Job jobs[] = {Job::dense, Job::gate, Job::twell};
-    for (int w = 0; w < warmup; ++w)
-      for (Job j : jobs) runner->warm(j);
-    std::vector<double> ms[3];
-    for (int rep = 0; rep < reps; ++rep)
-      for (Job j : jobs) ms[int(j)].push_back(runner->time_once(j));
-    r.dense = summarize(ms[int(Job::dense)]);
-    r.gate = summarize(ms[int(Job::gate)]);
-    r.twell = summarize(ms[int(Job::twell)]);
-    r.ran_dense = runner->last_run(o.dispatch).ran_dense;
-    r.speedup = r.dense.median / r.twell.median;
-    const double m = double(r.spec.m), k = double(r.spec.k), n = double(r.spec.n);
-    const double es = double(dtype_size(r.spec.dtype));
-    r.tflops = 6 * m * k * n / (r.twell.median * 1e-3) / 1e12;
-    r.gbps = (2 * m * k + 3 * n * k) * es / (r.twell.median * 1e-3) / 1e9;
-    progress << fmt(" dense %.3f ms, gate %.3f ms, twell %.3f ms, %.2fx", r.dense.median, r.gate.median,
-                    r.twell.median, r.speedup)
-             << fmt(", density %.3f%%, routed %.0f, error %.2e", 100 * r.density, double(r.routed_rows), r.error)
-             << (r.tolerance < 0 && o.check ? "  ERROR ABOVE TOLERANCE" : "") << "\n";
+    r.spec = p.spec;
+    if (captured) r.source = o.from_dir + " layer " + std::to_string(i);
+    progress << "[" << i + 1 << "/" << cases << "] " << (captured ? r.source + ": " : std::string())
+             << r.spec.describe() << " ..." << std::flush;
+    run_case(*runner, p, o, warmup, reps, r, progress);
+    if (captured) r.spec.density = r.density;  // what the model's activations gave
     rows.push_back(r);
   }
   return rows;
@@ -178,20 +196,21 @@ void write_results(const std::vector<Row>& rows, const std::string& dir, const s
   if (!js || !csv) throw Error("bench", "out dir", "a writable folder", dir);
   csv << "suite,device,backend,kind,dtype,M,K,N,pattern,target_density,density,dense_ms,dense_p20,"
          "dense_p80,gate_ms,twell_ms,twell_p20,twell_p80,speedup,routed_rows,ran_dense,rel_error,"
-         "tolerance,tflops,gbps\n";
+         "tolerance,tflops,gbps,source\n";
   js << "[\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     const ProblemSpec& s = r.spec;
-    char line[1024];
+    char line[4096];
     std::snprintf(line, sizeof line,
                   "%s,%s,%s,%s,%s,%lld,%lld,%lld,%s,%.5f,%.5f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,"
-                  "%.3f,%lld,%d,%.3e,%.3e,%.2f,%.1f\n",
+                  "%.3f,%lld,%d,%.3e,%.3e,%.2f,%.1f,%s\n",
                   r.suite.c_str(), csv_field(r.device).c_str(), r.backend.c_str(), ffn_kind_name(s.kind),
                   dtype_name(s.dtype), (long long)s.m, (long long)s.k, (long long)s.n,
                   testing::pattern_name(s.pattern), s.density, r.density, r.dense.median, r.dense.p20,
                   r.dense.p80, r.gate.median, r.twell.median, r.twell.p20, r.twell.p80, r.speedup,
-                  (long long)r.routed_rows, int(r.ran_dense), r.error, r.tolerance, r.tflops, r.gbps);
+                  (long long)r.routed_rows, int(r.ran_dense), r.error, r.tolerance, r.tflops, r.gbps,
+                  csv_field(r.source).c_str());
     csv << line;
     std::snprintf(line, sizeof line,
                   "  {\"suite\": \"%s\", \"device\": \"%s\", \"backend\": \"%s\", \"kind\": \"%s\", "
@@ -207,10 +226,10 @@ void write_results(const std::vector<Row>& rows, const std::string& dir, const s
     std::snprintf(line, sizeof line,
                   "\"twell_ms\": {\"median\": %.4f, \"p20\": %.4f, \"p80\": %.4f}, \"speedup\": %.3f, "
                   "\"routed_rows\": %lld, \"ran_dense\": %s, \"rel_error\": %.3e, \"tolerance\": "
-                  "%.3e, \"tflops\": %.2f, \"gbps\": %.1f}%s\n",
+                  "%.3e, \"tflops\": %.2f, \"gbps\": %.1f, \"source\": \"%s\"}%s\n",
                   r.twell.median, r.twell.p20, r.twell.p80, r.speedup, (long long)r.routed_rows,
                   r.ran_dense ? "true" : "false", r.error, r.tolerance, r.tflops, r.gbps,
-                  i + 1 < rows.size() ? "," : "");
+                  json_escape(r.source).c_str(), i + 1 < rows.size() ? "," : "");
     js << line;
   }
   js << "]\n";

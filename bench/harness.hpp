@@ -34,10 +34,15 @@ struct Row {
   double error = 0, tolerance = 0;  // twell vs fp64 oracle (sampled rows); -1 when not checked
   double tflops = 0;           // dense-equivalent FLOPs / twell time
   double gbps = 0;             // x + y + all weights bytes / twell time
+  std::string source;          // captured problems: "<folder> layer <i>"; empty: generated
 };
 
 struct Options {
-  std::string suite = "default";  // default | cpu | inference | decode | training | custom
+  std::string suite = "default";  // default | cpu | inference | decode | training | custom | real
+  // Non-empty: the layers of this capture folder (testing/capture.hpp) instead of the suite's cases,
+  // their x cut to from_rows rows (0: all).
+  std::string from_dir;
+  int64_t from_rows = 0;
   std::string backend = "auto";   // auto (CUDA when a device is present) | cpu | cuda
   // -1: the suite's default: warm-up 4 (automatic dispatch times each path twice in its first
   // runs) and 10 reps, for inference and training alike.

@@ -34,6 +34,7 @@ const char* pattern_name(Pattern p) {
     case Pattern::edge_rows: return "edge_rows";
     case Pattern::all_zero: return "all_zero";
     case Pattern::all_dense: return "all_dense";
+    case Pattern::captured: return "captured";
   }
   return "?";
 }
@@ -47,6 +48,11 @@ Pattern parse_pattern(const std::string& s) {
 
 std::string ProblemSpec::describe() const {
   char buf[200];
+  if (pattern == Pattern::captured) {  // its density is the model's, known once run
+    std::snprintf(buf, sizeof buf, "%s %s M=%lld K=%lld N=%lld captured", ffn_kind_name(kind), dtype_name(dtype),
+                  (long long)m, (long long)k, (long long)n);
+    return buf;
+  }
   std::snprintf(buf, sizeof buf, "%s %s M=%lld K=%lld N=%lld %s %.3g%% seed=%llu",
                 ffn_kind_name(kind), dtype_name(dtype), (long long)m, (long long)k, (long long)n,
                 pattern_name(pattern), density * 100, (unsigned long long)seed);
@@ -109,6 +115,8 @@ ThresholdsAndScales thresholds_and_scales(const ProblemSpec& spec, std::mt19937_
 Problem make_problem(const ProblemSpec& spec) {
   if (spec.k < 4) throw Error("make_problem", "K", ">= 4 (three control channels)", std::to_string(spec.k));
   if (spec.m < 0 || spec.n < 1) throw Error("make_problem", "M, N", "M >= 0, N >= 1", "other");
+  if (spec.pattern == Pattern::captured)
+    throw Error("make_problem", "pattern", "a generated pattern (captured problems: load_capture)", "captured");
   const int64_t m = spec.m, k = spec.k, n = spec.n, kr = k - 3;  // kr: random channels
   std::mt19937_64 rng(spec.seed);
   std::uniform_real_distribution<double> u01(0.0, 1.0);

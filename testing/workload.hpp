@@ -20,6 +20,7 @@ enum class Pattern : uint8_t {
   edge_rows,     // uniform plus all-zero rows, fully dense rows and single-hot-tile rows
   all_zero,      // no neuron fires
   all_dense,     // every neuron fires
+  captured,      // activations captured from a model (capture.hpp), never generated
 };
 const char* pattern_name(Pattern p);
 Pattern parse_pattern(const std::string& s);  // throws Error for an unknown name

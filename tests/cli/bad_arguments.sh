@@ -38,6 +38,11 @@ expect "--reps: expected an integer in 1..1000000, got '0'" bench --no-write --r
 expect "--reps: expected an integer in 1..1000000, got '2.5'" bench --no-write --reps 2.5
 expect "--warmup: expected an integer in 0..1000000, got '-1'" bench --no-write --warmup -1
 expect "--suite: expected default | cpu | inference |" bench --no-write --suite foo
+expect "--suite real needs --from DIR" bench --no-write --suite real
+expect "--from takes its shapes from the capture: drop --m" bench --no-write --from /nonexistent --m 4
+expect "--from runs the real suite" bench --no-write --from /nonexistent --suite cpu
+expect "--rows applies to --from" bench --no-write --rows 4
+expect "--rows: expected an integer in 1..16777216, got '0'" bench --no-write --from /nonexistent --rows 0
 expect "--suite: expected default | cpu | inference |" bench --no-write --suite foo --m 4
 expect "--m describes a custom case: use it with --suite custom or training" bench --no-write --suite cpu --m 4
 expect "--backend: expected auto | cpu | cuda, got 'foo'" bench --no-write --backend foo

@@ -29,12 +29,16 @@ commands:
   info    build, backends and devices
 
 bench options:
-  --suite NAME      default | cpu | inference | decode | training | custom   (default: default)
+  --suite NAME      default | cpu | inference | decode | training | custom | real
+                    (default: default; real: the layers of --from)
                     decode: M = 1..4096 at K = 2048, N = 5632, 0.5-2%, CUDA graphs replayed
                     training: gated bf16 M = 16384..262144, K = 2048, N = 5632 on CUDA (a small
                     float32 case on CPU); dense = cuBLAS GEMMs + elementwise kernels; reports
                     step time, bytes saved for backward, peak bytes, twell vs dense difference
   --backend NAME    auto | cpu | cuda   (auto: CUDA when a GPU is present)   (default: auto)
+  --from DIR        the real suite: each layer of a capture folder (`python -m twell.capture`:
+                    layer<i>.x/gate/up/down.npy) with the model's own weights and activations
+  --rows N          --from: the first N rows of each layer's x (default: all)
   --m M --k K --n N shape of a custom case (implies --suite custom; with --suite training:
                     one training case of these parameters, gated, instead of the suite's)
   --density D       mean fraction of active neurons of a custom case (default 0.005)
@@ -57,6 +61,7 @@ examples:
   twell bench --suite cpu --backend cpu         # the CPU target table
   twell bench --suite training --out DIR        # DIR/training.json, .csv
   twell bench --m 1 --k 4096 --n 11008 --density 0.01 --pattern uniform
+  twell bench --from captures/s30m --rows 16384  # real.json: one row per captured layer
   twell check --backend cpu
   twell info
 )";
@@ -183,7 +188,7 @@ BenchRequest parse_bench(const std::vector<std::string>& a) {
       if (custom_flag.empty()) custom_flag = f;
     };
     if (f == "--suite") {
-      o.suite = parse_choice(f, value(), {"default", "cpu", "inference", "decode", "training", "custom"});
+      o.suite = parse_choice(f, value(), {"default", "cpu", "inference", "decode", "training", "custom", "real"});
       suite_set = true;
     } else if (f == "--backend") {
       o.backend = parse_choice(f, value(), {"auto", "cpu", "cuda"});
@@ -219,6 +224,10 @@ BenchRequest parse_bench(const std::vector<std::string>& a) {
       o.reps = int(parse_int(f, value(), 1, kMaxRuns));
     } else if (f == "--warmup") {
       o.warmup = int(parse_int(f, value(), 0, kMaxRuns));
+    } else if (f == "--from") {
+      o.from_dir = value();
+    } else if (f == "--rows") {
+      o.from_rows = parse_int(f, value(), 1, kMaxRows);
     } else if (f == "--out") {
       o.out_dir = value();
     } else if (f == "--no-check") {
@@ -241,6 +250,15 @@ BenchRequest parse_bench(const std::vector<std::string>& a) {
     }
   }
   if (o.suite == "custom" || o.training_custom) check_case_fits(o.custom);
+  if (!o.from_dir.empty()) {
+    if (suite_set && o.suite != "real") usage_error("--from runs the real suite: use it without --suite " + o.suite);
+    if (!custom_flag.empty()) usage_error("--from takes its shapes from the capture: drop " + custom_flag);
+    o.suite = "real";
+  } else if (o.suite == "real") {
+    usage_error("--suite real needs --from DIR (a folder of `python -m twell.capture`)");
+  } else if (o.from_rows > 0) {
+    usage_error("--rows applies to --from");
+  }
   return r;
 }
 

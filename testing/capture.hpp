@@ -1,0 +1,36 @@
+// FFN problems captured from a model (`python -m twell.capture`): per decoder layer i, in one folder,
+//   layer{i}.x.npy     [M, K]  the MLP's input on some text
+//   layer{i}.gate.npy  [N, K]  gate_proj.weight (absent: a plain FFN)
+//   layer{i}.up.npy    [N, K]  up_proj.weight
+//   layer{i}.down.npy  [N, K]  down_proj.weight transposed (neuron-major)
+// NumPy .npy files (format 1.0 to 3.0), C order, one dtype per layer: '<f4' float32, '<f2' float16,
+// '<u2' bfloat16 (raw bits: NumPy has no bfloat16). Layers are numbered from 0 without gaps.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "workload.hpp"
+
+namespace twell::testing {
+
+// A 2-D array read from an .npy file: its dtype, shape and bytes (row-major).
+struct NpyArray {
+  DType dtype = DType::f32;
+  int64_t rows = 0, cols = 0;
+  std::vector<uint8_t> bytes;
+};
+// Throws Error naming the file for anything but a 2-D C-order array of the three dtypes above, or
+// a file shorter than its header says.
+NpyArray read_npy(const std::string& path);
+// Writes a 2-D array in the same format (tests; the capture side is Python's).
+void write_npy(const std::string& path, const NpyArray& a);
+
+// Layer i of a capture as a Problem (spec.pattern == captured, spec.density == 0: measured by the
+// run), its x cut to the first max_rows rows (0: all). Throws Error naming the file or the
+// mismatch (shapes, dtypes) when the layer's files do not describe one FFN.
+Problem load_captured_layer(const std::string& dir, int layer, int64_t max_rows = 0);
+// The layers a capture folder holds (layer0 .. layer{L-1}); Error if it holds none.
+int captured_layers(const std::string& dir);
+
+}  // namespace twell::testing

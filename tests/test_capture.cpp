@@ -1,0 +1,173 @@
+// Captured problems (testing/capture.hpp): the .npy reader against the writer and against bad files,
+// and a captured layer run by the CPU plan against the oracle, as `twell bench --from` runs it.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "capture.hpp"
+#include "common.hpp"
+
+namespace twell::test {
+namespace {
+
+// A fresh folder under the system's temporary directory, removed with its files at the end.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/twell-capture-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() { std::system(("rm -rf '" + path_ + "'").c_str()); }
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+testing::NpyArray random_array(DType t, int64_t rows, int64_t cols, uint64_t s) {
+  testing::NpyArray a;
+  a.dtype = t;
+  a.rows = rows;
+  a.cols = cols;
+  a.bytes.resize(size_t(rows * cols) * dtype_size(t));
+  std::mt19937_64 rng(s);
+  for (auto& b : a.bytes) b = uint8_t(rng());
+  return a;
+}
+
+TEST(Capture, NpyRoundTripsEveryDtype) {
+  TempDir d;
+  for (DType t : {DType::f32, DType::f16, DType::bf16})
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{3, 5}, {1, 1}, {0, 7}, {17, 64}}) {
+      const testing::NpyArray a = random_array(t, rows, cols, seed(uint64_t(rows * 100 + cols)));
+      testing::write_npy(d.file("a.npy"), a);
+      const testing::NpyArray b = testing::read_npy(d.file("a.npy"));
+      EXPECT_EQ(b.dtype, t);
+      EXPECT_EQ(b.rows, rows);
+      EXPECT_EQ(b.cols, cols);
+      EXPECT_EQ(b.bytes, a.bytes) << dtype_name(t) << " " << rows << "x" << cols;
+    }
+}
+
+// A header as NumPy writes it (format 1.0), with the given dict and then `data_bytes` bytes.
+void write_raw(const std::string& path, const std::string& dict, size_t data_bytes, const char* magic = "\x93NUMPY") {
+  std::string header = dict;
+  header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
+  header += '\n';
+  std::ofstream f(path, std::ios::binary);
+  f.write(magic, 6);
+  f.put(1);
+  f.put(0);
+  f.put(char(header.size() & 0xff));
+  f.put(char(header.size() >> 8));
+  f << header << std::string(data_bytes, '\0');
+}
+
+TEST(Capture, BadFilesRaiseNamingTheFile) {
+  TempDir d;
+  const std::string p = d.file("bad.npy");
+  auto expect_raises = [&](const std::string& what) {
+    try {
+      testing::read_npy(p);
+      ADD_FAILURE() << what << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("bad.npy"), std::string::npos) << what << ": " << e.what();
+    }
+  };
+  write_raw(p, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 24, "\x93NUMPX");
+  expect_raises("bad magic");
+  write_raw(p, "{'descr': '<f8', 'fortran_order': False, 'shape': (2, 3), }", 48);
+  expect_raises("float64");
+  write_raw(p, "{'descr': '>f4', 'fortran_order': False, 'shape': (2, 3), }", 24);
+  expect_raises("big-endian");
+  write_raw(p, "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", 24);
+  expect_raises("Fortran order");
+  write_raw(p, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3, 4), }", 96);
+  expect_raises("3-D");
+  write_raw(p, "{'descr': '<f4', 'fortran_order': False, 'shape': (6,), }", 24);
+  expect_raises("1-D");
+  write_raw(p, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 23);
+  expect_raises("truncated data");
+  write_raw(p, "{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904, 4), }", 0);
+  expect_raises("overflowing shape");
+  std::ofstream(p, std::ios::binary) << "\x93NUMPY";
+  expect_raises("truncated header");
+  EXPECT_THROW(testing::read_npy(d.file("missing.npy")), Error);
+  EXPECT_THROW(testing::captured_layers(d.path()), Error);  // no layer0.x.npy
+}
+
+// Writes layer i of a capture from a generated problem (x, and the weights as the capture lays
+// them out: down is already neuron-major in a Problem).
+void write_layer(const TempDir& d, int i, testing::Problem& p) {
+  auto arr = [&](const std::vector<uint8_t>& bytes, int64_t rows, int64_t cols) {
+    testing::NpyArray a;
+    a.dtype = p.spec.dtype;
+    a.rows = rows;
+    a.cols = cols;
+    a.bytes = bytes;
+    return a;
+  };
+  const std::string base = d.file("layer" + std::to_string(i) + ".");
+  testing::write_npy(base + "x.npy", arr(p.x, p.spec.m, p.spec.k));
+  if (p.spec.kind == FfnKind::gated) testing::write_npy(base + "gate.npy", arr(p.gate, p.spec.n, p.spec.k));
+  testing::write_npy(base + "up.npy", arr(p.up, p.spec.n, p.spec.k));
+  testing::write_npy(base + "down.npy", arr(p.down, p.spec.n, p.spec.k));
+}
+
+TEST(Capture, LayersLoadAndRunExactlyOnTheCpu) {
+  TempDir d;
+  std::vector<testing::Problem> made;
+  int i = 0;
+  for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
+    for (DType t : {DType::f32, DType::bf16}) {
+      made.push_back(testing::make_problem({kind, 37, 64, 300, t, Pattern::heavy_tailed, 0.02, 64, seed(700 + i)}));
+      write_layer(d, i++, made.back());
+    }
+  ASSERT_EQ(testing::captured_layers(d.path()), i);
+  for (int l = 0; l < i; ++l) {
+    testing::Problem p = testing::load_captured_layer(d.path(), l);
+    const testing::Problem& want = made[size_t(l)];
+    EXPECT_EQ(p.spec.kind, want.spec.kind);
+    EXPECT_EQ(p.spec.dtype, want.spec.dtype);
+    EXPECT_EQ(p.spec.pattern, Pattern::captured);
+    EXPECT_EQ(p.spec.m, want.spec.m);
+    EXPECT_EQ(p.x, want.x);
+    EXPECT_EQ(p.gate, want.gate);
+    EXPECT_EQ(p.up, want.up);
+    EXPECT_EQ(p.down, want.down);
+    InferencePlan plan(p.weights());
+    std::vector<uint8_t> y(p.x.size());
+    poison(y.data(), y.size());
+    plan.run({p.x_view(), TensorView::matrix(y.data(), p.spec.dtype, p.spec.m, p.spec.k)});
+    const testing::ForwardCheck c = testing::check_forward(p, y.data());
+    EXPECT_TRUE(c.ok()) << "layer " << l << ": error " << c.error << " tolerance " << c.tolerance;
+
+    const testing::Problem cut = testing::load_captured_layer(d.path(), l, 5);  // the first 5 rows
+    EXPECT_EQ(cut.spec.m, 5);
+    EXPECT_EQ(cut.x, std::vector<uint8_t>(want.x.begin(), want.x.begin() + std::ptrdiff_t(cut.x.size())));
+  }
+}
+
+TEST(Capture, MismatchedLayerFilesRaise) {
+  TempDir d;
+  testing::Problem p = testing::make_problem({FfnKind::gated, 4, 64, 128, DType::f32, Pattern::uniform, 0.05, 64, 1});
+  write_layer(d, 0, p);
+  testing::write_npy(d.file("layer0.down.npy"), random_array(DType::f32, 127, 64, 2));  // N mismatch
+  EXPECT_THROW(testing::load_captured_layer(d.path(), 0), Error);
+  write_layer(d, 0, p);
+  testing::write_npy(d.file("layer0.up.npy"), random_array(DType::bf16, 128, 64, 3));  // dtype mismatch
+  EXPECT_THROW(testing::load_captured_layer(d.path(), 0), Error);
+  write_layer(d, 0, p);
+  std::remove(d.file("layer0.up.npy").c_str());  // a layer without its up weight
+  EXPECT_THROW(testing::load_captured_layer(d.path(), 0), Error);
+  EXPECT_THROW(testing::make_problem({FfnKind::gated, 4, 64, 128, DType::f32, Pattern::captured, 0.05, 64, 1}),
+               Error);
+}
+
+}  // namespace
+}  // namespace twell::test
