@@ -24,7 +24,19 @@ torch.cuda.max_memory_allocated over one more step of each. Agreement: the last 
 the dense model's, ||twell - dense|| / ||dense||; above --tolerance the command fails. A case the
 GPU has no memory for (the 2B training step needs ~70 GB) is skipped, saying so, not failed.
 
+Energy (CUDA with NVML, the nvidia-ml-py package; null otherwise): after the timed reps, each
+model runs again for about --energy-seconds in blocks ordered dense, twell, twell, dense, the
+device's total-energy counter read (after a synchronisation) around each block; joules per token
+= the counter's delta over the tokens of those steps; energy_ratio = twell / dense (below 1: twell
+spends less; the paper's 6.51 / 7.85 mJ is 0.83). idle_power_w: the GPU's mean power over ~1 s sampled, idle, before the first case.
+
+--checkpoint PATH (a checkpoint.pt of python -m twell.train or its run folder, or a Hugging Face
+model folder) times that trained model instead: its own shape and weights, no calibration (the
+density is the model's), token windows of its validation text (--data, default the checkpoint's;
+random ids where there is none), the checkpoint named in every row.
+
     python3 bench/model.py [--out DIR | --no-write] [--layers 38] [--densities 0.005,0.01]
+    python3 bench/model.py --checkpoint runs/s100m-relu-l1-2e-5 [--data .carry/gcide]
 """
 import argparse
 import json
@@ -40,6 +52,7 @@ import transformers
 
 import twell
 import twell.torch as tt
+from twell import energy
 from twell.torch.patch import _set as set_module
 
 
@@ -56,7 +69,8 @@ def parse_args(argv):
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--densities", default="0.005,0.01", help="comma-separated target densities")
     p.add_argument("--modes", default="inference,training")
-    p.add_argument("--l1", type=float, default=2e-5, help="L1 coefficient of twell's layers")
+    p.add_argument("--l1", type=float, default=None,
+                   help="L1 coefficient of twell's layers (default 2e-5, or the checkpoint's)")
     p.add_argument("--dispatch", choices=["auto", "sparse", "dense"], default="auto")
     p.add_argument("--warmup", type=int, default=6)
     p.add_argument("--reps", type=int, default=10)
@@ -65,6 +79,15 @@ def parse_args(argv):
     # a wrong FFN gives O(1).
     p.add_argument("--tolerance", type=float, default=1e-1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", default=None,
+                   help="a python -m twell.train checkpoint (file or run folder) or a Hugging Face "
+                        "model folder, instead of random weights (its shape overrides --layers, "
+                        "--hidden, --intermediate, --heads, --vocab; --densities is ignored)")
+    p.add_argument("--data", default=None,
+                   help="with --checkpoint: the text whose validation windows are the input "
+                        "(default: the checkpoint's --data; random ids where there is none)")
+    p.add_argument("--energy-seconds", type=float, default=2.0,
+                   help="seconds of each model's energy loop (CUDA with NVML; 0: no energy)")
     p.add_argument("--out", default=None, help="folder for model.json (default: no file)")
     p.add_argument("--no-write", action="store_true")
     return p.parse_args(argv)
@@ -178,7 +201,7 @@ def rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
-def run_case(args, model, swap, ids, mode, device):
+def run_case(args, model, swap, ids, mode, device, meter=None):
     timer = Timer(device)
     params = list(model.parameters())
     if mode == "inference":
@@ -232,15 +255,91 @@ def run_case(args, model, swap, ids, mode, device):
     for which in ("dense", "twell"):
         swap.use(which)
         peaks[which] = peak(device, lambda: step(which))
+    extra.update(energy_case(args, meter, swap, step, times, device))
     for p in params:
         p.grad = None
     return diff, l0, times, peaks, extra
+
+
+def energy_case(args, meter, swap, step, times, device):
+    """Row fields of joules per token (the NVML counter over each model's steps), in blocks
+    dense, twell, twell, dense of about --energy-seconds / 2 each; null without a meter."""
+    fields = {"energy_j_per_token_dense": None, "energy_j_per_token_twell": None,
+              "energy_ratio": None, "avg_power_w_dense": None, "avg_power_w_twell": None,
+              "energy_steps": None}
+    if meter is None or args.energy_seconds <= 0:
+        return fields
+    tokens = args.batch * args.seq
+    steps = {w: max(1, math.ceil(args.energy_seconds / 2 * 1e3 / statistics.median(times[w])))
+             for w in ("dense", "twell")}
+    total = {w: [0.0, 0.0, 0] for w in ("dense", "twell")}  # joules, seconds, steps
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+
+    def block(which):
+        swap.use(which)
+        n = steps[which]
+
+        def loop():
+            for _ in range(n):
+                step(which)
+        joules, seconds = meter.measure(loop, sync=sync)
+        t = total[which]
+        t[0], t[1], t[2] = t[0] + joules, t[1] + seconds, t[2] + n
+
+    for which in ("dense", "twell", "twell", "dense"):
+        block(which)
+    for w in ("dense", "twell"):
+        joules, seconds, n = total[w]
+        fields[f"energy_j_per_token_{w}"] = energy.joules_per_token(joules, n * tokens)
+        fields[f"avg_power_w_{w}"] = joules / seconds if seconds > 0 else None
+    d, t = fields["energy_j_per_token_dense"], fields["energy_j_per_token_twell"]
+    fields["energy_ratio"] = t / d if t is not None and d else None
+    fields["energy_steps"] = {w: total[w][2] for w in ("dense", "twell")}
+    return fields
 
 
 def device_name(device):
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return platform.processor() or platform.machine()
+
+
+def load_checkpoint(args, device, dtype):
+    """(model with its own MLPs, the checkpoint's path, input ids [batch, seq] or None, their
+    source) from --checkpoint; args' shape and l1 set from it."""
+    from twell.capture import load_model, validation_ids
+
+    try:
+        model, info = load_model(args.checkpoint, device, dtype=dtype, mlp="dense")
+    except ValueError as e:
+        sys.exit(f"model bench: --checkpoint: {e}")
+    cfg = model.config
+    args.layers, args.hidden = cfg.num_hidden_layers, cfg.hidden_size
+    args.intermediate, args.heads = cfg.intermediate_size, cfg.num_attention_heads
+    args.vocab = model.get_input_embeddings().weight.shape[0]
+    if args.l1 is None and info["l1_coef"] is not None:
+        args.l1 = info["l1_coef"]
+    ids, source = None, "random ids"
+    try:
+        text, where = validation_ids(info, args.data)
+        from twell.train.data import eval_windows
+        w = eval_windows(text, args.batch, args.seq, max_batches=1)[0] \
+            if len(text) > args.batch * args.seq else None
+        if w is None or w.shape[0] < args.batch or int(w.max()) >= args.vocab:
+            print(f"model bench: {where}: too short for {args.batch} x {args.seq} tokens, or "
+                  f"ids beyond the vocabulary; random ids instead", flush=True)
+        else:
+            ids, source = torch.from_numpy(w[:, :-1]).to(device), where
+    except (ValueError, ImportError, OSError) as e:
+        print(f"model bench: no text for the checkpoint ({e}); random ids instead", flush=True)
+    return model, info["checkpoint"], ids, source
+
+
+def energy_note(row):
+    if row.get("energy_j_per_token_dense") is None:
+        return ""
+    return (f"; energy {1e3 * row['energy_j_per_token_dense']:.3f} / "
+            f"{1e3 * row['energy_j_per_token_twell']:.3f} mJ/token ({row['energy_ratio']:.3f}x)")
 
 
 def main(argv=None):
@@ -255,33 +354,55 @@ def main(argv=None):
         if m not in ("inference", "training"):
             sys.exit(f"model bench: unknown mode {m!r}")
     start = time.perf_counter()
-    model = build(args, device, dtype)
+    ids, source, ckpt = None, "random ids", None
+    if args.checkpoint:
+        model, ckpt, ids, source = load_checkpoint(args, device, dtype)
+        densities = [None]  # the model's own
+    else:
+        model = build(args, device, dtype)
+    if args.l1 is None:
+        args.l1 = 2e-5
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters, {args.layers} "
           f"layers, {device_name(device)}, built in {time.perf_counter() - start:.1f} s", flush=True)
-    gen = torch.Generator(device="cpu").manual_seed(args.seed + 1)
-    ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen).to(device)
+    if ids is None:
+        gen = torch.Generator(device="cpu").manual_seed(args.seed + 1)
+        ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen).to(device)
     calib_ids = ids[: min(args.batch, 2)]
     tokens = args.batch * args.seq
+    meter, idle_w = None, None
+    if args.energy_seconds > 0:
+        meter = energy.open_meter(device, say=lambda m: print(m, flush=True))
+    if meter is not None:
+        torch.cuda.synchronize(device)
+        time.sleep(0.5)  # let the model's initialisation settle
+        idle_w = meter.idle_power_w(1.0)
+        print(f"energy: NVML counter; idle power {idle_w:.1f} W", flush=True)
     rows, failed = [], False
     swap = None
     for density in densities:
         if swap is not None:
             swap.use("dense")
-        calibrate(model, calib_ids, density)
+        if density is not None:
+            calibrate(model, calib_ids, density)
         if swap is None:
-            swap = Swap(model, args.l1, args.dispatch)
+            try:
+                swap = Swap(model, args.l1, args.dispatch)
+            except ValueError as e:
+                sys.exit(f"model bench: {e}")
         else:
             swap.use("twell")
             tt.freeze(model)  # the gate weights changed: new neuron-major copies
         for mode in modes:
             try:
-                diff, l0, times, peaks, extra = run_case(args, model, swap, ids, mode, device)
+                diff, l0, times, peaks, extra = run_case(args, model, swap, ids, mode, device,
+                                                         meter)
             except torch.OutOfMemoryError as e:
                 for p in model.parameters():
                     p.grad = None
                 torch.cuda.empty_cache()
+                target = "the model's" if density is None else f"{100 * density:.2f}%"
                 print(f"[-] {mode:9s} layers {args.layers} tokens {tokens} density target "
-                      f"{100 * density:.2f}%: skipped, out of device memory "
+                      f"{target}: skipped, out of device memory "
                       f"({str(e).splitlines()[0][:120]})", flush=True)
                 continue
             d, t = summary(times["dense"]), summary(times["twell"])
@@ -299,7 +420,8 @@ def main(argv=None):
                 "dense_tokens_per_s": tokens / d["median"] * 1e3,
                 "twell_tokens_per_s": tokens / t["median"] * 1e3,
                 "peak_bytes_dense": peaks["dense"], "peak_bytes_twell": peaks["twell"],
-                "rel_diff": diff, "tolerance": args.tolerance, **extra,
+                "rel_diff": diff, "tolerance": args.tolerance,
+                "checkpoint": ckpt, "input": source, "idle_power_w": idle_w, **extra,
             }
             rows.append(row)
             ok = diff <= args.tolerance and math.isfinite(diff)
@@ -308,8 +430,8 @@ def main(argv=None):
                   f"{100 * row['density']:.2f}% (layers {100 * row['density_min']:.2f}-"
                   f"{100 * row['density_max']:.2f}%): dense {d['median']:.2f} ms, twell "
                   f"{t['median']:.2f} ms, {row['speedup']:.3f}x; peak {gb(peaks['dense'])} / "
-                  f"{gb(peaks['twell'])} GB; rel diff {diff:.1e}{'' if ok else ' FAILED'}",
-                  flush=True)
+                  f"{gb(peaks['twell'])} GB; rel diff {diff:.1e}{'' if ok else ' FAILED'}"
+                  + energy_note(row), flush=True)
             if args.out and not args.no_write:  # after every row: a run cut short keeps its rows
                 os.makedirs(args.out, exist_ok=True)
                 with open(os.path.join(args.out, "model.json"), "w") as f:

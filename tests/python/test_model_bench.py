@@ -34,3 +34,32 @@ def test_model_bench_rejects_a_bad_mode():
     out = subprocess.run([sys.executable, BENCH, *TINY, "--modes", "decode", "--no-write"],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode != 0 and "unknown mode" in out.stderr
+
+
+def test_model_bench_takes_a_checkpoint(tmp_path):
+    from twell.train.cli import main as train_main
+
+    run = tmp_path / "run"
+    train_main(["--model", "tiny", "--data", "synthetic", "--device", "cpu", "--batch-size", "2",
+                "--seq-len", "32", "--steps", "2", "--eval-batches", "1", "--l1", "1e-3",
+                "--no-progress", "--out", str(run)])
+    out = subprocess.run([sys.executable, BENCH, *TINY, "--checkpoint", str(run), "--out",
+                          str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = json.load(open(tmp_path / "model.json"))
+    assert [r["mode"] for r in rows] == ["inference", "training"]
+    for r in rows:
+        assert r["checkpoint"] == str(run / "checkpoint.pt")
+        assert r["input"] == "synthetic (validation split)" and r["target_density"] is None
+        assert (r["layers"], r["hidden"], r["intermediate"], r["vocab"]) == (2, 64, 256, 128)
+        assert r["l1_coef"] == 1e-3 and 0 < r["density"] <= 1 and 0 <= r["rel_diff"] < 1e-4
+        # no GPU, no NVML: the energy fields are there, null
+        for k in ("energy_j_per_token_dense", "energy_j_per_token_twell", "energy_ratio",
+                  "idle_power_w"):
+            assert r[k] is None, k
+
+
+def test_model_bench_rejects_a_missing_checkpoint(tmp_path):
+    out = subprocess.run([sys.executable, BENCH, *TINY, "--checkpoint", str(tmp_path / "none"),
+                          "--no-write"], capture_output=True, text=True, timeout=600)
+    assert out.returncode != 0 and "no such file or folder" in out.stderr
