@@ -79,22 +79,27 @@ TEST(Capture, BadFilesRaiseNamingTheFile) {
       EXPECT_NE(std::string(e.what()).find("bad.npy"), std::string::npos) << what << ": " << e.what();
     }
   };
-  write_raw(p, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 24, "\x93NUMPX");
-  expect_raises("bad magic");
-  write_raw(p, "{'descr': '<f8', 'fortran_order': False, 'shape': (2, 3), }", 48);
-  expect_raises("float64");
-  write_raw(p, "{'descr': '>f4', 'fortran_order': False, 'shape': (2, 3), }", 24);
-  expect_raises("big-endian");
-  write_raw(p, "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", 24);
-  expect_raises("Fortran order");
-  write_raw(p, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3, 4), }", 96);
-  expect_raises("3-D");
-  write_raw(p, "{'descr': '<f4', 'fortran_order': False, 'shape': (6,), }", 24);
-  expect_raises("1-D");
-  write_raw(p, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 23);
-  expect_raises("truncated data");
-  write_raw(p, "{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904, 4), }", 0);
-  expect_raises("overflowing shape");
+  struct Bad {
+    const char* what;
+    std::string dict;
+    size_t data_bytes;
+    const char* magic;
+  };
+  const std::string f4 = "{'descr': '<f4', 'fortran_order': False, 'shape': ";
+  const Bad cases[] = {
+      {"bad magic", f4 + "(2, 3), }", 24, "\x93NUMPX"},
+      {"float64", "{'descr': '<f8', 'fortran_order': False, 'shape': (2, 3), }", 48, "\x93NUMPY"},
+      {"big-endian", "{'descr': '>f4', 'fortran_order': False, 'shape': (2, 3), }", 24, "\x93NUMPY"},
+      {"Fortran order", "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", 24, "\x93NUMPY"},
+      {"3-D", f4 + "(2, 3, 4), }", 96, "\x93NUMPY"},
+      {"1-D", f4 + "(6,), }", 24, "\x93NUMPY"},
+      {"truncated data", f4 + "(2, 3), }", 23, "\x93NUMPY"},
+      {"overflowing shape", f4 + "(4611686018427387904, 4), }", 0, "\x93NUMPY"},
+  };
+  for (const Bad& c : cases) {
+    write_raw(p, c.dict, c.data_bytes, c.magic);
+    expect_raises(c.what);
+  }
   std::ofstream(p, std::ios::binary) << "\x93NUMPY";
   expect_raises("truncated header");
   EXPECT_THROW(testing::read_npy(d.file("missing.npy")), Error);
