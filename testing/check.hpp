@@ -24,8 +24,8 @@ std::vector<int64_t> boundary_rows(const Problem& p, const std::vector<int64_t>&
 // Tolerance of a fast path on dtype t: 2x the relative error of a plain dense implementation in t
 // (each GEMM output, h and y rounded to t), plus a floor for summation-order noise, plus the fp32
 // slack of an ill-conditioned problem (slack.hpp).
-double tolerance(const reference::Weights& w, const reference::Matrix& x,
-                 const reference::Matrix& y_ref, DType t);
+// f: the oracle's forward of x (its y the reference).
+double tolerance(const reference::Weights& w, const reference::Matrix& x, const reference::Forward& f, DType t);
 
 struct ForwardCheck {
   double error = 0;             // ||y - y_ref|| / ||y_ref|| over the checked rows

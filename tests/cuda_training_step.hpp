@@ -301,7 +301,7 @@ inline OracleStep expect_grads_match(const ref::Weights& w, const ref::Matrix& x
   const testing::Fp32Slack slack = testing::fp32_slack(w, x, dy, f, coef);
   using testing::with_slack;
   const std::string ambiguous = " (" + std::to_string(slack.entries) + " gate values within fp32 noise of 0)";
-  EXPECT_LE(ref::rel_error(y, f.y), test::tolerance(w, x, f.y, t)) << "y, " << where;
+  EXPECT_LE(ref::rel_error(y, f.y), test::tolerance(w, x, f, t)) << "y, " << where;
   EXPECT_LE(ref::rel_error(dx, g.dx), with_slack(tol(dense.dx, saved.dx, g.dx), slack.dx, g.dx))
       << "dx, " << where << ambiguous;
   if (gated)

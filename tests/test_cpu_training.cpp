@@ -61,7 +61,7 @@ TEST_P(CpuTraining, GradientsMatchOracle) {
   const std::string what = spec.describe();
   const ref::Matrix yo = ref::from_view(TensorView::matrix(y.data(), c.dtype, c.m, c.k));
   const ref::Matrix dxo = ref::from_view(TensorView::matrix(dx.data(), c.dtype, c.m, c.k));
-  EXPECT_LE(ref::rel_error(yo, f.y), test::tolerance(w, x, f.y, c.dtype)) << what;
+  EXPECT_LE(ref::rel_error(yo, f.y), test::tolerance(w, x, f, c.dtype)) << what;
   const testing::Fp32Slack slack = testing::fp32_slack(w, x, dyr, f, opt.l1_coef);
   using testing::with_slack;
   EXPECT_LE(ref::rel_error(dxo, gr.dx), with_slack(grad_tol(gr.dx, c.dtype), slack.dx, gr.dx)) << what;

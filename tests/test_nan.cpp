@@ -168,7 +168,7 @@ void check_inference(Faulty& d, const std::vector<uint8_t>& y, const std::string
   const ProblemSpec& s = d.p.spec;
   const ref::Forward clean = ref::ffn_forward(d.w_clean, d.x_clean);
   const ref::Forward f = ref::ffn_forward(ref::from_weights(d.p.weights()), ref::from_view(d.p.x_view()));
-  const double tol = tolerance(d.w_clean, d.x_clean, clean.y, s.dtype);
+  const double tol = tolerance(d.w_clean, d.x_clean, clean, s.dtype);
   EXPECT_GT(expect_dense_nan(host_matrix(y, s.dtype, s.m, s.k), f.y, tol, what + " y"), 0) << what;
 }
 
@@ -194,7 +194,7 @@ void check_training(Faulty& d, const TrainingOutputs& o, bool device, const std:
     return testing::with_slack(rel, abs_slack, clean);
   };
   int64_t nonfinite = expect_dense_nan(host_matrix(o.y, s.dtype, s.m, s.k), f.y,
-                                       tolerance(d.w_clean, d.x_clean, fc.y, s.dtype), what + " y");
+                                       tolerance(d.w_clean, d.x_clean, fc, s.dtype), what + " y");
   nonfinite += expect_dense_nan(host_matrix(o.dx, s.dtype, s.m, s.k), g.dx,
                                 grad_tol(gc.dx, s.dtype, slack.dx), what + " dx");
   const ref::Matrix& first_ref = gated ? g.dgate : g.dup;
