@@ -122,9 +122,7 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
   const cudaStream_t s = resolve_stream(stream);
   const bool capturing = is_capturing(s, kRunOp);
   if (!capturing) check_pointers(args, rows);
-  if (rows > ShapeLimits::kMaxRows)
-    throw Error(kRunOp, "x", "at most " + std::to_string(ShapeLimits::kMaxRows) + " rows (int32 row indices)",
-                std::to_string(rows));
+  check_rows(rows, kRunOp);
   auto* counters = static_cast<int64_t*>(args.counters.data);
   if (rows == 0) {
     if (counters != nullptr)

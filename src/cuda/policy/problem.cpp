@@ -38,4 +38,10 @@ ProblemDims supported_dims(const FfnWeights& w, int32_t tile, int32_t capacity, 
   return d;
 }
 
+void check_rows(int64_t rows, const char* op) {
+  if (rows > ShapeLimits::kMaxRows)
+    throw Error(op, "x", "at most " + std::to_string(ShapeLimits::kMaxRows) + " rows (int32 row indices)",
+                std::to_string(rows));
+}
+
 }  // namespace twell::gpu

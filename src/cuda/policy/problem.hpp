@@ -21,4 +21,7 @@ struct ProblemDims {
 // The problem, or Error (for op) naming the first property the CUDA kernels do not support.
 ProblemDims supported_dims(const FfnWeights& w, int32_t tile, int32_t capacity, const char* op);
 
+// Error (for op, naming x) unless a run of `rows` rows fits ShapeLimits::kMaxRows.
+void check_rows(int64_t rows, const char* op);
+
 }  // namespace twell::gpu

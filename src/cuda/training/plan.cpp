@@ -42,12 +42,6 @@ void check_saved_memory(const TwellView& v, int device, const char* op) {
   if (v.shape.backup_capacity > 0) check_buffer(v.backup, device, op, "saved backup");
 }
 
-void check_rows(int64_t rows, const char* op) {
-  if (rows > ShapeLimits::kMaxRows)
-    throw Error(op, "x", "at most " + std::to_string(ShapeLimits::kMaxRows) + " rows (int32 row indices)",
-                std::to_string(rows));
-}
-
 Grads grads_of(const TrainingBackwardArgs& a, FfnKind kind) {
   const bool gated = kind == FfnKind::gated;
   Grads g;
