@@ -104,15 +104,8 @@ def load_model(path, device="cpu", dtype=None, mlp="auto"):
     kind, file = resolve_checkpoint(path)
     info = {"kind": kind, "checkpoint": os.path.abspath(file), "args": None, "l1_coef": None}
     if kind == "twell.train":
-        from twell.train import models
-        try:
-            state = torch.load(file, map_location="cpu", weights_only=False)
-        except Exception as e:  # pickle, zip or torch errors: say which file
-            raise ValueError(f"checkpoint {file}: not a readable torch checkpoint ({e})") from None
-        if not isinstance(state, dict) or state.get("format") != "twell.train-1":
-            got = state.get("format") if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"checkpoint {file}: expected a python -m twell.train checkpoint "
-                             f"(format 'twell.train-1'), got {got!r}")
+        from twell.train import checkpoint, models
+        state = checkpoint.read(file)
         a, weights = state["args"], state["model"]
         emb = weights.get("model.embed_tokens.weight")
         if emb is None:
@@ -126,10 +119,9 @@ def load_model(path, device="cpu", dtype=None, mlp="auto"):
             info["l1_coef"] = _last_l1_coef(os.path.join(os.path.dirname(file), "log.jsonl"))
             if info["l1_coef"] is None:
                 info["l1_coef"] = a.get("l1")
-        if relu:  # the ReLU Llama MLP, as patch_model(activation="relu") leaves it
-            model.config.hidden_act = "relu"
-            for layer in model.model.layers:
-                layer.mlp.act_fn = torch.nn.ReLU()
+        if relu:  # the ReLU Llama MLPs twell.train trained (patched back below if dense is asked)
+            tt.patch_model(model, activation="relu")
+            tt.unpatch_model(model)
         model.load_state_dict(weights)
         info.update(args=a, activation=activation, seq_len=a["seq_len"], step=state.get("step"),
                     model_dtype=_dtype_name(emb.dtype))

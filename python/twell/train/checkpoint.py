@@ -9,6 +9,8 @@ import time
 import numpy as np
 import torch
 
+FORMAT = "twell.train-1"
+
 # Arguments a resumed run must share with the checkpoint (the rest may change, with a warning).
 SAME_ON_RESUME = ("model", "hidden", "intermediate", "layers", "heads", "kv_heads", "seq_len",
                   "batch_size", "grad_accum", "seed", "activation", "data", "precision")
@@ -26,7 +28,7 @@ def save(trainer):
     if trainer.device.type == "cuda":
         rng["cuda"] = torch.cuda.get_rng_state(trainer.device)
     state = {
-        "format": "twell.train-1",
+        "format": FORMAT,
         "step": trainer.step, "tokens": trainer.tokens, "last_reinit": trainer.last_reinit,
         "args": {k: _jsonable(v) for k, v in vars(trainer.args).items()},
         "model": trainer.model.state_dict(),
@@ -42,6 +44,20 @@ def save(trainer):
     os.replace(tmp, trainer.ckpt_path)
     trainer.ckpt_time = time.monotonic() - t
     trainer.paused_s += trainer.ckpt_time
+
+
+def read(path, map_location="cpu"):
+    """A checkpoint's state dict (format, step, args, model, ...) for use outside a Trainer, or
+    ValueError naming the file if it is not one of twell.train's."""
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=False)
+    except Exception as e:  # pickle, zip or torch errors: say which file
+        raise ValueError(f"checkpoint {path}: not a readable torch checkpoint ({e})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        got = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"checkpoint {path}: expected a python -m twell.train checkpoint "
+                         f"(format {FORMAT!r}), got {got!r}")
+    return state
 
 
 def load(trainer, say):
