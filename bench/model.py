@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """twell model benchmark: a Hugging Face Llama whose MLPs run on twell against the same model
-with its own MLPs (dense, cuBLAS through PyTorch): prefill and training-step time, tokens/s, peak
-memory and agreement, written as harness rows (suite "model") to DIR/model.json.
+with its own MLPs (dense, cuBLAS through PyTorch): prefill and training-step time (and, asked
+for, generate() time), tokens/s, peak memory and agreement, written as harness rows (suite
+"model") to DIR/model.json.
 
 The model is the paper's shape (hidden 2048, intermediate 5632, 32 heads, vocabulary 49152, ReLU
 gate; the default 38 layers is its 2B model, 28 its 1.5B), built from a LlamaConfig with random
@@ -30,6 +31,15 @@ device's total-energy counter read (after a synchronisation) around each block; 
 = the counter's delta over the tokens of those steps; energy_ratio = twell / dense (below 1: twell
 spends less; the paper's 6.51 / 7.85 mJ is 0.83). idle_power_w: the GPU's mean power over ~1 s sampled, idle, before the first case.
 
+Generate (--modes generate; the default modes are inference,training): Hugging Face
+model.generate() of the same model, both MLPs in turn, greedy, a prompt of --prompt-len tokens
+(the first of each input row, rows repeated to the batch) and exactly --new-tokens new tokens (no
+EOS), with a static KV cache (--gen-cache; dynamic where this transformers has no static one),
+eager, for each batch of --gen-batches. One whole generate() call is timed (at least one warm-up of
+each); tokens/s and energy count the new tokens. Agreement: identical_tokens (the two models'
+greedy ids equal) and first_divergence; bf16 rounding can flip a near-tie, so a difference is
+reported, never failed. The density is over every token the FFNs saw in one twell generate.
+
 --checkpoint PATH (a checkpoint.pt of python -m twell.train or its run folder, or a Hugging Face
 model folder) times that trained model instead: its own shape and weights, no calibration (the
 density is the model's), token windows of its validation text (--data, default the checkpoint's;
@@ -37,6 +47,8 @@ random ids where there is none), the checkpoint named in every row.
 
     python3 bench/model.py [--out DIR | --no-write] [--layers 38] [--densities 0.005,0.01]
     python3 bench/model.py --checkpoint runs/s100m-relu-l1-2e-5 [--data .carry/gcide]
+    python3 bench/model.py --modes generate [--gen-batches 1,16] [--prompt-len 128]
+        [--new-tokens 64] [--gen-cache static|dynamic]
 """
 import argparse
 import json
@@ -55,6 +67,22 @@ import twell.torch as tt
 from twell import energy
 from twell.torch.patch import _set as set_module
 
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # model_generate, beside this file
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import model_generate  # noqa: E402
+
+MODES = ("inference", "training", "generate")
+
+
+def positive_ints(text):
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return values
+
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -68,7 +96,15 @@ def parse_args(argv):
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--densities", default="0.005,0.01", help="comma-separated target densities")
-    p.add_argument("--modes", default="inference,training")
+    p.add_argument("--modes", default="inference,training",
+                   help="comma-separated, of: inference (prefill), training, generate")
+    p.add_argument("--gen-batches", type=positive_ints, default=[1, 16],
+                   help="generate: comma-separated batch sizes (default 1,16)")
+    p.add_argument("--prompt-len", type=int, default=128,
+                   help="generate: prompt tokens, the first of each input row (at most --seq)")
+    p.add_argument("--new-tokens", type=int, default=64, help="generate: new tokens per row")
+    p.add_argument("--gen-cache", choices=["static", "dynamic"], default="static",
+                   help="generate: the KV cache (static: cache_implementation='static')")
     p.add_argument("--l1", type=float, default=None,
                    help="L1 coefficient of twell's layers (default 2e-5, or the checkpoint's)")
     p.add_argument("--dispatch", choices=["auto", "sparse", "dense"], default="auto")
@@ -97,7 +133,8 @@ def build(args, device, dtype):
     config = transformers.LlamaConfig(
         vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
         num_hidden_layers=args.layers, num_attention_heads=args.heads,
-        num_key_value_heads=args.heads, max_position_embeddings=args.seq, hidden_act="relu",
+        num_key_value_heads=args.heads, hidden_act="relu",
+        max_position_embeddings=max(args.seq, args.prompt_len + args.new_tokens),
         tie_word_embeddings=False)
     config._attn_implementation = "sdpa"
     torch.manual_seed(args.seed)
@@ -201,8 +238,8 @@ def rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
-def run_case(args, model, swap, ids, mode, device, meter=None):
-    timer = Timer(device)
+def make_step(model, ids, mode):
+    """step(which) of an inference (prefill) or training case, the model set up for it."""
     params = list(model.parameters())
     if mode == "inference":
         model.eval()
@@ -212,19 +249,47 @@ def run_case(args, model, swap, ids, mode, device, meter=None):
         def step(which):
             with torch.no_grad():
                 return model(ids, use_cache=False, logits_to_keep=1).logits
-    else:
-        model.train()
+        return step
+    model.train()
+    for p in params:
+        p.requires_grad_(True)
+
+    def step(which, with_l1=True):
         for p in params:
-            p.requires_grad_(True)
+            p.grad = None
+        loss = model(ids, labels=ids, use_cache=False).loss
+        total = loss + tt.l1_loss(model) if which == "twell" and with_l1 else loss
+        total.backward()
+        return loss.detach()
+    return step
 
-        def step(which, with_l1=True):
-            for p in params:
-                p.grad = None
-            loss = model(ids, labels=ids, use_cache=False).loss
-            total = loss + tt.l1_loss(model) if which == "twell" and with_l1 else loss
-            total.backward()
-            return loss.detach()
 
+def measure(args, swap, step, device, warmup):
+    """({"dense": [ms], "twell": [ms]}, {"dense": peak bytes, "twell": ...}): `warmup` steps of
+    each model (automatic dispatch tries each path), then args.reps alternating timed steps, then
+    one more of each for the peak."""
+    timer = Timer(device)
+    for _ in range(warmup):
+        for which in ("dense", "twell"):
+            swap.use(which)
+            step(which)
+    times = {"dense": [], "twell": []}
+    for _ in range(args.reps):
+        for which in ("dense", "twell"):
+            swap.use(which)
+            times[which].append(timer(lambda: step(which)))
+    peaks = {}
+    for which in ("dense", "twell"):
+        swap.use(which)
+        peaks[which] = peak(device, lambda: step(which))
+    return times, peaks
+
+
+def run_case(args, model, swap, ids, mode, device, meter=None):
+    """(twell's l0 per layer, times, peaks, agreement fields, other fields) of a prefill or
+    training case."""
+    step = make_step(model, ids, mode)
+    params = list(model.parameters())
     # Agreement (the L1 term left out of training's loss).
     swap.use("dense")
     ref = step("dense") if mode == "inference" else step("dense", with_l1=False)
@@ -241,35 +306,37 @@ def run_case(args, model, swap, ids, mode, device, meter=None):
         diff = max(math.sqrt(num / max(den, 1e-30)), abs(float(got) - float(ref)) / abs(float(ref)))
         extra = {"loss_dense": float(ref), "loss_twell": float(got)}
         del ref_grads
-    # Warm-ups, then alternating reps.
-    for _ in range(args.warmup):
-        for which in ("dense", "twell"):
-            swap.use(which)
-            step(which)
-    times = {"dense": [], "twell": []}
-    for _ in range(args.reps):
-        for which in ("dense", "twell"):
-            swap.use(which)
-            times[which].append(timer(lambda: step(which)))
-    peaks = {}
-    for which in ("dense", "twell"):
-        swap.use(which)
-        peaks[which] = peak(device, lambda: step(which))
-    extra.update(energy_case(args, meter, swap, step, times, device))
+    times, peaks = measure(args, swap, step, device, args.warmup)
+    extra.update(energy_case(args, meter, swap, step, times, device, args.batch * args.seq))
     for p in params:
         p.grad = None
-    return diff, l0, times, peaks, extra
+    return l0, times, peaks, {"rel_diff": diff, "tolerance": args.tolerance}, extra
 
 
-def energy_case(args, meter, swap, step, times, device):
-    """Row fields of joules per token (the NVML counter over each model's steps), in blocks
-    dense, twell, twell, dense of about --energy-seconds / 2 each; null without a meter."""
+def run_generate(args, model, swap, ids, batch, device, meter=None):
+    """run_case's tuple for a generate case of `batch` prompts: the whole generate() call timed,
+    at least one warm-up of each model; the energy per new token."""
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    prompt = model_generate.prompts(ids, batch, args.prompt_len)
+    step = model_generate.Generate(model, prompt, args.new_tokens, args.gen_cache,
+                                   say=lambda m: print(m, flush=True))
+    l0, fields = model_generate.agreement(model, swap, step)
+    times, peaks = measure(args, swap, step, device, max(1, args.warmup))
+    extra = energy_case(args, meter, swap, step, times, device, batch * args.new_tokens)
+    return l0, times, peaks, {"gen_cache": step.cache, **fields}, extra
+
+
+def energy_case(args, meter, swap, step, times, device, tokens):
+    """Row fields of joules per token (the NVML counter over each model's steps, `tokens` a
+    step), in blocks dense, twell, twell, dense of about --energy-seconds / 2 each; null without a
+    meter."""
     fields = {"energy_j_per_token_dense": None, "energy_j_per_token_twell": None,
               "energy_ratio": None, "avg_power_w_dense": None, "avg_power_w_twell": None,
               "energy_steps": None}
     if meter is None or args.energy_seconds <= 0:
         return fields
-    tokens = args.batch * args.seq
     steps = {w: max(1, math.ceil(args.energy_seconds / 2 * 1e3 / statistics.median(times[w])))
              for w in ("dense", "twell")}
     total = {w: [0.0, 0.0, 0] for w in ("dense", "twell")}  # joules, seconds, steps
@@ -342,17 +409,29 @@ def energy_note(row):
             f"{1e3 * row['energy_j_per_token_twell']:.3f} mJ/token ({row['energy_ratio']:.3f}x)")
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def check_modes(args):
+    """The modes asked for; exits on an unknown one or a generate option out of range."""
+    modes = [m for m in args.modes.split(",") if m]
+    for m in modes:
+        if m not in MODES:
+            sys.exit(f"model bench: unknown mode {m!r}")
+    if "generate" in modes:
+        if not 1 <= args.prompt_len <= args.seq:
+            sys.exit(f"model bench: --prompt-len {args.prompt_len}: expected 1 to --seq "
+                     f"({args.seq}): the prompt is the start of an input row")
+        if args.new_tokens < 1:
+            sys.exit(f"model bench: --new-tokens {args.new_tokens}: expected at least 1")
+    return modes
+
+
+def setup(args):
+    """(env: device, dtype, name, checkpoint, input source, meter, idle watts; the model; input
+    ids [batch, seq]; densities)."""
     want_cuda = args.device == "cuda" or (
         args.device is None and torch.cuda.is_available() and twell.cuda_compiled())
     device = torch.device("cuda" if want_cuda else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     densities = [float(d) for d in args.densities.split(",") if d]
-    modes = [m for m in args.modes.split(",") if m]
-    for m in modes:
-        if m not in ("inference", "training"):
-            sys.exit(f"model bench: unknown mode {m!r}")
     start = time.perf_counter()
     ids, source, ckpt = None, "random ids", None
     if args.checkpoint:
@@ -367,8 +446,6 @@ def main(argv=None):
     if ids is None:
         gen = torch.Generator(device="cpu").manual_seed(args.seed + 1)
         ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen).to(device)
-    calib_ids = ids[: min(args.batch, 2)]
-    tokens = args.batch * args.seq
     meter, idle_w = None, None
     if args.energy_seconds > 0:
         meter = energy.open_meter(device, say=lambda m: print(m, flush=True))
@@ -377,61 +454,106 @@ def main(argv=None):
         time.sleep(0.5)  # let the model's initialisation settle
         idle_w = meter.idle_power_w(1.0)
         print(f"energy: NVML counter; idle power {idle_w:.1f} W", flush=True)
-    rows, failed = [], False
-    swap = None
+    env = argparse.Namespace(device=device, dtype=dtype, name=device_name(device), ckpt=ckpt,
+                             source=source, meter=meter, idle_w=idle_w)
+    return env, model, ids, densities
+
+
+def set_density(args, model, swap, density, calib_ids):
+    """The Swap (made on first use), twell's modules in place, after the gates are calibrated to
+    `density` (None: the model's own)."""
+    if swap is not None:
+        swap.use("dense")
+    if density is not None:
+        calibrate(model, calib_ids, density)
+    if swap is None:
+        try:
+            return Swap(model, args.l1, args.dispatch)
+        except ValueError as e:
+            sys.exit(f"model bench: {e}")
+    swap.use("twell")
+    tt.freeze(model)  # the gate weights changed: new neuron-major copies
+    return swap
+
+
+def case_tokens(args, mode, batch):
+    return batch * (args.new_tokens if mode == "generate" else args.seq)
+
+
+def make_row(args, env, mode, batch, density, result):
+    l0, times, peaks, agree, extra = result
+    d, t = summary(times["dense"]), summary(times["twell"])
+    tokens = case_tokens(args, mode, batch)
+    shape = {"prompt_len": args.prompt_len, "new_tokens": args.new_tokens} \
+        if mode == "generate" else {"seq": args.seq}
+    return {
+        "suite": "model", "device": env.name, "backend": env.device.type,
+        "dtype": str(env.dtype).replace("torch.", ""), "mode": mode, "layers": args.layers,
+        "hidden": args.hidden, "intermediate": args.intermediate, "heads": args.heads,
+        "vocab": args.vocab, "batch": batch, **shape, "tokens": tokens,
+        "target_density": density,
+        "density": statistics.mean(l0) / args.intermediate,
+        "density_min": min(l0) / args.intermediate,
+        "density_max": max(l0) / args.intermediate,
+        "l1_coef": args.l1, "dispatch": args.dispatch,
+        "warmup": max(1, args.warmup) if mode == "generate" else args.warmup, "reps": args.reps,
+        "dense_ms": d, "twell_ms": t, "speedup": d["median"] / t["median"],
+        "dense_tokens_per_s": tokens / d["median"] * 1e3,
+        "twell_tokens_per_s": tokens / t["median"] * 1e3,
+        "peak_bytes_dense": peaks["dense"], "peak_bytes_twell": peaks["twell"], **agree,
+        "checkpoint": env.ckpt, "input": env.source, "idle_power_w": env.idle_w, **extra,
+    }
+
+
+def report(n, row):
+    """Prints the row's line; False where its agreement failed (generate's never does)."""
+    d, t = row["dense_ms"]["median"], row["twell_ms"]["median"]
+    if row["mode"] == "generate":
+        ok = True
+        case, agree = model_generate.line_parts(row)
+    else:
+        diff = row["rel_diff"]
+        ok = diff <= row["tolerance"] and math.isfinite(diff)
+        case, agree = f"tokens {row['tokens']}", f"rel diff {diff:.1e}{'' if ok else ' FAILED'}"
+    print(f"[{n}] {row['mode']:9s} layers {row['layers']} {case} density "
+          f"{100 * row['density']:.2f}% (layers {100 * row['density_min']:.2f}-"
+          f"{100 * row['density_max']:.2f}%): dense {d:.2f} ms, twell {t:.2f} ms, "
+          f"{row['speedup']:.3f}x; peak {gb(row['peak_bytes_dense'])} / "
+          f"{gb(row['peak_bytes_twell'])} GB; {agree}" + energy_note(row), flush=True)
+    return ok
+
+
+def skip_oom(args, model, mode, batch, density, error):
+    for p in model.parameters():
+        p.grad = None
+    torch.cuda.empty_cache()
+    target = "the model's" if density is None else f"{100 * density:.2f}%"
+    case = f"batch {batch} " if mode == "generate" else ""
+    print(f"[-] {mode:9s} layers {args.layers} {case}tokens {case_tokens(args, mode, batch)} "
+          f"density target {target}: skipped, out of device memory "
+          f"({str(error).splitlines()[0][:120]})", flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    modes = check_modes(args)
+    env, model, ids, densities = setup(args)
+    calib_ids = ids[: min(args.batch, 2)]
+    cases = [(m, b) for m in modes for b in (args.gen_batches if m == "generate" else [args.batch])]
+    rows, failed, swap = [], False, None
     for density in densities:
-        if swap is not None:
-            swap.use("dense")
-        if density is not None:
-            calibrate(model, calib_ids, density)
-        if swap is None:
+        swap = set_density(args, model, swap, density, calib_ids)
+        for mode, batch in cases:
             try:
-                swap = Swap(model, args.l1, args.dispatch)
-            except ValueError as e:
-                sys.exit(f"model bench: {e}")
-        else:
-            swap.use("twell")
-            tt.freeze(model)  # the gate weights changed: new neuron-major copies
-        for mode in modes:
-            try:
-                diff, l0, times, peaks, extra = run_case(args, model, swap, ids, mode, device,
-                                                         meter)
+                if mode == "generate":
+                    result = run_generate(args, model, swap, ids, batch, env.device, env.meter)
+                else:
+                    result = run_case(args, model, swap, ids, mode, env.device, env.meter)
             except torch.OutOfMemoryError as e:
-                for p in model.parameters():
-                    p.grad = None
-                torch.cuda.empty_cache()
-                target = "the model's" if density is None else f"{100 * density:.2f}%"
-                print(f"[-] {mode:9s} layers {args.layers} tokens {tokens} density target "
-                      f"{target}: skipped, out of device memory "
-                      f"({str(e).splitlines()[0][:120]})", flush=True)
+                skip_oom(args, model, mode, batch, density, e)
                 continue
-            d, t = summary(times["dense"]), summary(times["twell"])
-            row = {
-                "suite": "model", "device": device_name(device), "backend": device.type,
-                "dtype": str(dtype).replace("torch.", ""), "mode": mode, "layers": args.layers,
-                "hidden": args.hidden, "intermediate": args.intermediate, "heads": args.heads,
-                "vocab": args.vocab, "batch": args.batch, "seq": args.seq, "tokens": tokens,
-                "target_density": density,
-                "density": statistics.mean(l0) / args.intermediate,
-                "density_min": min(l0) / args.intermediate,
-                "density_max": max(l0) / args.intermediate,
-                "l1_coef": args.l1, "dispatch": args.dispatch, "warmup": args.warmup, "reps": args.reps,
-                "dense_ms": d, "twell_ms": t, "speedup": d["median"] / t["median"],
-                "dense_tokens_per_s": tokens / d["median"] * 1e3,
-                "twell_tokens_per_s": tokens / t["median"] * 1e3,
-                "peak_bytes_dense": peaks["dense"], "peak_bytes_twell": peaks["twell"],
-                "rel_diff": diff, "tolerance": args.tolerance,
-                "checkpoint": ckpt, "input": source, "idle_power_w": idle_w, **extra,
-            }
-            rows.append(row)
-            ok = diff <= args.tolerance and math.isfinite(diff)
-            failed |= not ok
-            print(f"[{len(rows)}] {mode:9s} layers {args.layers} tokens {tokens} density "
-                  f"{100 * row['density']:.2f}% (layers {100 * row['density_min']:.2f}-"
-                  f"{100 * row['density_max']:.2f}%): dense {d['median']:.2f} ms, twell "
-                  f"{t['median']:.2f} ms, {row['speedup']:.3f}x; peak {gb(peaks['dense'])} / "
-                  f"{gb(peaks['twell'])} GB; rel diff {diff:.1e}{'' if ok else ' FAILED'}"
-                  + energy_note(row), flush=True)
+            rows.append(make_row(args, env, mode, batch, density, result))
+            failed |= not report(len(rows), rows[-1])
             if args.out and not args.no_write:  # after every row: a run cut short keeps its rows
                 os.makedirs(args.out, exist_ok=True)
                 with open(os.path.join(args.out, "model.json"), "w") as f:

@@ -105,9 +105,9 @@ def test_bench_energy_loop_arithmetic():
     def step(which):  # a dense step spends 300 mJ, a twell step 100 mJ
         nvml.counter += 300 if which == "dense" else 100
 
-    args = argparse.Namespace(batch=2, seq=8, energy_seconds=0.02)
+    args = argparse.Namespace(energy_seconds=0.02)
     times = {"dense": [10.0, 10.0], "twell": [5.0, 5.0]}  # ms
-    f = bench.energy_case(args, meter, Swap(), step, times, torch.device("cpu"))
+    f = bench.energy_case(args, meter, Swap(), step, times, torch.device("cpu"), 16)
     assert order == ["dense", "twell", "twell", "dense"]
     # 10 ms of each block: 1 dense step, 2 twell steps; two blocks each; 16 tokens a step
     assert f["energy_steps"] == {"dense": 2, "twell": 4}
@@ -115,5 +115,5 @@ def test_bench_energy_loop_arithmetic():
     assert f["energy_j_per_token_twell"] == pytest.approx(0.1 / 16)
     assert f["energy_ratio"] == pytest.approx(1 / 3)
     assert f["avg_power_w_dense"] > 0
-    none = bench.energy_case(args, None, Swap(), step, times, torch.device("cpu"))
+    none = bench.energy_case(args, None, Swap(), step, times, torch.device("cpu"), 16)
     assert set(none) == set(f) and all(v is None for v in none.values())

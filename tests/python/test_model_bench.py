@@ -1,4 +1,6 @@
-"""bench/model.py runs end to end (a tiny Llama on the CPU) and writes its harness rows."""
+"""bench/model.py runs end to end (a tiny Llama on the CPU) and writes its harness rows; its
+generate mode's rows and parts (prompts, first divergence, the static cache's fallback)."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +14,41 @@ pytest.importorskip("transformers", reason="transformers is not installed")
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "model.py")
 TINY = ["--device", "cpu", "--layers", "2", "--hidden", "64", "--intermediate", "256", "--heads",
         "4", "--vocab", "128", "--batch", "2", "--seq", "32", "--reps", "2", "--warmup", "1"]
+GENERATE = ["--modes", "generate", "--prompt-len", "8", "--new-tokens", "4"]
+GENERATE_FIELDS = {
+    "suite", "mode", "device", "backend", "dtype", "layers", "hidden", "intermediate", "heads",
+    "vocab", "batch", "prompt_len", "new_tokens", "tokens", "gen_cache", "dense_ms", "twell_ms",
+    "speedup", "dense_tokens_per_s", "twell_tokens_per_s", "identical_tokens", "first_divergence",
+    "target_density", "density", "density_min", "density_max", "peak_bytes_dense",
+    "peak_bytes_twell", "checkpoint", "input", "idle_power_w", "energy_j_per_token_dense",
+    "energy_j_per_token_twell", "energy_ratio", "avg_power_w_dense", "avg_power_w_twell",
+    "energy_steps"}
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_model", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _check_generate_row(r):
+    assert GENERATE_FIELDS <= set(r), GENERATE_FIELDS - set(r)
+    assert r["suite"] == "model" and r["mode"] == "generate" and r["backend"] == "cpu"
+    assert (r["prompt_len"], r["new_tokens"]) == (8, 4) and r["tokens"] == r["batch"] * 4
+    assert "seq" not in r and "rel_diff" not in r
+    assert r["gen_cache"] == "static"
+    assert r["dense_tokens_per_s"] > 0 and r["twell_tokens_per_s"] > 0 and r["speedup"] > 0
+    assert r["dense_tokens_per_s"] == pytest.approx(r["tokens"] / r["dense_ms"]["median"] * 1e3)
+    assert r["dense_ms"]["p20"] <= r["dense_ms"]["median"] <= r["dense_ms"]["p80"]
+    assert isinstance(r["identical_tokens"], bool)
+    if r["identical_tokens"]:
+        assert r["first_divergence"] is None
+    else:
+        d = r["first_divergence"]
+        assert 0 <= d["row"] < r["batch"] and 0 <= d["position"] < 4
+    assert 0 < r["density"] <= 1 and r["density_min"] <= r["density"] <= r["density_max"]
+    assert r["energy_j_per_token_dense"] is None and r["idle_power_w"] is None  # no NVML
 
 
 def test_model_bench_writes_rows(tmp_path):
@@ -36,6 +73,84 @@ def test_model_bench_rejects_a_bad_mode():
     assert out.returncode != 0 and "unknown mode" in out.stderr
 
 
+def test_model_bench_generates(tmp_path, capsys):
+    bench = _bench()
+    rc = bench.main([*TINY, *GENERATE, "--densities", "0.1", "--gen-batches", "1,3", "--out",
+                     str(tmp_path)])
+    assert rc == 0
+    rows = json.load(open(tmp_path / "model.json"))
+    assert [(r["mode"], r["batch"]) for r in rows] == [("generate", 1), ("generate", 3)]
+    for r in rows:
+        _check_generate_row(r)
+        assert r["target_density"] == 0.1 and r["input"] == "random ids"
+        assert r["warmup"] == 1 and r["reps"] == 2
+    printed = capsys.readouterr().out
+    assert printed.count("identical tokens ") == 2 and "generate  layers 2 batch 3" in printed
+
+
+def test_model_bench_generate_parts():
+    import torch
+
+    mg = _bench().model_generate
+    ids = torch.arange(12).reshape(2, 6)
+    assert mg.prompts(ids, 3, 4).tolist() == [[0, 1, 2, 3], [6, 7, 8, 9], [0, 1, 2, 3]]
+    assert mg.prompts(ids, 1, 2).tolist() == [[0, 1]]
+    a = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    assert mg.first_divergence(a, a.clone()) is None
+    b = a.clone()
+    b[0, 3], b[1, 2] = 0, 0  # row 1 differs earlier
+    assert mg.first_divergence(b, a) == {"row": 1, "position": 2}
+    kw = mg.generate_kwargs(5, "static")
+    assert kw["max_new_tokens"] == kw["min_new_tokens"] == 5 and kw["do_sample"] is False
+    assert kw["eos_token_id"] is None and kw["cache_implementation"] == "static"
+    assert "cache_implementation" not in mg.generate_kwargs(5, "dynamic")
+
+    class NoStaticCache:  # a transformers without the static cache
+        def generate(self, prompt, attention_mask, **kw):
+            if "cache_implementation" in kw:
+                raise ValueError("Invalid `cache_implementation` (static)")
+            return torch.cat([prompt, prompt[:, :1].repeat(1, kw["max_new_tokens"])], 1)
+
+    said = []
+    step = mg.Generate(NoStaticCache(), ids, 3, "static", say=said.append)
+    assert step("dense").tolist() == [[0, 0, 0], [6, 6, 6]]
+    assert step.cache == "dynamic" and len(said) == 1 and "dynamic cache instead" in said[0]
+    step("twell")
+    assert len(said) == 1  # said once
+
+    class FailsLater:  # the static cache works, then a call fails: no fallback mid-run
+        calls = 0
+
+        def generate(self, prompt, attention_mask, **kw):
+            self.calls += 1
+            if self.calls > 1:
+                raise ValueError("later")
+            return torch.cat([prompt, prompt[:, :1].repeat(1, kw["max_new_tokens"])], 1)
+
+    later = mg.Generate(FailsLater(), ids, 3, "static")
+    later("dense")
+    with pytest.raises(ValueError, match="later"):
+        later("twell")
+    assert later.cache == "static"
+
+    class Short(NoStaticCache):  # stops a token early
+        def generate(self, prompt, attention_mask, **kw):
+            return super().generate(prompt, attention_mask, **kw)[:, :-1]
+
+    with pytest.raises(RuntimeError, match="2 new tokens, not 3"):
+        mg.Generate(Short(), ids, 3, "dynamic")("dense")
+
+
+def test_model_bench_rejects_bad_generate_options():
+    bench = _bench()
+    for extra, message in ((["--prompt-len", "33"], "--prompt-len 33"),
+                           (["--new-tokens", "0"], "--new-tokens 0")):
+        with pytest.raises(SystemExit, match=message):
+            bench.main([*TINY, *GENERATE, *extra, "--no-write"])
+    with pytest.raises(SystemExit):  # argparse: not a list of positive integers
+        bench.main([*TINY, *GENERATE, "--gen-batches", "1,0", "--no-write"])
+
+
 def test_model_bench_takes_a_checkpoint(tmp_path):
     from twell.train.cli import main as train_main
 
@@ -44,15 +159,21 @@ def test_model_bench_takes_a_checkpoint(tmp_path):
                 "--seq-len", "32", "--steps", "2", "--eval-batches", "1", "--l1", "1e-3",
                 "--no-progress", "--out", str(run)])
     out = subprocess.run([sys.executable, BENCH, *TINY, "--checkpoint", str(run), "--out",
-                          str(tmp_path)], capture_output=True, text=True, timeout=600)
+                          str(tmp_path), *GENERATE[2:], "--modes", "inference,training,generate",
+                          "--gen-batches", "3"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     rows = json.load(open(tmp_path / "model.json"))
-    assert [r["mode"] for r in rows] == ["inference", "training"]
+    assert [r["mode"] for r in rows] == ["inference", "training", "generate"]
     for r in rows:
         assert r["checkpoint"] == str(run / "checkpoint.pt")
         assert r["input"] == "synthetic (validation split)" and r["target_density"] is None
         assert (r["layers"], r["hidden"], r["intermediate"], r["vocab"]) == (2, 64, 256, 128)
-        assert r["l1_coef"] == 1e-3 and 0 < r["density"] <= 1 and 0 <= r["rel_diff"] < 1e-4
+        assert r["l1_coef"] == 1e-3 and 0 < r["density"] <= 1
+        if r["mode"] == "generate":
+            _check_generate_row(r)
+            assert r["batch"] == 3  # the 2 validation windows' prompts, repeated
+            continue
+        assert 0 <= r["rel_diff"] < 1e-4
         # no GPU, no NVML: the energy fields are there, null
         for k in ("energy_j_per_token_dense", "energy_j_per_token_twell", "energy_ratio",
                   "idle_power_w"):

@@ -1,0 +1,119 @@
+"""bench/model.py's generate mode: Hugging Face generate() of the benchmark's model, greedy, a fixed
+number of new tokens, with twell's MLPs against its own. model.py times it (the same warm-ups,
+alternating reps, peak memory and energy loop as its other modes); this module makes the prompts,
+the generate() call, the agreement (identical generated ids, or where they first differ) and the
+density over the tokens the FFNs saw, and the row's printed line.
+"""
+import torch
+import transformers
+
+import twell.torch as tt
+
+
+def prompts(ids, batch, prompt_len):
+    """[batch, prompt_len]: the first prompt_len tokens of the input's rows, rows repeated (or
+    trimmed) to the batch."""
+    rows = torch.arange(batch, device=ids.device) % ids.shape[0]
+    return ids[rows, :prompt_len].contiguous()
+
+
+def generate_kwargs(new_tokens, cache):
+    """generate()'s arguments: greedy, exactly new_tokens new tokens (no EOS: nothing stops a row
+    early; a pad id so that none is guessed), the cache asked for, eager (no auto-compile of the
+    static cache's forward, where this transformers has that option)."""
+    kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False,
+          "eos_token_id": None, "pad_token_id": 0}
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    if hasattr(transformers.GenerationConfig(), "disable_compile"):
+        kw["disable_compile"] = True
+    return kw
+
+
+class Generate:
+    """step(which) for model.py: one generate() of `prompt`, returning the new tokens' ids
+    [batch, new_tokens]. `cache` is the cache used: where the first call's static cache is
+    rejected, it and every later call use the dynamic one, saying so."""
+
+    def __init__(self, model, prompt, new_tokens, cache, say=print):
+        self.model, self.prompt, self.new_tokens = model, prompt, new_tokens
+        self.mask = torch.ones_like(prompt)
+        self.cache, self.say = cache, say
+        self.kwargs = generate_kwargs(new_tokens, cache)
+        self.ran = False
+
+    def __call__(self, which=None):
+        try:
+            out = self._generate()
+        except (ValueError, TypeError, NotImplementedError) as e:
+            if self.ran or self.cache != "static":
+                raise
+            why = (str(e).splitlines() or [type(e).__name__])[0][:160]
+            self.say(f"model bench: generate: transformers {transformers.__version__} rejects "
+                     f"cache_implementation='static' ({why}); the dynamic cache instead")
+            self.cache = "dynamic"
+            self.kwargs = generate_kwargs(self.new_tokens, self.cache)
+            out = self._generate()
+        self.ran = True
+        return out
+
+    def _generate(self):
+        out = self.model.generate(self.prompt, attention_mask=self.mask, **self.kwargs)
+        new = out[:, self.prompt.shape[1]:]
+        if new.shape[1] != self.new_tokens:
+            raise RuntimeError(f"generate() gave {new.shape[1]} new tokens, not {self.new_tokens}")
+        return new
+
+
+def first_divergence(got, ref):
+    """None where the two [batch, new_tokens] id tensors are equal, else {"row", "position"} of
+    their first difference: the earliest new-token position where any row differs, and the
+    first row differing there."""
+    diff = (got != ref).cpu()
+    if not bool(diff.any()):
+        return None
+    position = int(diff.any(dim=0).nonzero()[0, 0])
+    return {"row": int(diff[:, position].nonzero()[0, 0]), "position": position}
+
+
+def mean_l0(model, fn):
+    """(fn(), [mean active units per token of each twell FFN over every token it saw during
+    fn()]): generate() runs the FFNs once on the prompt and once per further token, and
+    l0_per_layer would keep only the last."""
+    sums = {}
+
+    def hook(name):
+        def record(module, inputs, output):
+            n = inputs[0].numel() // module.hidden_size
+            s = sums.setdefault(name, [0.0, 0])
+            s[0], s[1] = s[0] + module.l0 * n, s[1] + n
+        return record
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in tt.sparse_modules(model)]
+    try:
+        out = fn()
+    finally:
+        for h in handles:
+            h.remove()
+    return out, [float(s) / n for s, n in sums.values() if n]
+
+
+def agreement(model, swap, step):
+    """(twell's l0 per layer, row fields): one generate of each model, dense first."""
+    swap.use("dense")
+    ref = step("dense")
+    swap.use("twell")
+    got, l0 = mean_l0(model, lambda: step("twell"))
+    where = first_divergence(got, ref)
+    return l0, {"identical_tokens": where is None, "first_divergence": where}
+
+
+def line_parts(row):
+    """(the case, the agreement) of a generate row's printed line."""
+    where = row["first_divergence"]
+    same = "yes" if row["identical_tokens"] else \
+        f"no (first at row {where['row']}, new token {where['position']})"
+    return (f"batch {row['batch']} prompt {row['prompt_len']} new {row['new_tokens']} "
+            f"({row['gen_cache']} cache)",
+            f"{row['dense_tokens_per_s']:.1f} / {row['twell_tokens_per_s']:.1f} tokens/s; "
+            f"identical tokens {same}")
