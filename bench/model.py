@@ -22,7 +22,10 @@ twell's L1 term for twell, then backward; no optimizer step), warm-ups of both (
 tries each path), then reps alternating dense and twell; median, p20, p80. Peak memory is
 torch.cuda.max_memory_allocated over one more step of each. Agreement: the last position's logits
 (prefill) or the loss and every parameter's gradient, the L1 term left out (training), relative to
-the dense model's, ||twell - dense|| / ||dense||; above --tolerance the command fails. A case the
+the dense model's, ||twell - dense|| / ||dense||, and its floor, rel_diff_floor: the same distance of
+the dense model with its MLPs rounded differently (each product as two GEMMs over halves of the
+inner dimension, added: exact, like twell). Above both --tolerance and twice the floor the command
+fails (a trained model can amplify bf16 rounding in its gradients far beyond --tolerance). A case the
 GPU has no memory for (the 2B training step needs ~70 GB) is skipped, saying so, not failed.
 
 Energy (CUDA with NVML, the nvidia-ml-py package; null otherwise): after the timed reps, each
@@ -48,7 +51,7 @@ random ids where there is none), the checkpoint named in every row.
     python3 bench/model.py [--out DIR | --no-write] [--layers 38] [--densities 0.005,0.01]
     python3 bench/model.py --checkpoint runs/s100m-relu-l1-2e-5 [--data .carry/gcide]
     python3 bench/model.py --modes generate [--gen-batches 1,16] [--prompt-len 128]
-        [--new-tokens 64] [--gen-cache static|dynamic]
+        [--new-tokens 64] [--gen-cache static|dynamic] [--out DIR --append]
 """
 import argparse
 import json
@@ -126,6 +129,8 @@ def parse_args(argv):
                    help="seconds of each model's energy loop (CUDA with NVML; 0: no energy)")
     p.add_argument("--out", default=None, help="folder for model.json (default: no file)")
     p.add_argument("--no-write", action="store_true")
+    p.add_argument("--append", action="store_true",
+                   help="add this run's rows to those already in DIR/model.json")
     return p.parse_args(argv)
 
 
@@ -179,8 +184,31 @@ def calibrate(model, ids, density):
             h.remove()
 
 
+class SplitMLP(torch.nn.Module):
+    """The model's own MLP computed exactly but rounded differently: every product as two GEMMs
+    over the halves of its inner dimension, added. Its distance from the model's own MLP is how far
+    rounding alone moves the outputs (the agreement's floor)."""
+
+    def __init__(self, mlp):
+        super().__init__()
+        self.mlp = mlp
+
+    @staticmethod
+    def _mm(a, linear):
+        w, half = linear.weight, a.shape[-1] // 2
+        return (torch.nn.functional.linear(a[..., :half], w[:, :half])
+                + torch.nn.functional.linear(a[..., half:], w[:, half:]))
+
+    def forward(self, x):
+        m = self.mlp
+        h = m.act_fn(self._mm(x, m.gate_proj)) * self._mm(x, m.up_proj) \
+            if hasattr(m, "gate_proj") else m.act_fn(self._mm(x, m.up_proj))
+        return self._mm(h, m.down_proj)
+
+
 class Swap:
-    """Puts either the twell modules or the model's own MLPs in place."""
+    """Puts the twell modules, the model's own MLPs or those rounded differently ("split",
+    SplitMLP) in place."""
 
     def __init__(self, model, l1, dispatch):
         tt.patch_model(model, l1_coef=l1, dispatch=dispatch)
@@ -188,9 +216,10 @@ class Swap:
         self.model = model
         self.sparse = tt.sparse_modules(model)
         self.dense = [(n, m.__dict__["_twell_original"]) for n, m in self.sparse]
+        self.split = [(n, SplitMLP(m)) for n, m in self.dense]
 
     def use(self, which):
-        for name, module in (self.sparse if which == "twell" else self.dense):
+        for name, module in {"twell": self.sparse, "split": self.split}.get(which, self.dense):
             set_module(self.model, name, module)
 
 
@@ -290,27 +319,44 @@ def run_case(args, model, swap, ids, mode, device, meter=None):
     training case."""
     step = make_step(model, ids, mode)
     params = list(model.parameters())
-    # Agreement (the L1 term left out of training's loss).
+    # Agreement (the L1 term left out of training's loss): twell's distance from the dense model,
+    # and the floor, the differently rounded dense model's.
     swap.use("dense")
     ref = step("dense") if mode == "inference" else step("dense", with_l1=False)
     ref_grads = None if mode == "inference" else [p.grad.detach().clone() for p in params]
+    swap.use("split")
+    floor = distance(mode, step("split", with_l1=False) if mode == "training" else step("split"),
+                     ref, params, ref_grads)
     swap.use("twell")
     got = step("twell") if mode == "inference" else step("twell", with_l1=False)
     l0 = [v for v in tt.l0_per_layer(model).values()]
-    if mode == "inference":
-        diff = rel(got, ref)
-        extra = {}
-    else:
-        num = sum(float((p.grad.float() - g.float()).norm() ** 2) for p, g in zip(params, ref_grads))
-        den = sum(float(g.float().norm() ** 2) for g in ref_grads)
-        diff = max(math.sqrt(num / max(den, 1e-30)), abs(float(got) - float(ref)) / abs(float(ref)))
-        extra = {"loss_dense": float(ref), "loss_twell": float(got)}
-        del ref_grads
+    diff = distance(mode, got, ref, params, ref_grads)
+    extra = {} if mode == "inference" else {"loss_dense": float(ref), "loss_twell": float(got)}
+    del ref_grads
     times, peaks = measure(args, swap, step, device, args.warmup)
     extra.update(energy_case(args, meter, swap, step, times, device, args.batch * args.seq))
     for p in params:
         p.grad = None
-    return l0, times, peaks, {"rel_diff": diff, "tolerance": args.tolerance}, extra
+    return l0, times, peaks, {"rel_diff": diff, "rel_diff_floor": floor,
+                              "tolerance": args.tolerance}, extra
+
+
+def distance(mode, out, ref, params, ref_grads):
+    """Relative distance from the dense model: the logits (inference), or the larger of the loss's
+    and all gradients' together (training; the gradients are those in params now)."""
+    if mode == "inference":
+        return rel(out, ref)
+    num = sum(float((p.grad.float() - g.float()).norm() ** 2) for p, g in zip(params, ref_grads))
+    den = sum(float(g.float().norm() ** 2) for g in ref_grads)
+    return max(math.sqrt(num / max(den, 1e-30)), abs(float(out) - float(ref)) / abs(float(ref)))
+
+
+def agrees(row):
+    """twell within --tolerance of the dense model, or within twice the rounding floor: a trained
+    model can amplify bf16 rounding in its gradients (a differently rounded exact MLP moved one
+    trained model's gradients by 1.1 relative), which no exact kernel can avoid."""
+    diff, floor = row["rel_diff"], row.get("rel_diff_floor") or 0.0
+    return math.isfinite(diff) and (diff <= row["tolerance"] or diff <= 2 * floor)
 
 
 def run_generate(args, model, swap, ids, batch, device, meter=None):
@@ -512,9 +558,9 @@ def report(n, row):
         ok = True
         case, agree = model_generate.line_parts(row)
     else:
-        diff = row["rel_diff"]
-        ok = diff <= row["tolerance"] and math.isfinite(diff)
-        case, agree = f"tokens {row['tokens']}", f"rel diff {diff:.1e}{'' if ok else ' FAILED'}"
+        ok = agrees(row)
+        case, agree = f"tokens {row['tokens']}", (f"rel diff {row['rel_diff']:.1e} (rounding floor "
+                                                  f"{row['rel_diff_floor']:.1e}){'' if ok else ' FAILED'}")
     print(f"[{n}] {row['mode']:9s} layers {row['layers']} {case} density "
           f"{100 * row['density']:.2f}% (layers {100 * row['density_min']:.2f}-"
           f"{100 * row['density_max']:.2f}%): dense {d:.2f} ms, twell {t:.2f} ms, "
@@ -541,6 +587,8 @@ def main(argv=None):
     calib_ids = ids[: min(args.batch, 2)]
     cases = [(m, b) for m in modes for b in (args.gen_batches if m == "generate" else [args.batch])]
     rows, failed, swap = [], False, None
+    path = os.path.join(args.out, "model.json") if args.out and not args.no_write else None
+    kept = read_rows(path) if path and args.append else []
     for density in densities:
         swap = set_density(args, model, swap, density, calib_ids)
         for mode, batch in cases:
@@ -554,11 +602,22 @@ def main(argv=None):
                 continue
             rows.append(make_row(args, env, mode, batch, density, result))
             failed |= not report(len(rows), rows[-1])
-            if args.out and not args.no_write:  # after every row: a run cut short keeps its rows
+            if path:  # after every row: a run cut short keeps its rows
                 os.makedirs(args.out, exist_ok=True)
-                with open(os.path.join(args.out, "model.json"), "w") as f:
-                    json.dump(rows, f, indent=1)
+                with open(path, "w") as f:
+                    json.dump(kept + rows, f, indent=1)
     return 1 if failed else 0
+
+
+def read_rows(path):
+    """The rows of an earlier model.json (--append); none where there is no file yet."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        rows = json.load(f)
+    if not isinstance(rows, list):
+        sys.exit(f"model bench: --append: {path} holds no list of rows")
+    return rows
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@
 #include <fstream>
 #include <ostream>
 #include <sstream>
+#include <utility>
+
+#include "capture.hpp"
 
 namespace twell::bench {
 
@@ -106,18 +109,25 @@ std::vector<uint8_t> make_upstream_gradient(const ProblemSpec& s) {
 
 namespace {
 
+// The problem of case i: generated from specs[i], or layer i of the capture folder.
+testing::Problem case_problem(const Options& o, const std::vector<ProblemSpec>& specs, size_t i) {
+  return o.from_dir.empty() ? testing::make_problem(specs[i])
+                            : testing::load_captured_layer(o.from_dir, int(i), o.from_rows);
+}
+
 // One case: load, both steps once and compared, warm-up, interleaved timed reps, memory.
-TrainingRow run_case(TrainingRunner& runner, const ProblemSpec& s, const Options& o, int warmup, int reps) {
+TrainingRow run_case(TrainingRunner& runner, testing::Problem p, const Options& o, int warmup, int reps) {
+  const ProblemSpec s = p.spec;
   TrainingRow r;
   r.suite = o.suite;
   r.device = runner.device();
   r.backend = runner.backend();
   r.spec = s;
   r.l1_coef = kL1Coef;
-  {  // the host copies go once uploaded
-    const testing::Problem p = testing::make_problem(s);
-    runner.load(p, make_upstream_gradient(s), kL1Coef);
-  }
+  // A capture holds no gradients: dy is random for captured layers too (the backward's work
+  // follows the saved activations, not dy's values).
+  runner.load(p, make_upstream_gradient(s), kL1Coef);
+  p = testing::Problem();  // the host copies go once uploaded
   // Warm-up first: under automatic dispatch the runner takes the saved form the plan asks for
   // once a forward has measured the density, and the checked and timed steps run that form.
   const TrainJob jobs[] = {TrainJob::dense, TrainJob::twell};
@@ -156,6 +166,7 @@ TrainingRow run_case(TrainingRunner& runner, const ProblemSpec& s, const Options
   const double flop = 18.0 * double(s.m) * double(s.k) * double(s.n);
   r.dense_tflops = flop / (r.dense.median * 1e-3) / 1e12;
   r.twell_tflops = flop / (r.twell.median * 1e-3) / 1e12;
+  if (s.pattern == Pattern::captured) r.spec.density = r.density;  // what the model's activations gave
   return r;
 }
 
@@ -166,20 +177,25 @@ std::vector<TrainingRow> run_training(const Options& o, std::ostream& progress,
   const bool cuda = use_cuda(o);
   std::unique_ptr<TrainingRunner> runner = cuda ? make_cuda_training_runner() : make_cpu_training_runner();
   runner->configure(o.dispatch);
-  std::vector<ProblemSpec> specs = training_cases(cuda);
+  const bool captured = !o.from_dir.empty();
+  std::vector<ProblemSpec> specs = captured ? std::vector<ProblemSpec>() : training_cases(cuda);
   if (o.training_custom) {
     ProblemSpec c = o.custom;
     c.seed = 4321;
     specs = {c};
   }
+  const size_t cases = captured ? size_t(testing::captured_layers(o.from_dir)) : specs.size();
   const int warmup = o.warmup < 0 ? 6 : o.warmup, reps = o.reps < 0 ? 10 : o.reps;
   std::vector<TrainingRow> rows;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    progress << "[" << i + 1 << "/" << specs.size() << "] training " << specs[i].describe() << " ..."
-             << std::flush;
+  for (size_t i = 0; i < cases; ++i) {
+    const std::string source = captured ? o.from_dir + " layer " + std::to_string(i) : std::string();
+    const std::string name = captured ? source : specs[i].describe();
+    progress << "[" << i + 1 << "/" << cases << "] training " << name << " ..." << std::flush;
     TrainingRow r;
     try {
-      r = run_case(*runner, specs[i], o, warmup, reps);
+      testing::Problem p = case_problem(o, specs, i);
+      r = run_case(*runner, std::move(p), o, warmup, reps);
+      r.source = source;
       runner->release();  // each case's buffers go before the next one's
     } catch (const SkipCase& e) {
       runner->release();
@@ -188,7 +204,7 @@ std::vector<TrainingRow> run_training(const Options& o, std::ostream& progress,
     } catch (const std::exception& e) {
       runner->release();
       if (!errors) throw;
-      errors->push_back(specs[i].describe() + ": " + e.what());
+      errors->push_back(name + ": " + e.what());
       progress << " FAILED: " << e.what() << "\n";
       continue;
     }
@@ -215,7 +231,7 @@ void write_training_results(const std::vector<TrainingRow>& rows, const std::str
          "dense_ms,dense_p20,dense_p80,twell_ms,twell_p20,twell_p80,speedup,saved_bytes_dense,"
          "saved_bytes_twell,saved_ratio,peak_bytes_dense,peak_bytes_twell,peak_ratio,routed_rows,path,"
          "diff_y,diff_dx,diff_dgate,diff_dup,diff_ddown,grad_rel_diff,grad_tolerance,dense_tflops,"
-         "twell_tflops\n";
+         "twell_tflops,source\n";
   js << "[\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const TrainingRow& r = rows[i];
@@ -233,7 +249,7 @@ void write_training_results(const std::vector<TrainingRow>& rows, const std::str
       << "," << r.routed_rows << "," << r.path << "," << fmt("%.3e", r.diff_y) << "," << fmt("%.3e", r.diff_dx) << ","
       << fmt("%.3e", r.diff_dgate) << "," << fmt("%.3e", r.diff_dup) << "," << fmt("%.3e", r.diff_ddown)
       << "," << fmt("%.3e", r.grad_rel_diff) << "," << fmt("%.3e", r.grad_tolerance) << ","
-      << fmt("%.2f", r.dense_tflops) << "," << fmt("%.2f", r.twell_tflops) << "\n";
+      << fmt("%.2f", r.dense_tflops) << "," << fmt("%.2f", r.twell_tflops) << "," << csv_field(r.source) << "\n";
     csv << c.str();
     // JSON has no NaN: a NaN difference (an output left unwritten) is written as null.
     const auto num = [](const char* f, double v) { return std::isfinite(v) ? fmt(f, v) : std::string("null"); };
@@ -255,7 +271,8 @@ void write_training_results(const std::vector<TrainingRow>& rows, const std::str
       << ", \"ddown\": " << num("%.3e", r.diff_ddown) << "}, \"grad_rel_diff\": "
       << num("%.3e", r.grad_rel_diff) << ", \"grad_tolerance\": " << fmt("%.3e", r.grad_tolerance)
       << ", \"dense_tflops\": " << num("%.2f", r.dense_tflops) << ", \"twell_tflops\": "
-      << num("%.2f", r.twell_tflops) << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+      << num("%.2f", r.twell_tflops) << ", \"source\": \"" << json_escape(r.source) << "\"}"
+      << (i + 1 < rows.size() ? "," : "") << "\n";
     js << j.str();
   }
   js << "]\n";

@@ -45,6 +45,7 @@ struct TrainingRow {
   double diff_y = -1, diff_dx = -1, diff_dgate = -1, diff_dup = -1, diff_ddown = -1;
   double grad_rel_diff = -1, grad_tolerance = 0;
   double dense_tflops = 0, twell_tflops = 0;  // 18 M K N (gated step) / time
+  std::string source;            // captured layers: "<folder> layer <i>"; empty: generated
   bool ok() const { return grad_rel_diff <= grad_tolerance; }  // false for NaN
 };
 
@@ -98,7 +99,8 @@ TrainingMemory twell_training_memory(const testing::ProblemSpec& s, size_t saved
 std::vector<testing::ProblemSpec> training_cases(bool cuda);
 // The upstream gradient of a case: an independent random [M, K] matrix in the dtype.
 std::vector<uint8_t> make_upstream_gradient(const testing::ProblemSpec& s);
-// Runs the suite, printing a progress line per case to `progress`. With `errors`, a case that
+// Runs the suite (o.from_dir set: each layer of that capture folder, random dy), printing a
+// progress line per case to `progress`. With `errors`, a case that
 // throws is reported there ("<case>: <what>") and left out, and the later cases still run (a GPU
 // run keeps what it measured); without, the exception propagates.
 std::vector<TrainingRow> run_training(const Options& o, std::ostream& progress,

@@ -6,8 +6,10 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <sstream>
 
 #include "capture.hpp"
+#include "training.hpp"  // bench/: the training suite over captured layers
 #include "common.hpp"
 
 namespace twell::test {
@@ -156,6 +158,42 @@ TEST(Capture, LayersLoadAndRunExactlyOnTheCpu) {
     EXPECT_EQ(cut.spec.m, 5);
     EXPECT_EQ(cut.x, std::vector<uint8_t>(want.x.begin(), want.x.begin() + std::ptrdiff_t(cut.x.size())));
   }
+}
+
+// `twell bench --from` times a training step per captured layer: the rows name their layer, carry
+// the capture's density, and twell's step agrees with the dense one.
+TEST(Capture, TrainingSuiteRunsEveryLayer) {
+  TempDir d;
+  std::vector<testing::Problem> made;
+  for (int i = 0; i < 2; ++i) {
+    made.push_back(testing::make_problem({FfnKind::gated, 40 + i, 64, 300, DType::f32, Pattern::heavy_tailed,
+                                          0.02, 64, seed(720 + i)}));
+    write_layer(d, i, made.back());
+  }
+  bench::Options o;
+  o.suite = "real_training";
+  o.backend = "cpu";
+  o.from_dir = d.path();
+  o.warmup = 1;
+  o.reps = 1;
+  std::ostringstream progress;
+  std::vector<std::string> errors;
+  const auto rows = bench::run_training(o, progress, &errors);
+  ASSERT_TRUE(errors.empty()) << errors.front();
+  ASSERT_EQ(rows.size(), 2u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const bench::TrainingRow& r = rows[i];
+    EXPECT_EQ(r.source, d.path() + " layer " + std::to_string(i));
+    EXPECT_EQ(r.spec.pattern, Pattern::captured);
+    EXPECT_EQ(r.spec.m, made[i].spec.m);
+    EXPECT_GT(r.density, 0);
+    EXPECT_EQ(r.spec.density, r.density);
+    EXPECT_TRUE(r.ok()) << "layer " << i << ": twell vs dense " << r.grad_rel_diff;
+  }
+  o.from_rows = 7;  // the first 7 rows of each layer
+  const auto cut = bench::run_training(o, progress);
+  ASSERT_EQ(cut.size(), 2u);
+  EXPECT_EQ(cut[1].spec.m, 7);
 }
 
 TEST(Capture, MismatchedLayerFilesRaise) {

@@ -64,7 +64,30 @@ def test_model_bench_writes_rows(tmp_path):
         assert abs(r["density"] - r["target_density"]) < 0.01, r
         assert r["dense_ms"]["median"] > 0 and r["twell_ms"]["median"] > 0 and r["speedup"] > 0
         assert 0 <= r["rel_diff"] < 1e-4, r  # float32: rounding only
+        assert 0 <= r["rel_diff_floor"] < 1e-4, r  # the split MLP: rounding only too
     assert rows[1]["loss_twell"] == pytest.approx(rows[1]["loss_dense"], rel=1e-5)
+
+
+def test_model_bench_agreement_rule():
+    """twell agrees within --tolerance, or within twice the differently rounded model's distance;
+    never when the distance is not finite."""
+    agrees = _bench().agrees
+    row = {"rel_diff": 0.05, "rel_diff_floor": 0.0, "tolerance": 0.1}
+    assert agrees(row)
+    assert not agrees({**row, "rel_diff": 0.3})
+    assert agrees({**row, "rel_diff": 0.8, "rel_diff_floor": 1.1})  # a trained model's gradients
+    assert not agrees({**row, "rel_diff": 0.8, "rel_diff_floor": 0.3})
+    assert not agrees({**row, "rel_diff": float("nan"), "rel_diff_floor": 1.0})
+
+
+def test_model_bench_split_mlp_is_the_same_function():
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, hidden_act="relu")
+    mlp = transformers.models.llama.modeling_llama.LlamaMLP(cfg)
+    x = torch.randn(5, 64)
+    torch.testing.assert_close(_bench().SplitMLP(mlp)(x), mlp(x), rtol=1e-5, atol=1e-6)
 
 
 def test_model_bench_rejects_a_bad_mode():
@@ -86,6 +109,11 @@ def test_model_bench_generates(tmp_path, capsys):
         assert r["warmup"] == 1 and r["reps"] == 2
     printed = capsys.readouterr().out
     assert printed.count("identical tokens ") == 2 and "generate  layers 2 batch 3" in printed
+    # --append adds a second run's rows to the file's
+    assert bench.main([*TINY, *GENERATE, "--densities", "0.1", "--gen-batches", "2", "--out",
+                       str(tmp_path), "--append"]) == 0
+    rows = json.load(open(tmp_path / "model.json"))
+    assert [(r["mode"], r["batch"]) for r in rows] == [("generate", 1), ("generate", 3), ("generate", 2)]
 
 
 def test_model_bench_generate_parts():

@@ -37,7 +37,8 @@ bench options:
                     step time, bytes saved for backward, peak bytes, twell vs dense difference
   --backend NAME    auto | cpu | cuda   (auto: CUDA when a GPU is present)   (default: auto)
   --from DIR        the real suite: each layer of a capture folder (`python -m twell.capture`:
-                    layer<i>.x/gate/up/down.npy) with the model's own weights and activations
+                    layer<i>.x/gate/up/down.npy) with the model's own weights and activations;
+                    inference rows (real.json) and training steps (real_training.json, dy random)
   --rows N          --from: the first N rows of each layer's x (default: all)
   --m M --k K --n N shape of a custom case (implies --suite custom; with --suite training:
                     one training case of these parameters, gated, instead of the suite's)
@@ -61,7 +62,7 @@ examples:
   twell bench --suite cpu --backend cpu         # the CPU target table
   twell bench --suite training --out DIR        # DIR/training.json, .csv
   twell bench --m 1 --k 4096 --n 11008 --density 0.01 --pattern uniform
-  twell bench --from captures/s30m --rows 16384  # real.json: one row per captured layer
+  twell bench --from captures/s30m --rows 16384  # real.json, real_training.json: a row per layer
   twell check --backend cpu
   twell info
 )";
@@ -301,6 +302,12 @@ int cmd_bench(const std::vector<std::string>& a) {
   const bool cuda = o.backend == "cuda" || (o.backend == "auto" && twell::cuda_device_count() > 0);
   if (!r.dtype_set) o.custom.dtype = cuda ? twell::DType::bf16 : twell::DType::f32;
   std::cerr << "twell bench: suite " << o.suite << " on " << (cuda ? "CUDA" : "CPU") << "\n";
+  if (o.suite == "real") {  // each captured layer: inference, then a training step
+    const int inference = bench_inference(o, r.write);
+    twell::bench::Options t = o;
+    t.suite = "real_training";
+    return std::max(inference, bench_training(t, r.write));
+  }
   return o.suite == "training" ? bench_training(o, r.write) : bench_inference(o, r.write);
 }
 
