@@ -50,6 +50,38 @@ def test_inference(seed, device, dtype, gated, shape, dispatch):
 
 
 @pytest.mark.parametrize("device,dtype", CASES)
+def test_eager_inference_skips_the_op_dispatch_only(seed, device, dtype, monkeypatch):
+    """Plain eager inference calls the op's body directly; under a Python dispatch mode it goes
+    through torch.ops.twell.ffn. Same plan, same bits, same recorded state."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.twell = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.twell += "twell" in str(func)
+            return func(*args, **(kwargs or {}))
+
+    p = problem(seed, 37, 32, 200, True)
+    mod = module_for(p, dtype, device, tile=64, capacity=8, dispatch="sparse").eval().freeze()
+    x = torch.from_numpy(p.x).to(device, dtype).reshape(1, 37, 32)
+    direct = []
+    real = tt._ops.run_ffn
+    monkeypatch.setattr(tt._ops, "run_ffn", lambda *a: direct.append(1) or real(*a))
+    with torch.no_grad():
+        fast = mod(x)
+        l0_fast = mod.l0.clone()
+        assert direct == [1] and mod.l1_loss is None and mod.ran_dense is None
+        with Count() as mode:
+            slow = mod(x)
+    assert mode.twell == 1 and len(direct) == 2  # the op's own call of the body, inside the mode
+    torch.testing.assert_close(fast, slow, rtol=0, atol=0)
+    torch.testing.assert_close(mod.l0, l0_fast, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device,dtype", CASES)
 @pytest.mark.parametrize("gated", [True, False])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_training(seed, device, dtype, gated, shape):

@@ -44,6 +44,12 @@ def _saved_bytes(x, gate, up, tile, capacity, dense=False):
 @torch.library.custom_op("twell::ffn", mutates_args=())
 def ffn(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile: int, capacity: int,
         dispatch: str, dense_above: float) -> Tuple[Tensor, Tensor]:
+    return run_ffn(x, gate, up, down, tile, capacity, dispatch, dense_above)
+
+
+def run_ffn(x, gate, up, down, tile, capacity, dispatch, dense_above):
+    """twell::ffn's body, which the modules also call directly in plain eager inference (the
+    custom op's dispatch costs more host time than a decoding step's kernels)."""
     plan = _plans.inference_plan(gate, up, down, tile, capacity, dispatch, dense_above)
     y = x.new_empty(x.shape)
     counters = x.new_empty(2, dtype=torch.int64)

@@ -12,6 +12,9 @@ that call on the dense path (on the CPU: any block of its rows); None after a tr
 (whose path the size of the saved state tells, see twell.train.sparsity) and inside
 torch.compile.
 
+Plain eager inference (no compiler, tracer or Python dispatch mode) calls the op's body directly,
+skipping the custom op's dispatch (host time that a decoding step's kernels do not cover); the
+plan, the result and the recorded state are the op's.
 `dispatch` ("auto", "sparse", "dense") applies to both: inference picks its path per call,
 training the form of the state saved for backward (CUDA, "auto": the plan's timing dispatch,
 compact at low density, dense cuBLAS above `dense_above` or where it measured faster). Inside
@@ -39,6 +42,20 @@ def check_l1_coef(value):
     if not (math.isfinite(coef) and coef >= 0):
         raise ValueError(f"l1_coef: expected a finite number >= 0, got {value!r}")
     return coef
+
+
+def _plain_eager(x):
+    """Whether a call can skip the custom op's dispatch: a plain tensor, no compiler or tracer,
+    no Python dispatch mode (fake tensors, make_fx, flop counters see the op as one)."""
+    return (type(x) is torch.Tensor and not torch.compiler.is_compiling()
+            and not torch.jit.is_tracing() and _dispatch_modes() == 0)
+
+
+def _dispatch_modes():
+    try:
+        return torch._C._len_torch_dispatch_stack()
+    except AttributeError:  # an older PyTorch without it: always through the op
+        return 1
 
 
 class _SparseFFN(nn.Module):
@@ -110,11 +127,17 @@ class _SparseFFN(nn.Module):
             down = getattr(self, "down_nk", None)
             if down is None:
                 down = self.down_proj.weight.detach().t().contiguous()
-            y, counters = torch.ops.twell.ffn(x2, gate, up, down, self.tile, self.capacity,
-                                              self.dispatch, self.dense_above)
-            self.l0 = counters[1].float() / max(x2.shape[0], 1)
-            self.l1_loss = None
-            self.ran_dense = None
+            args = (x2, gate, up, down, self.tile, self.capacity, self.dispatch, self.dense_above)
+            eager = _plain_eager(x2)
+            y, counters = _ops.run_ffn(*args) if eager else torch.ops.twell.ffn(*args)
+            # Straight into __dict__ in eager runs: nn.Module.__setattr__ costs as much host time
+            # as the op's kernels take at M = 1.
+            state = self.__dict__ if eager else None
+            l0 = counters[1].float() / max(x2.shape[0], 1)
+            if state is not None:
+                state["l0"], state["l1_loss"], state["ran_dense"] = l0, None, None
+            else:
+                self.l0, self.l1_loss, self.ran_dense = l0, None, None
             if self.record_dispatch and not torch.compiler.is_compiling():
                 # The op's plan (cached, found again by the same weights and options) knows its
                 # last decision on the host: no device synchronisation.
