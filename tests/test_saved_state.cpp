@@ -110,8 +110,8 @@ TEST(SavedState, CpuBackwardRejectsCorruptedBuffers) {
   const int64_t m = p.spec.m, k = p.spec.k, n = p.spec.n;
   TrainingPlan plan(p.weights(), options_for());
   const TwellShape shape = plan.saved_shape(m);
-  std::vector<float> y(size_t(m * k)), dy(y.size(), 0.5f), dx(y.size()), dg(size_t(n * k)), du(dg.size()),
-      dd(dg.size());
+  const size_t mk = size_t(m * k), nk = size_t(n * k);
+  std::vector<float> y(mk), dy(mk, 0.5f), dx(mk), dg(nk), du(nk), dd(nk);
   const TrainingBackwardArgs back{TensorView::matrix(dy.data(), DType::f32, m, k),
                                   TensorView::matrix(dx.data(), DType::f32, m, k),
                                   TensorView::matrix(dg.data(), DType::f32, n, k),
