@@ -73,6 +73,7 @@ from twell.torch.patch import _set as set_module
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # model_generate, beside this file
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model_generate  # noqa: E402
+from model_agreement import SplitMLP, agrees, distance  # noqa: E402,F401  (tests use SplitMLP)
 
 MODES = ("inference", "training", "generate")
 
@@ -184,28 +185,6 @@ def calibrate(model, ids, density):
             h.remove()
 
 
-class SplitMLP(torch.nn.Module):
-    """The model's own MLP computed exactly but rounded differently: every product as two GEMMs
-    over the halves of its inner dimension, added. Its distance from the model's own MLP is how far
-    rounding alone moves the outputs (the agreement's floor)."""
-
-    def __init__(self, mlp):
-        super().__init__()
-        self.mlp = mlp
-
-    @staticmethod
-    def _mm(a, linear):
-        w, half = linear.weight, a.shape[-1] // 2
-        return (torch.nn.functional.linear(a[..., :half], w[:, :half])
-                + torch.nn.functional.linear(a[..., half:], w[:, half:]))
-
-    def forward(self, x):
-        m = self.mlp
-        h = m.act_fn(self._mm(x, m.gate_proj)) * self._mm(x, m.up_proj) \
-            if hasattr(m, "gate_proj") else m.act_fn(self._mm(x, m.up_proj))
-        return self._mm(h, m.down_proj)
-
-
 class Swap:
     """Puts the twell modules, the model's own MLPs or those rounded differently ("split",
     SplitMLP) in place."""
@@ -261,10 +240,6 @@ def peak(device, fn):
 
 def gb(b):
     return "n/a" if b < 0 else f"{b / 1e9:.2f}"
-
-
-def rel(a, b):
-    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
 def make_step(model, ids, mode):
@@ -339,24 +314,6 @@ def run_case(args, model, swap, ids, mode, device, meter=None):
         p.grad = None
     return l0, times, peaks, {"rel_diff": diff, "rel_diff_floor": floor,
                               "tolerance": args.tolerance}, extra
-
-
-def distance(mode, out, ref, params, ref_grads):
-    """Relative distance from the dense model: the logits (inference), or the larger of the loss's
-    and all gradients' together (training; the gradients are those in params now)."""
-    if mode == "inference":
-        return rel(out, ref)
-    num = sum(float((p.grad.float() - g.float()).norm() ** 2) for p, g in zip(params, ref_grads))
-    den = sum(float(g.float().norm() ** 2) for g in ref_grads)
-    return max(math.sqrt(num / max(den, 1e-30)), abs(float(out) - float(ref)) / abs(float(ref)))
-
-
-def agrees(row):
-    """twell within --tolerance of the dense model, or within twice the rounding floor: a trained
-    model can amplify bf16 rounding in its gradients (a differently rounded exact MLP moved one
-    trained model's gradients by 1.1 relative), which no exact kernel can avoid."""
-    diff, floor = row["rel_diff"], row.get("rel_diff_floor") or 0.0
-    return math.isfinite(diff) and (diff <= row["tolerance"] or diff <= 2 * floor)
 
 
 def run_generate(args, model, swap, ids, batch, device, meter=None):
