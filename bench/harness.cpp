@@ -8,6 +8,7 @@
 #include <fstream>
 #include <ostream>
 #include <sys/stat.h>
+#include <utility>
 
 #include "capture.hpp"
 #include "check.hpp"
@@ -144,29 +145,43 @@ void run_case(Runner& runner, testing::Problem& p, const Options& o, int warmup,
 
 }  // namespace
 
+Cases::Cases(const Options& o, std::vector<ProblemSpec> specs)
+    : o_(o), specs_(std::move(specs)),
+      count_(o.from_dir.empty() ? specs_.size() : size_t(testing::captured_layers(o.from_dir))) {}
+
+testing::Problem Cases::load(size_t i) const {
+  return captured() ? testing::load_captured_layer(o_.from_dir, int(i), o_.from_rows)
+                    : testing::make_problem(specs_[i]);
+}
+
+std::string Cases::source(size_t i) const {
+  return captured() ? o_.from_dir + " layer " + std::to_string(i) : std::string();
+}
+
+std::string Cases::name(size_t i) const { return captured() ? source(i) : specs_[i].describe(); }
+
 std::vector<Row> run(const Options& o, std::ostream& progress) {
   const bool cuda = use_cuda(o);
   std::unique_ptr<Runner> runner = cuda ? testing::make_cuda_runner() : testing::make_cpu_runner();
   runner->configure(o.plan, o.dispatch);
   runner->replay_graphs(o.suite == "decode");
   const int warmup = o.warmup < 0 ? 6 : o.warmup, reps = o.reps < 0 ? 10 : o.reps;
-  const bool captured = !o.from_dir.empty();
-  const auto specs = captured ? std::vector<ProblemSpec>() : suite_cases(o.suite, cuda, o.custom);
-  const size_t cases = captured ? size_t(testing::captured_layers(o.from_dir)) : specs.size();
+  const Cases cases(o, o.from_dir.empty() ? suite_cases(o.suite, cuda, o.custom)
+                                           : std::vector<ProblemSpec>());
   std::vector<Row> rows;
-  for (size_t i = 0; i < cases; ++i) {
-    testing::Problem p = captured ? testing::load_captured_layer(o.from_dir, int(i), o.from_rows)
-                                  : testing::make_problem(specs[i]);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    testing::Problem p = cases.load(i);
     Row r;
     r.suite = o.suite;
     r.device = runner->device();
     r.backend = runner->backend();
     r.spec = p.spec;
-    if (captured) r.source = o.from_dir + " layer " + std::to_string(i);
-    progress << "[" << i + 1 << "/" << cases << "] " << (captured ? r.source + ": " : std::string())
-             << r.spec.describe() << " ..." << std::flush;
+    r.source = cases.source(i);
+    progress << "[" << i + 1 << "/" << cases.size() << "] "
+             << (cases.captured() ? r.source + ": " : std::string()) << r.spec.describe() << " ..."
+             << std::flush;
     run_case(*runner, p, o, warmup, reps, r, progress);
-    if (captured) r.spec.density = r.density;  // what the model's activations gave
+    if (cases.captured()) r.spec.density = r.density;  // what the model's activations gave
     rows.push_back(r);
   }
   return rows;

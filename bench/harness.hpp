@@ -55,6 +55,23 @@ struct Options {
   Dispatch dispatch = Dispatch::automatic;  // the twell job's (inference and training)
 };
 
+// The cases of a run: generated from `specs`, or, with o.from_dir set, each layer of that capture
+// folder (its x cut to o.from_rows rows).
+class Cases {
+ public:
+  Cases(const Options& o, std::vector<testing::ProblemSpec> specs);
+  size_t size() const { return count_; }
+  bool captured() const { return !o_.from_dir.empty(); }
+  testing::Problem load(size_t i) const;
+  std::string source(size_t i) const;  // "<folder> layer <i>"; empty for generated cases
+  std::string name(size_t i) const;    // for progress lines: the source, or the spec
+
+ private:
+  const Options& o_;
+  std::vector<testing::ProblemSpec> specs_;
+  size_t count_ = 0;
+};
+
 std::vector<testing::ProblemSpec> suite_cases(const std::string& suite, bool cuda,
                                               const testing::ProblemSpec& custom);
 // Whether o runs on CUDA: backend "cuda", or "auto" with a device present.

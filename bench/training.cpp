@@ -6,9 +6,6 @@
 #include <fstream>
 #include <ostream>
 #include <sstream>
-#include <utility>
-
-#include "capture.hpp"
 
 namespace twell::bench {
 
@@ -109,12 +106,6 @@ std::vector<uint8_t> make_upstream_gradient(const ProblemSpec& s) {
 
 namespace {
 
-// The problem of case i: generated from specs[i], or layer i of the capture folder.
-testing::Problem case_problem(const Options& o, const std::vector<ProblemSpec>& specs, size_t i) {
-  return o.from_dir.empty() ? testing::make_problem(specs[i])
-                            : testing::load_captured_layer(o.from_dir, int(i), o.from_rows);
-}
-
 // One case: load, both steps once and compared, warm-up, interleaved timed reps, memory.
 TrainingRow run_case(TrainingRunner& runner, testing::Problem p, const Options& o, int warmup, int reps) {
   const ProblemSpec s = p.spec;
@@ -177,25 +168,22 @@ std::vector<TrainingRow> run_training(const Options& o, std::ostream& progress,
   const bool cuda = use_cuda(o);
   std::unique_ptr<TrainingRunner> runner = cuda ? make_cuda_training_runner() : make_cpu_training_runner();
   runner->configure(o.dispatch);
-  const bool captured = !o.from_dir.empty();
-  std::vector<ProblemSpec> specs = captured ? std::vector<ProblemSpec>() : training_cases(cuda);
+  std::vector<ProblemSpec> specs = o.from_dir.empty() ? training_cases(cuda) : std::vector<ProblemSpec>();
   if (o.training_custom) {
     ProblemSpec c = o.custom;
     c.seed = 4321;
     specs = {c};
   }
-  const size_t cases = captured ? size_t(testing::captured_layers(o.from_dir)) : specs.size();
+  const Cases cases(o, std::move(specs));
   const int warmup = o.warmup < 0 ? 6 : o.warmup, reps = o.reps < 0 ? 10 : o.reps;
   std::vector<TrainingRow> rows;
-  for (size_t i = 0; i < cases; ++i) {
-    const std::string source = captured ? o.from_dir + " layer " + std::to_string(i) : std::string();
-    const std::string name = captured ? source : specs[i].describe();
-    progress << "[" << i + 1 << "/" << cases << "] training " << name << " ..." << std::flush;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string name = cases.name(i);
+    progress << "[" << i + 1 << "/" << cases.size() << "] training " << name << " ..." << std::flush;
     TrainingRow r;
     try {
-      testing::Problem p = case_problem(o, specs, i);
-      r = run_case(*runner, std::move(p), o, warmup, reps);
-      r.source = source;
+      r = run_case(*runner, cases.load(i), o, warmup, reps);
+      r.source = cases.source(i);
       runner->release();  // each case's buffers go before the next one's
     } catch (const SkipCase& e) {
       runner->release();

@@ -55,15 +55,6 @@ class CpuRunner final : public Runner {
     return {p_->x_view(), TensorView::matrix(y_.data(), s.dtype, s.m, s.k), {}};
   }
 
-  InferencePlan& plan_for(Dispatch d) {
-    for (auto& [disp, plan] : plans_)
-      if (disp == d) return plan;
-    InferenceOptions o = options_;
-    o.dispatch = d;
-    plans_.emplace_back(d, InferencePlan(w_, o));
-    return plans_.back().second;
-  }
-
   void job(Job j) {
     const auto& s = p_->spec;
     if (j == Job::gate) {
@@ -75,10 +66,8 @@ class CpuRunner final : public Runner {
   }
 
   Problem* p_ = nullptr;
-  FfnWeights w_;
   std::vector<uint8_t> y_;
   std::vector<float> xf_, wf_, gf_;
-  std::vector<std::pair<Dispatch, InferencePlan>> plans_;
 };
 
 }  // namespace

@@ -95,15 +95,6 @@ class CudaRunner final : public Runner {
     return a;
   }
 
-  InferencePlan& plan_for(Dispatch d) {
-    for (auto& [disp, plan] : plans_)
-      if (disp == d) return plan;
-    InferenceOptions o = options_;
-    o.dispatch = d;
-    plans_.emplace_back(d, InferencePlan(w_, o));
-    return plans_.back().second;
-  }
-
   void drop_graphs() {
     for (cudaGraphExec_t& g : graphs_of_)
       if (g != nullptr) cudaGraphExecDestroy(std::exchange(g, nullptr));
@@ -128,8 +119,6 @@ class CudaRunner final : public Runner {
   cudaStream_t stream_ = rig_.stream;
   ProblemSpec spec_;
   DeviceBuffer x_, y_, g_, gate_, up_, down_, counters_;
-  FfnWeights w_;
-  std::vector<std::pair<Dispatch, InferencePlan>> plans_;
   cudaGraphExec_t graphs_of_[3] = {};  // per Job, with replay_graphs
 };
 

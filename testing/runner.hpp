@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "twell/ffn.hpp"
@@ -41,9 +42,22 @@ class Runner {
   void replay_graphs(bool on) { graphs_ = on; }
 
  protected:
+  // The plan over w_ with dispatch d, made with options_ at its first use (load() sets w_ and
+  // clears plans_).
+  InferencePlan& plan_for(Dispatch d) {
+    for (auto& [disp, plan] : plans_)
+      if (disp == d) return plan;
+    InferenceOptions o = options_;
+    o.dispatch = d;
+    plans_.emplace_back(d, InferencePlan(w_, o));
+    return plans_.back().second;
+  }
+
   InferenceOptions options_;
   Dispatch twell_dispatch_ = Dispatch::automatic;
   bool graphs_ = false;
+  FfnWeights w_;
+  std::vector<std::pair<Dispatch, InferencePlan>> plans_;
 };
 std::unique_ptr<Runner> make_cpu_runner();
 std::unique_ptr<Runner> make_cuda_runner();  // throws Error without CUDA or without a device
