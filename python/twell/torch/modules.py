@@ -130,12 +130,9 @@ class _SparseFFN(nn.Module):
             args = (x2, gate, up, down, self.tile, self.capacity, self.dispatch, self.dense_above)
             eager = _plain_eager(x2)
             y, counters = _ops.run_ffn(*args) if eager else torch.ops.twell.ffn(*args)
-            # Straight into __dict__ in eager runs: nn.Module.__setattr__ costs as much host time
-            # as the op's kernels take at M = 1.
-            state = self.__dict__ if eager else None
             l0 = counters[1].float() / max(x2.shape[0], 1)
-            if state is not None:
-                state["l0"], state["l1_loss"], state["ran_dense"] = l0, None, None
+            if eager:  # nn.Module.__setattr__ costs as much host time as the kernels at M = 1
+                self.__dict__.update(l0=l0, l1_loss=None, ran_dense=None)
             else:
                 self.l0, self.l1_loss, self.ran_dense = l0, None, None
             if self.record_dispatch and not torch.compiler.is_compiling():
