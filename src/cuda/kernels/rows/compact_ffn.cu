@@ -10,6 +10,7 @@
 #include "cuda/kernels/common/launch.cuh"
 #include "cuda/kernels/common/warp.cuh"
 #include "cuda/kernels/inference.hpp"
+#include "cuda/kernels/rows/cta_vectors.cuh"
 #include "cuda/policy/config.hpp"
 #include "cuda/runtime/cuda_check.hpp"
 
@@ -59,6 +60,33 @@ __device__ __forceinline__ int next_batch(EntryCursor& cur, const uint16_t* coun
   return taken;
 }
 
+// Sums each dot[b] over the CTA: a warp butterfly, then (several warps) the warps' sums in warp
+// order through partial[buffer] (double-buffered: one barrier per batch). Every thread of the CTA
+// ends with the same totals.
+__device__ __forceinline__ void sum_batch(float (&dot)[kBatch],
+                                          float (&partial)[2][CompactConfig::kMaxWarps][kBatch], int& buffer) {
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+#pragma unroll
+  for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+    for (int d = kWarpSize / 2; d > 0; d >>= 1) dot[b] += __shfl_xor_sync(kFullMask, dot[b], d);
+  if (warps > 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) partial[buffer][warp][b] = dot[b];
+    __syncthreads();  // the other buffer is rewritten only after the next batch's barrier
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      float sum = 0.0f;
+      for (int w = 0; w < warps; ++w) sum += partial[buffer][w][b];
+      dot[b] = sum;
+    }
+    buffer ^= 1;
+  }
+}
+
 template <typename T, FfnKind kKind, int kVecs>
 __global__ void __launch_bounds__(CompactConfig::kMaxThreads)
     compact_ffn_kernel(const T* __restrict__ x, const T* __restrict__ up,
@@ -73,18 +101,13 @@ __global__ void __launch_bounds__(CompactConfig::kMaxThreads)
   for (int t = threadIdx.x; t < num_tiles; t += blockDim.x) counts[t] = tw.counts[row * num_tiles + t];
 
   const int64_t vectors = k / kVecElems;
-  const int warp = threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  const int warps = blockDim.x / kWarpSize;
   float xr[kVecs][kVecElems];
   float acc[kVecs][kVecElems];
+  rows::load_row<T, kVecs>(x + row * k, vectors, xr);
 #pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    const int64_t v = threadIdx.x + int64_t(j) * blockDim.x;
+  for (int j = 0; j < kVecs; ++j)
 #pragma unroll
-    for (int e = 0; e < kVecElems; ++e) xr[j][e] = acc[j][e] = 0.0f;
-    if (v < vectors) unpack8<T>(load_readonly(x + row * k + v * kVecElems), xr[j]);
-  }
+    for (int e = 0; e < kVecElems; ++e) acc[j][e] = 0.0f;
   __syncthreads();
 
   EntryCursor cur;
@@ -101,33 +124,14 @@ __global__ void __launch_bounds__(CompactConfig::kMaxThreads)
       for (int b = 0; b < kBatch; ++b) {
         dot[b] = 0.0f;
         if (b >= taken) continue;
-#pragma unroll
-        for (int j = 0; j < kVecs; ++j) {
-          const int64_t v = threadIdx.x + int64_t(j) * blockDim.x;
-          if (v >= vectors) continue;
+        rows::for_each_vector<kVecs>(vectors, [&](int j, int64_t v) {
           float w[kVecElems];
           unpack8<T>(load_readonly(up + int64_t(neuron[b]) * k + v * kVecElems), w);
 #pragma unroll
           for (int e = 0; e < kVecElems; ++e) dot[b] = fmaf(xr[j][e], w[e], dot[b]);
-        }
+        });
       }
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b)
-#pragma unroll
-        for (int d = kWarpSize / 2; d > 0; d >>= 1) dot[b] += __shfl_xor_sync(kFullMask, dot[b], d);
-      if (warps > 1) {
-        if (lane == 0)
-#pragma unroll
-          for (int b = 0; b < kBatch; ++b) partial[buffer][warp][b] = dot[b];
-        __syncthreads();  // the other buffer is rewritten only after the next batch's barrier
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-          float sum = 0.0f;
-          for (int w = 0; w < warps; ++w) sum += partial[buffer][w][b];
-          dot[b] = sum;
-        }
-        buffer ^= 1;
-      }
+      sum_batch(dot, partial, buffer);
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) h[b] *= dot[b];
     }
@@ -135,23 +139,16 @@ __global__ void __launch_bounds__(CompactConfig::kMaxThreads)
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       if (b >= taken) continue;
-#pragma unroll
-      for (int j = 0; j < kVecs; ++j) {
-        const int64_t v = threadIdx.x + int64_t(j) * blockDim.x;
-        if (v >= vectors) continue;
+      rows::for_each_vector<kVecs>(vectors, [&](int j, int64_t v) {
         float w[kVecElems];
         unpack8<T>(load_readonly(down + int64_t(neuron[b]) * k + v * kVecElems), w);
 #pragma unroll
         for (int e = 0; e < kVecElems; ++e) acc[j][e] = fmaf(h[b], w[e], acc[j][e]);
-      }
+      });
     }
   }
 
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    const int64_t v = threadIdx.x + int64_t(j) * blockDim.x;
-    if (v < vectors) *reinterpret_cast<uint4*>(y + row * k + v * kVecElems) = pack8<T>(acc[j]);
-  }
+  rows::store_row<T, kVecs>(y + row * k, vectors, acc);
 }
 
 template <typename T, FfnKind kKind, int kVecs>

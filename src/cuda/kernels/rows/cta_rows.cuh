@@ -1,7 +1,8 @@
 // Device code shared by the compact-row passes (forward_rows.cu, backward_rows.cu):
 // the CTA shape over a K-wide row, a cursor over one row's TwELL entries, and the CTA-wide
 // reduction of a batch of dot products. A row is owned by one CTA; thread t owns the 16-byte
-// vectors v = t + j * blockDim (j < kVecs) of K.
+// vectors v = t + j * blockDim (j < kVecs) of K (cta_vectors.cuh: the loads, stores, dots and
+// axpys over them).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include "cuda/kernels/common/element.cuh"
 #include "cuda/kernels/common/train_device.cuh"
 #include "cuda/kernels/common/warp.cuh"
+#include "cuda/kernels/rows/cta_vectors.cuh"
 #include "cuda/kernels/rows/warp_rows.cuh"
 #include "cuda/policy/train_config.hpp"
 #include "cuda/runtime/device.hpp"
@@ -94,60 +96,6 @@ inline PassGrid pass_grid(int64_t rows, int64_t k, const DeviceInfo& dev) {
                                            (rows + TrainRowConfig::kWarpRowWarps - 1) / TrainRowConfig::kWarpRowWarps));
   g.long_ctas = unsigned(std::min<int64_t>(rows, int64_t(dev.sm_count) * TrainRowConfig::kLongRowCtasPerSm));
   return g;
-}
-
-// Loads the thread's vectors of a K-wide row as floats (zeros past K).
-template <typename T, int kVecs>
-__device__ __forceinline__ void load_row(const T* row, int64_t vectors, float (&out)[kVecs][kVecElems]) {
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    const int64_t v = threadIdx.x + int64_t(j) * blockDim.x;
-#pragma unroll
-    for (int e = 0; e < kVecElems; ++e) out[j][e] = 0.0f;
-    if (v < vectors) unpack8<T>(load_readonly(row + v * kVecElems), out[j]);
-  }
-}
-
-// Stores the thread's vectors of a K-wide row, rounded to T.
-template <typename T, int kVecs>
-__device__ __forceinline__ void store_row(T* row, int64_t vectors, const float (&in)[kVecs][kVecElems]) {
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    const int64_t v = threadIdx.x + int64_t(j) * blockDim.x;
-    if (v < vectors) *reinterpret_cast<uint4*>(row + v * kVecElems) = pack8<T>(in[j]);
-  }
-}
-
-// acc += coef * w[neuron] over the thread's vectors.
-template <typename T, int kVecs>
-__device__ __forceinline__ void axpy_row(float coef, const T* w, int64_t vectors,
-                                         float (&acc)[kVecs][kVecElems]) {
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    const int64_t v = threadIdx.x + int64_t(j) * blockDim.x;
-    if (v >= vectors) continue;
-    float wf[kVecElems];
-    unpack8<T>(load_readonly(w + v * kVecElems), wf);
-#pragma unroll
-    for (int e = 0; e < kVecElems; ++e) acc[j][e] = fmaf(coef, wf[e], acc[j][e]);
-  }
-}
-
-// The thread's part of <r, w> over its vectors.
-template <typename T, int kVecs>
-__device__ __forceinline__ float partial_dot(const float (&r)[kVecs][kVecElems], const T* w,
-                                             int64_t vectors) {
-  float dot = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    const int64_t v = threadIdx.x + int64_t(j) * blockDim.x;
-    if (v >= vectors) continue;
-    float wf[kVecElems];
-    unpack8<T>(load_readonly(w + v * kVecElems), wf);
-#pragma unroll
-    for (int e = 0; e < kVecElems; ++e) dot = fmaf(r[j][e], wf[e], dot);
-  }
-  return dot;
 }
 
 // Shared memory of a row pass: the row's tile counts and the cross-warp partial dots
