@@ -198,9 +198,8 @@ __global__ void __launch_bounds__(TrainRowConfig::kWarpRowWarps * kWarpSize,
   using warp_rows::Phase;
   constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
   const int lane = threadIdx.x % kWarpSize;
-  warp_rows::for_each_short_row(
-      a.tw, a.control, kPhase == Phase::axpys ? 2 : 0, kPhase != Phase::axpys, a.long_rows, TrainRowConfig::kLongRow,
-      lane, [&](int64_t row) {
+  warp_rows::for_each_short_row<kPhase>(
+      a.tw, a.control, a.long_rows, TrainRowConfig::kLongRow, lane, [&](int64_t row) {
         float acc[kChunks][kVecElems];
         backward_warp_row<T, kKind, kChunks, kPhase>(a, row, lane, 0, 1, acc);
         if constexpr (kPhase != Phase::dots)
@@ -218,16 +217,12 @@ __global__ void __launch_bounds__(TrainRowConfig::kLongRowWarps * kWarpSize)
   constexpr int kCols = kChunks * RowConfig::kChunk;
   __shared__ float partial[kWarps][kCols];
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int count = a.control[1];
-  for (int i = blockIdx.x; i < count; i += gridDim.x) {
-    const int64_t row = a.long_rows[i];
+  warp_rows::for_each_long_row(a.control, a.long_rows, [&](int64_t row) {
     float acc[kChunks][kVecElems];
     backward_warp_row<T, kKind, kChunks>(a, row, lane, warp, kWarps, acc);
-    warp_rows::spill(partial[warp], lane, acc);
-    __syncthreads();
-    warp_rows::sum_partials<T, kWarps, kCols>(partial, static_cast<T*>(a.dx) + row * kCols);
+    warp_rows::sum_warps<T>(partial, warp, lane, acc, static_cast<T*>(a.dx) + row * kCols);
     __syncthreads();  // partial is rewritten by the next row
-  }
+  });
 }
 
 }  // namespace

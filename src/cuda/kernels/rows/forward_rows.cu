@@ -167,9 +167,8 @@ __global__ void __launch_bounds__(TrainRowConfig::kWarpRowWarps * kWarpSize,
   using warp_rows::Phase;
   constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
   const int lane = threadIdx.x % kWarpSize;
-  warp_rows::for_each_short_row(
-      a.tw, a.control, kPhase == Phase::axpys ? 2 : 0, kPhase != Phase::axpys, a.long_rows, TrainRowConfig::kLongRow,
-      lane, [&](int64_t row) {
+  warp_rows::for_each_short_row<kPhase>(
+      a.tw, a.control, a.long_rows, TrainRowConfig::kLongRow, lane, [&](int64_t row) {
         float acc[kChunks][kVecElems];
         float l1;
         forward_warp_row<T, kKind, kChunks, kPhase>(a, row, lane, 0, 1, acc, l1);
@@ -191,9 +190,7 @@ __global__ void __launch_bounds__(TrainRowConfig::kLongRowWarps * kWarpSize)
   __shared__ float partial[kWarps][kCols];
   __shared__ float partial_l1[kWarps];
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int count = a.control[1];
-  for (int i = blockIdx.x; i < count; i += gridDim.x) {
-    const int64_t row = a.long_rows[i];
+  warp_rows::for_each_long_row(a.control, a.long_rows, [&](int64_t row) {
     float acc[kChunks][kVecElems];
     float l1;
     forward_warp_row<T, kKind, kChunks>(a, row, lane, warp, kWarps, acc, l1);
@@ -207,7 +204,7 @@ __global__ void __launch_bounds__(TrainRowConfig::kLongRowWarps * kWarpSize)
       a.row_l1[row] = sum;
     }
     __syncthreads();  // partial is rewritten by the next row
-  }
+  });
 }
 
 }  // namespace

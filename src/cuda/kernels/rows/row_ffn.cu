@@ -334,9 +334,7 @@ __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) long_pass_kerne
     st.load(static_cast<const T*>(a.x) + row * a.k + a.col0, lane);
     compact_row(st, tw, up, down, a.k, row, lane);
     if constexpr (kAxpys) {
-      warp_rows::spill(partial[warp], lane, st.acc);
-      __syncthreads();
-      warp_rows::sum_partials<T, RowConfig::kWarps, kCols>(partial, static_cast<T*>(a.y) + row * a.k + a.col0);
+      warp_rows::sum_warps<T>(partial, warp, lane, st.acc, static_cast<T*>(a.y) + row * a.k + a.col0);
     }
     __syncthreads();  // item (and partial) are rewritten for the next row
   }
@@ -399,9 +397,7 @@ __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) long_row_kernel
       st.offset = warp;
       compact_row(st, tw, up, down, a.k, row, lane);
     }
-    warp_rows::spill(partial[warp], lane, st.acc);
-    __syncthreads();
-    warp_rows::sum_partials<T, RowConfig::kWarps, kCols>(partial, static_cast<T*>(a.y) + row * a.k);
+    warp_rows::sum_warps<T>(partial, warp, lane, st.acc, static_cast<T*>(a.y) + row * a.k);
     __syncthreads();  // partial, list and the item are rewritten by the next item
   }
 }

@@ -119,6 +119,17 @@ __device__ __forceinline__ void sum_partials(const float (&partial)[kWarps][kCol
   }
 }
 
+// A CTA's warps meet on one row: warp `warp` spills acc into partial[warp], and after the barrier
+// out = sum_partials(partial). Every thread of the CTA; the caller synchronises before partial is
+// rewritten.
+template <typename T, int kWarps, int kChunks>
+__device__ __forceinline__ void sum_warps(float (&partial)[kWarps][kChunks * RowConfig::kChunk], int warp,
+                                          int lane, const float (&acc)[kChunks][kVecElems], T* out) {
+  spill(partial[warp], lane, acc);
+  __syncthreads();
+  sum_partials<T, kWarps, kChunks * RowConfig::kChunk>(partial, out);
+}
+
 // Entries of a compact row (sum of its tile counts), identical in every lane.
 __device__ __forceinline__ int row_entries(const TwellView& tw, int64_t row, int lane) {
   const int num_tiles = int((tw.shape.cols + tw.shape.tile - 1) / tw.shape.tile);
@@ -196,24 +207,34 @@ __device__ __forceinline__ int64_t next_row(int32_t* head, int lane) {
 }
 
 // The queue protocol of training's warp-per-row passes (forward_rows.cu, backward_rows.cu): the
-// warp takes rows from the queue head control[queue] until it runs past the rows, skips routed
-// rows (the dense backup computes them), lists each row of more than long_row entries at
-// long_rows[control[1]++] for the long-row kernel (where list_long: the first phase only), and
-// calls row_fn(row) for every other row.
-template <typename RowFn>
-__device__ __forceinline__ void for_each_short_row(const TwellView& tw, int32_t* control, int queue,
-                                                   bool list_long, int32_t* long_rows, int long_row, int lane,
-                                                   RowFn&& row_fn) {
+// warp takes rows from its phase's queue head (control[0]; the axpys phase's control[2]) until it
+// runs past the rows, skips routed rows (the dense backup computes them), lists each row of more
+// than long_row entries at long_rows[control[1]++] for the long-row kernel (the first phase only:
+// not axpys), and calls row_fn(row) for every other row.
+template <Phase kPhase, typename RowFn>
+__device__ __forceinline__ void for_each_short_row(const TwellView& tw, int32_t* control, int32_t* long_rows,
+                                                   int long_row, int lane, RowFn&& row_fn) {
+  constexpr int kQueue = kPhase == Phase::axpys ? 2 : 0;
+  constexpr bool kListLong = kPhase != Phase::axpys;
   for (;;) {
-    const int64_t row = next_row(&control[queue], lane);
+    const int64_t row = next_row(&control[kQueue], lane);
     if (row >= tw.shape.rows) return;
     if (tw.row_slot[row] >= 0) continue;
     if (row_entries(tw, row, lane) > long_row) {
-      if (list_long && lane == 0) long_rows[atomicAdd(&control[1], 1)] = int32_t(row);
+      if (kListLong && lane == 0) long_rows[atomicAdd(&control[1], 1)] = int32_t(row);
       continue;
     }
     row_fn(row);
   }
+}
+
+// The long-row kernel's side of that protocol: row_fn(row) for each row listed at
+// long_rows[0, control[1]), a CTA each (grid-stride; every thread of the CTA).
+template <typename RowFn>
+__device__ __forceinline__ void for_each_long_row(const int32_t* control, const int32_t* long_rows,
+                                                  RowFn&& row_fn) {
+  const int count = control[1];
+  for (int i = blockIdx.x; i < count; i += gridDim.x) row_fn(int64_t(long_rows[i]));
 }
 
 }  // namespace twell::gpu::warp_rows
