@@ -141,58 +141,59 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kDotsCtasPerSm) dots_kerne
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(Cfg::kThreads) axpys_kernel(DecodeArgs a) {
-  extern __shared__ int32_t prefix[];  // [chunks + 1]: the token's entries before each chunk
-  __shared__ float sums[kWarps][Cfg::kSliceCols];
-  __shared__ bool last_arrival;
-  chain_entry();
-  const int64_t slice = blockIdx.x, m = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
-  const int64_t chunks = a.chunks, k = a.k;
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-
-  {  // exclusive scan of the chunk counts: a contiguous run of them per thread, all loaded at once
-    __shared__ int32_t warp_totals[kWarps];
-    const int64_t per = (chunks + Cfg::kThreads - 1) / Cfg::kThreads;
-    const int64_t first = threadIdx.x * per, last = min(first + per, chunks);
-    int32_t mine = 0;
-    for (int64_t c = first; c < last; ++c) {
-      prefix[c] = a.counts[m * chunks + c];
-      mine += prefix[c];
-    }
-    int32_t inclusive = mine;
-#pragma unroll
-    for (int s = 1; s < kWarpSize; s <<= 1) {
-      const int32_t t = __shfl_up_sync(kFullMask, inclusive, s);
-      if (lane >= s) inclusive += t;
-    }
-    if (lane == kWarpSize - 1) warp_totals[warp] = inclusive;
-    __syncthreads();
-    int32_t before = inclusive - mine;
-    for (int w = 0; w < warp; ++w) before += warp_totals[w];
-    for (int64_t c = first; c < last; ++c) {
-      const int32_t v = prefix[c];
-      prefix[c] = before;
-      before += v;
-    }
-    if (threadIdx.x == Cfg::kThreads - 1) prefix[chunks] = before;
+// axpys: prefix[c] = token m's entries before chunk c (c <= chunks): an exclusive scan of the
+// chunk counts, a contiguous run of them per thread, all loaded at once. Every thread of the CTA;
+// the caller synchronises before reading prefix.
+__device__ __forceinline__ void scan_chunk_counts(const DecodeArgs& a, int64_t m, int32_t* prefix,
+                                                  int32_t (&warp_totals)[kWarps], int lane, int warp) {
+  const int64_t chunks = a.chunks;
+  const int64_t per = (chunks + Cfg::kThreads - 1) / Cfg::kThreads;
+  const int64_t first = threadIdx.x * per, last = min(first + per, chunks);
+  int32_t mine = 0;
+  for (int64_t c = first; c < last; ++c) {
+    prefix[c] = a.counts[m * chunks + c];
+    mine += prefix[c];
   }
+  int32_t inclusive = mine;
+#pragma unroll
+  for (int s = 1; s < kWarpSize; s <<= 1) {
+    const int32_t t = __shfl_up_sync(kFullMask, inclusive, s);
+    if (lane >= s) inclusive += t;
+  }
+  if (lane == kWarpSize - 1) warp_totals[warp] = inclusive;
   __syncthreads();
+  int32_t before = inclusive - mine;
+  for (int w = 0; w < warp; ++w) before += warp_totals[w];
+  for (int64_t c = first; c < last; ++c) {
+    const int32_t v = prefix[c];
+    prefix[c] = before;
+    before += v;
+  }
+  if (threadIdx.x == Cfg::kThreads - 1) prefix[chunks] = before;
+}
 
+// Where token m keeps its entry f: its chunk by binary search over the prefix, then its list
+// position.
+__device__ __forceinline__ int64_t entry_at(const int32_t* prefix, int64_t chunks, int64_t m, int32_t f) {
+  int64_t lo = 0, hi = chunks;  // prefix[lo] <= f < prefix[hi]
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (prefix[mid] <= f) lo = mid; else hi = mid;
+  }
+  return list_base(m, lo, chunks) + (f - prefix[lo]);
+}
+
+// axpys: the warp's share of token m's entries (every S-th group of kWarps from group `split`,
+// kUnroll in flight) for its lane's 8 columns of the slice: acc += h * Wd[n, cols], in entry order.
+template <typename T>
+__device__ __forceinline__ void accumulate_entries(const DecodeArgs& a, const int32_t* prefix, int64_t m,
+                                                   int64_t slice, int64_t split, int64_t splits, int lane,
+                                                   int warp, float (&acc)[kVecElems]) {
+  const int64_t chunks = a.chunks, k = a.k;
   const int32_t total = prefix[chunks];
   const int64_t col = slice * Cfg::kSliceCols + int64_t(lane) * kVecElems;
   const bool in_k = col < k;
   const T* down = static_cast<const T*>(a.down);
-  // Entry f of the token: its chunk by binary search over the prefix, then its list position.
-  auto locate = [&](int32_t f) {
-    int64_t lo = 0, hi = chunks;  // prefix[lo] <= f < prefix[hi]
-    while (hi - lo > 1) {
-      const int64_t mid = (lo + hi) / 2;
-      if (prefix[mid] <= f) lo = mid; else hi = mid;
-    }
-    return list_base(m, lo, chunks) + (f - prefix[lo]);
-  };
-  float acc[kVecElems] = {};
   const int32_t stride = int32_t(splits) * kWarps;
   for (int32_t f0 = int32_t(split) * kWarps + warp; f0 < total; f0 += kUnroll * stride) {
     float h[kUnroll];
@@ -201,7 +202,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) axpys_kernel(DecodeArgs a) {
     for (int u = 0; u < kUnroll; ++u) {
       const int32_t f = f0 + u * stride;
       const bool live = f < total;
-      const int64_t at = locate(live ? f : f0);
+      const int64_t at = entry_at(prefix, chunks, m, live ? f : f0);
       h[u] = live ? a.h[at] : 0.0f;
       w[u] = in_k ? load_readonly(down + int64_t(a.neurons[at]) * k + col) : uint4{};
     }
@@ -214,10 +215,15 @@ __global__ void __launch_bounds__(Cfg::kThreads) axpys_kernel(DecodeArgs a) {
       for (int i = 0; i < kVecElems; ++i) acc[i] = fmaf(h[u], wf[i], acc[i]);
     }
   }
-#pragma unroll
-  for (int i = 0; i < kVecElems; ++i) sums[warp][lane * kVecElems + i] = acc[i];
-  __syncthreads();
+}
 
+// axpys: the slice's column sums over the warps (warp order) into y (S = 1), or into split s's
+// fp32 partial, the last CTA to arrive at (m, slice) adding the S partials in split order into y.
+template <typename T>
+__device__ __forceinline__ void write_slice(const DecodeArgs& a, const float (&sums)[kWarps][Cfg::kSliceCols],
+                                            bool& last_arrival, int64_t m, int64_t slice, int64_t split,
+                                            int64_t splits) {
+  const int64_t k = a.k;
   const int64_t j = slice * Cfg::kSliceCols + threadIdx.x;  // this thread's column of the slice
   const bool mine = threadIdx.x < Cfg::kSliceCols && j < k;
   float v = 0.0f;
@@ -241,6 +247,25 @@ __global__ void __launch_bounds__(Cfg::kThreads) axpys_kernel(DecodeArgs a) {
   float sum = 0.0f;
   for (int64_t s = 0; s < splits; ++s) sum += a.partials[(s * a.rows + m) * k + j];
   y[j] = Elem<T>::from_float(sum);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(Cfg::kThreads) axpys_kernel(DecodeArgs a) {
+  extern __shared__ int32_t prefix[];  // [chunks + 1]: the token's entries before each chunk
+  __shared__ float sums[kWarps][Cfg::kSliceCols];
+  __shared__ bool last_arrival;
+  __shared__ int32_t warp_totals[kWarps];
+  chain_entry();
+  const int64_t slice = blockIdx.x, m = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  scan_chunk_counts(a, m, prefix, warp_totals, lane, warp);
+  __syncthreads();
+  float acc[kVecElems] = {};
+  accumulate_entries<T>(a, prefix, m, slice, split, splits, lane, warp, acc);
+#pragma unroll
+  for (int i = 0; i < kVecElems; ++i) sums[warp][lane * kVecElems + i] = acc[i];
+  __syncthreads();
+  write_slice<T>(a, sums, last_arrival, m, slice, split, splits);
 }
 
 }  // namespace
