@@ -294,6 +294,147 @@ __device__ __forceinline__ bool tile_has_nonzero(const Shared<T, kA, kB>& sm, co
   return any;
 }
 
+// The tile's rows: sm.a_row and sm.out_row of tile rows m0 ... (-1 past the rows). The caller
+// synchronises before they are read.
+template <typename S>
+__device__ __forceinline__ void stage_tile_rows(S& sm, const Params& p, const Extent& x, int64_t m0) {
+  for (int r = threadIdx.x; r < Cfg::kBlockM; r += kThreads) {
+    const int64_t i = m0 + r;
+    const bool in = i < x.rows;
+    sm.a_row[r] = in ? (p.a_rows != nullptr ? p.a_rows[i] : int32_t(i)) : -1;
+    sm.out_row[r] = in ? (p.out_rows != nullptr ? p.out_rows[i] : int32_t(i)) : -1;
+  }
+}
+
+// A warp's sub-tile (wm, wn) of the CTA tile, and its lane's row of the ldmatrix 8x8 matrices:
+// matrix q = lane / 8 (see ldmatrix_x4).
+struct WarpPlace {
+  int wm, wn, lane;
+  int mat_row, mat_lo, mat_hi;
+};
+
+__device__ __forceinline__ WarpPlace warp_place() {
+  const int warp = threadIdx.x / kWarpSize;
+  WarpPlace w;
+  w.wm = warp / Cfg::kWarpsN;
+  w.wn = warp % Cfg::kWarpsN;
+  w.lane = threadIdx.x % kWarpSize;
+  w.mat_row = w.lane % 8;
+  w.mat_lo = (w.lane / 8) % 2;
+  w.mat_hi = w.lane / 16;
+  return w;
+}
+
+// acc[i][j]: the m16n8 tile (i, j) of the warp's tile; lane (g = lane / 4, t = lane % 4) holds
+// rows g and g + 8, columns 2t and 2t + 1.
+using Acc = float[kFragsM][kFragsN][4];
+
+// acc += the warp's share of one K slice in stage `stage` (kBlockK / 16 mma steps).
+template <typename T, ALayout kA, BLayout kB>
+__device__ __forceinline__ void mma_slice(Acc& acc, const Shared<T, kA, kB>& sm, int stage, const WarpPlace& w) {
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBlockK; kk += kMmaK) {
+    // A 16 x 16: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (8-15, 8-15).
+    uint32_t fa[kFragsM][4];
+#pragma unroll
+    for (int i = 0; i < kFragsM; ++i) {
+      const int m = w.wm * kWarpTileM + i * kMmaM;
+      if constexpr (kA == ALayout::row_major)  // stored [m][k]: rows of the matrices are m
+        ldmatrix_x4<false>(fa[i], &sm.a[stage][m + w.mat_lo * 8 + w.mat_row][kk + w.mat_hi * 8]);
+      else  // stored [k][m]: rows are k, transposed
+        ldmatrix_x4<true>(fa[i], &sm.a[stage][kk + w.mat_hi * 8 + w.mat_row][m + w.mat_lo * 8]);
+    }
+    // B for two n8 tiles: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (8-15, 8-15).
+    uint32_t fb[kFragsN / 2][4];
+#pragma unroll
+    for (int j = 0; j < kFragsN / 2; ++j) {
+      const int n = w.wn * kWarpTileN + j * 2 * kMmaN;
+      if constexpr (kB == BLayout::n_by_k)  // stored [n][k]: rows of the matrices are n
+        ldmatrix_x4<false>(fb[j], &sm.b[stage][n + w.mat_hi * 8 + w.mat_row][kk + w.mat_lo * 8]);
+      else  // stored [k][n]: rows are k, transposed
+        ldmatrix_x4<true>(fb[j], &sm.b[stage][kk + w.mat_lo * 8 + w.mat_row][n + w.mat_hi * 8]);
+    }
+#pragma unroll
+    for (int i = 0; i < kFragsM; ++i)
+#pragma unroll
+      for (int j = 0; j < kFragsN; ++j)
+        mma_16816<T>(acc[i][j], fa[i], fb[j / 2][(j % 2) * 2], fb[j / 2][(j % 2) * 2 + 1]);
+  }
+}
+
+// acc = the warp's share of the tile at (m0, c0) over the K steps [ks_begin, ks_end): the slices
+// copied through the double-buffered stages while the previous one is multiplied.
+template <typename T, ALayout kA, BLayout kB>
+__device__ __forceinline__ void mma_part(Acc& acc, Shared<T, kA, kB>& sm, const Params& p, const Extent& x,
+                                         int64_t m0, int64_t c0, int64_t ks_begin, int64_t ks_end,
+                                         const WarpPlace& w) {
+#pragma unroll
+  for (int i = 0; i < kFragsM; ++i)
+#pragma unroll
+    for (int j = 0; j < kFragsN; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+  const Copier<T, kA, kB> copier(sm, p, x, m0, c0);
+  copier.load(sm, 0, p, x, ks_begin * Cfg::kBlockK);
+  cp_async_commit();
+  for (int64_t ks = ks_begin; ks < ks_end; ++ks) {
+    const int stage = int((ks - ks_begin) % Cfg::kStages);
+    if (ks + 1 < ks_end) copier.load(sm, stage ^ 1, p, x, (ks + 1) * Cfg::kBlockK);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    mma_slice(acc, sm, stage, w);
+    __syncthreads();  // the stage just read is the next iteration's load target
+  }
+}
+
+// The warp's accumulators into the tile's fp32 sm.acc.
+template <typename S>
+__device__ __forceinline__ void store_acc(S& sm, const Acc& acc, const WarpPlace& w) {
+#pragma unroll
+  for (int i = 0; i < kFragsM; ++i)
+#pragma unroll
+    for (int j = 0; j < kFragsN; ++j) {
+      const int m = w.wm * kWarpTileM + i * kMmaM + w.lane / 4;
+      const int n = w.wn * kWarpTileN + j * kMmaN + (w.lane % 4) * 2;
+      *reinterpret_cast<float2*>(&sm.acc[m][n]) = make_float2(acc[i][j][0], acc[i][j][1]);
+      *reinterpret_cast<float2*>(&sm.acc[m + 8][n]) = make_float2(acc[i][j][2], acc[i][j][3]);
+    }
+}
+
+// The tile's sm.acc into its output rows (kE), a 16-byte vector of T (two float4: accumulate) per
+// thread at a time.
+template <typename T, ALayout kA, BLayout kB, Epilogue kE>
+__device__ __forceinline__ void epilogue(const Shared<T, kA, kB>& sm, const Params& p, int64_t c0) {
+  constexpr int kVecs = Cfg::kBlockN / kVecElems;
+  for (int i = threadIdx.x; i < Cfg::kBlockM * kVecs; i += kThreads) {
+    const int r = i / kVecs;
+    const int cc = (i % kVecs) * kVecElems;
+    const int32_t row = sm.out_row[r];
+    const int64_t c = c0 + cc;
+    if (row < 0 || c >= p.cols) continue;
+    float v[kVecElems];
+#pragma unroll
+    for (int e = 0; e < kVecElems; ++e) v[e] = sm.acc[r][cc + e];
+    if constexpr (kE == Epilogue::accumulate) {
+      auto* dst = reinterpret_cast<float4*>(static_cast<float*>(p.out) + row * p.ldo + c);
+      const float4 lo = dst[0], hi = dst[1];
+      dst[0] = make_float4(lo.x + v[0], lo.y + v[1], lo.z + v[2], lo.w + v[3]);
+      dst[1] = make_float4(hi.x + v[4], hi.y + v[5], hi.z + v[6], hi.w + v[7]);
+    } else {
+      T* dst = static_cast<T*>(p.out) + row * p.ldo + c;
+      if constexpr (kE == Epilogue::gate_product) {
+        float g[kVecElems];
+        unpack8<T>(*reinterpret_cast<const uint4*>(dst), g);
+#pragma unroll
+        for (int e = 0; e < kVecElems; ++e) v[e] *= g[e];
+      }
+      *reinterpret_cast<uint4*>(dst) = pack8<T>(v);
+    }
+  }
+}
+
 template <typename T, ALayout kA, BLayout kB, Epilogue kE>
 __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) routed_gemm_kernel(Params p) {
   chain_entry();
@@ -308,12 +449,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) routed_gemm_kernel(
   const int64_t k_steps = (x.depth + Cfg::kBlockK - 1) / Cfg::kBlockK;
   const int64_t parts = split_parts(p, tiles, k_steps);
   const int64_t steps_per_part = (k_steps + parts - 1) / parts;
-  const int warp = threadIdx.x / kWarpSize;
-  const int wm = warp / Cfg::kWarpsN;
-  const int wn = warp % Cfg::kWarpsN;
-  const int lane = threadIdx.x % kWarpSize;
-  // This lane's row of the ldmatrix 8x8 matrices: matrix q = lane / 8 (see ldmatrix_x4).
-  const int mat_row = lane % 8, mat_lo = (lane / 8) % 2, mat_hi = lane / 16;
+  const WarpPlace w = warp_place();
 
   for (int64_t item = blockIdx.x; item < tiles * parts; item += gridDim.x) {
     const int64_t tile = item % tiles, part = item / tiles;  // all tiles' first parts first
@@ -321,108 +457,21 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) routed_gemm_kernel(
     const int64_t ks_end = min(k_steps, ks_begin + steps_per_part);
     const int64_t m0 = tile / tiles_n * Cfg::kBlockM;
     const int64_t c0 = tile % tiles_n * Cfg::kBlockN;
-    for (int r = threadIdx.x; r < Cfg::kBlockM; r += kThreads) {
-      const int64_t i = m0 + r;
-      const bool in = i < x.rows;
-      sm.a_row[r] = in ? (p.a_rows != nullptr ? p.a_rows[i] : int32_t(i)) : -1;
-      sm.out_row[r] = in ? (p.out_rows != nullptr ? p.out_rows[i] : int32_t(i)) : -1;
-    }
+    stage_tile_rows(sm, p, x, m0);
     __syncthreads();
     if constexpr (kE == Epilogue::gate_product) {
       if (!__syncthreads_or(tile_has_nonzero(sm, p, c0))) continue;
     }
 
-    // acc[i][j]: the m16n8 tile (i, j) of the warp's tile; lane (g = lane / 4, t = lane % 4) holds
-    // rows g and g + 8, columns 2t and 2t + 1.
-    float acc[kFragsM][kFragsN][4];
-#pragma unroll
-    for (int i = 0; i < kFragsM; ++i)
-#pragma unroll
-      for (int j = 0; j < kFragsN; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-
-    const Copier<T, kA, kB> copier(sm, p, x, m0, c0);
-    copier.load(sm, 0, p, x, ks_begin * Cfg::kBlockK);
-    cp_async_commit();
-    for (int64_t ks = ks_begin; ks < ks_end; ++ks) {
-      const int stage = int((ks - ks_begin) % Cfg::kStages);
-      if (ks + 1 < ks_end) copier.load(sm, stage ^ 1, p, x, (ks + 1) * Cfg::kBlockK);
-      cp_async_commit();
-      cp_async_wait<1>();
-      __syncthreads();
-#pragma unroll
-      for (int kk = 0; kk < Cfg::kBlockK; kk += kMmaK) {
-        // A 16 x 16: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (8-15, 8-15).
-        uint32_t fa[kFragsM][4];
-#pragma unroll
-        for (int i = 0; i < kFragsM; ++i) {
-          const int m = wm * kWarpTileM + i * kMmaM;
-          if constexpr (kA == ALayout::row_major)  // stored [m][k]: rows of the matrices are m
-            ldmatrix_x4<false>(fa[i], &sm.a[stage][m + mat_lo * 8 + mat_row][kk + mat_hi * 8]);
-          else  // stored [k][m]: rows are k, transposed
-            ldmatrix_x4<true>(fa[i], &sm.a[stage][kk + mat_hi * 8 + mat_row][m + mat_lo * 8]);
-        }
-        // B for two n8 tiles: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (8-15, 8-15).
-        uint32_t fb[kFragsN / 2][4];
-#pragma unroll
-        for (int j = 0; j < kFragsN / 2; ++j) {
-          const int n = wn * kWarpTileN + j * 2 * kMmaN;
-          if constexpr (kB == BLayout::n_by_k)  // stored [n][k]: rows of the matrices are n
-            ldmatrix_x4<false>(fb[j], &sm.b[stage][n + mat_hi * 8 + mat_row][kk + mat_lo * 8]);
-          else  // stored [k][n]: rows are k, transposed
-            ldmatrix_x4<true>(fb[j], &sm.b[stage][kk + mat_lo * 8 + mat_row][n + mat_hi * 8]);
-        }
-#pragma unroll
-        for (int i = 0; i < kFragsM; ++i)
-#pragma unroll
-          for (int j = 0; j < kFragsN; ++j)
-            mma_16816<T>(acc[i][j], fa[i], fb[j / 2][(j % 2) * 2], fb[j / 2][(j % 2) * 2 + 1]);
-      }
-      __syncthreads();  // the stage just read is the next iteration's load target
-    }
-
-#pragma unroll
-    for (int i = 0; i < kFragsM; ++i)
-#pragma unroll
-      for (int j = 0; j < kFragsN; ++j) {
-        const int m = wm * kWarpTileM + i * kMmaM + lane / 4;
-        const int n = wn * kWarpTileN + j * kMmaN + (lane % 4) * 2;
-        *reinterpret_cast<float2*>(&sm.acc[m][n]) = make_float2(acc[i][j][0], acc[i][j][1]);
-        *reinterpret_cast<float2*>(&sm.acc[m + 8][n]) = make_float2(acc[i][j][2], acc[i][j][3]);
-      }
+    Acc acc;
+    mma_part(acc, sm, p, x, m0, c0, ks_begin, ks_end, w);
+    store_acc(sm, acc, w);
     __syncthreads();
     if (parts > 1 && !merge_parts(sm, p, tile, part, parts)) {
       __syncthreads();  // as at the end of the loop
       continue;
     }
-
-    constexpr int kVecs = Cfg::kBlockN / kVecElems;
-    for (int i = threadIdx.x; i < Cfg::kBlockM * kVecs; i += kThreads) {
-      const int r = i / kVecs;
-      const int cc = (i % kVecs) * kVecElems;
-      const int32_t row = sm.out_row[r];
-      const int64_t c = c0 + cc;
-      if (row < 0 || c >= p.cols) continue;
-      float v[kVecElems];
-#pragma unroll
-      for (int e = 0; e < kVecElems; ++e) v[e] = sm.acc[r][cc + e];
-      if constexpr (kE == Epilogue::accumulate) {
-        auto* dst = reinterpret_cast<float4*>(static_cast<float*>(p.out) + row * p.ldo + c);
-        const float4 lo = dst[0], hi = dst[1];
-        dst[0] = make_float4(lo.x + v[0], lo.y + v[1], lo.z + v[2], lo.w + v[3]);
-        dst[1] = make_float4(hi.x + v[4], hi.y + v[5], hi.z + v[6], hi.w + v[7]);
-      } else {
-        T* dst = static_cast<T*>(p.out) + row * p.ldo + c;
-        if constexpr (kE == Epilogue::gate_product) {
-          float g[kVecElems];
-          unpack8<T>(*reinterpret_cast<const uint4*>(dst), g);
-#pragma unroll
-          for (int e = 0; e < kVecElems; ++e) v[e] *= g[e];
-        }
-        *reinterpret_cast<uint4*>(dst) = pack8<T>(v);
-      }
-    }
+    epilogue<T, kA, kB, kE>(sm, p, c0);
     __syncthreads();  // sm.a_row, sm.out_row and sm.acc are rewritten by the next tile
   }
 }
