@@ -60,33 +60,6 @@ __device__ __forceinline__ int next_batch(EntryCursor& cur, const uint16_t* coun
   return taken;
 }
 
-// Sums each dot[b] over the CTA: a warp butterfly, then (several warps) the warps' sums in warp
-// order through partial[buffer] (double-buffered: one barrier per batch). Every thread of the CTA
-// ends with the same totals.
-__device__ __forceinline__ void sum_batch(float (&dot)[kBatch],
-                                          float (&partial)[2][CompactConfig::kMaxWarps][kBatch], int& buffer) {
-  const int warp = threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  const int warps = blockDim.x / kWarpSize;
-#pragma unroll
-  for (int b = 0; b < kBatch; ++b)
-#pragma unroll
-    for (int d = kWarpSize / 2; d > 0; d >>= 1) dot[b] += __shfl_xor_sync(kFullMask, dot[b], d);
-  if (warps > 1) {
-    if (lane == 0)
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) partial[buffer][warp][b] = dot[b];
-    __syncthreads();  // the other buffer is rewritten only after the next batch's barrier
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      float sum = 0.0f;
-      for (int w = 0; w < warps; ++w) sum += partial[buffer][w][b];
-      dot[b] = sum;
-    }
-    buffer ^= 1;
-  }
-}
-
 template <typename T, FfnKind kKind, int kVecs>
 __global__ void __launch_bounds__(CompactConfig::kMaxThreads)
     compact_ffn_kernel(const T* __restrict__ x, const T* __restrict__ up,
@@ -131,7 +104,7 @@ __global__ void __launch_bounds__(CompactConfig::kMaxThreads)
           for (int e = 0; e < kVecElems; ++e) dot[b] = fmaf(xr[j][e], w[e], dot[b]);
         });
       }
-      sum_batch(dot, partial, buffer);
+      rows::reduce_batch(dot, partial, buffer);
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) h[b] *= dot[b];
     }

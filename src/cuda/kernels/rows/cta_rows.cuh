@@ -1,8 +1,8 @@
 // Device code shared by the compact-row passes (forward_rows.cu, backward_rows.cu):
 // the CTA shape over a K-wide row, a cursor over one row's TwELL entries, and the CTA-wide
-// reduction of a batch of dot products. A row is owned by one CTA; thread t owns the 16-byte
-// vectors v = t + j * blockDim (j < kVecs) of K (cta_vectors.cuh: the loads, stores, dots and
-// axpys over them).
+// reduction of a batch of dot products in the pass's shared memory. A row is owned by one CTA;
+// thread t owns the 16-byte vectors v = t + j * blockDim (j < kVecs) of K (cta_vectors.cuh: the
+// loads, stores, dots and axpys over them, and the reduction).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -140,28 +140,10 @@ struct EntryCursor {
   }
 };
 
-// Sums each dot[b] over the CTA (shuffles, then across warps in a fixed order); every thread ends
-// with the same totals. Must be reached by every thread of the CTA.
+// Sums each dot[b] over the CTA through sm.partial (cta_vectors.cuh); every thread ends with the
+// same totals. Must be reached by every thread of the CTA.
 __device__ __forceinline__ void reduce_batch(float (&dot)[kBatch], RowShared& sm, int& buffer) {
-  const int warp = threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  const int warps = blockDim.x / kWarpSize;
-#pragma unroll
-  for (int b = 0; b < kBatch; ++b)
-#pragma unroll
-    for (int d = kWarpSize / 2; d > 0; d >>= 1) dot[b] += __shfl_xor_sync(kFullMask, dot[b], d);
-  if (warps == 1) return;
-  if (lane == 0)
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) sm.partial[buffer][warp][b] = dot[b];
-  __syncthreads();  // the other buffer is rewritten only after the next batch's barrier
-#pragma unroll
-  for (int b = 0; b < kBatch; ++b) {
-    float sum = 0.0f;
-    for (int w = 0; w < warps; ++w) sum += sm.partial[buffer][w][b];
-    dot[b] = sum;
-  }
-  buffer ^= 1;
+  reduce_batch(dot, sm.partial, buffer);
 }
 
 }  // namespace twell::gpu::rows

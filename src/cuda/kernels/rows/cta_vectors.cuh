@@ -1,10 +1,12 @@
 // Device code of a K-wide row owned by one CTA, shared by inference's compact_ffn.cu and
 // training's compact-row passes (cta_rows.cuh): thread t owns the 16-byte vectors
-// v = t + j * blockDim (j < kVecs) of K, held as fp32 [kVecs][kVecElems].
+// v = t + j * blockDim (j < kVecs) of K, held as fp32 [kVecs][kVecElems]; a batch of dot products
+// is summed over the CTA in a fixed order (shuffles, then the warps in warp order).
 #pragma once
 #include <cstdint>
 
 #include "cuda/kernels/common/element.cuh"
+#include "cuda/kernels/common/warp.cuh"
 
 namespace twell::gpu::rows {
 
@@ -68,6 +70,33 @@ __device__ __forceinline__ float partial_dot(const float (&r)[kVecs][kVecElems],
     for (int e = 0; e < kVecElems; ++e) dot = fmaf(r[j][e], wf[e], dot);
   });
   return dot;
+}
+
+// Sums each dot[b] over the CTA (shuffles, then across warps in a fixed order, through
+// partial[buffer]: double-buffered, one barrier per batch); every thread ends with the same totals.
+// Must be reached by every thread of the CTA.
+template <int kWarpSlots, int kDots>
+__device__ __forceinline__ void reduce_batch(float (&dot)[kDots], float (&partial)[2][kWarpSlots][kDots],
+                                             int& buffer) {
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+#pragma unroll
+  for (int b = 0; b < kDots; ++b)
+#pragma unroll
+    for (int d = kWarpSize / 2; d > 0; d >>= 1) dot[b] += __shfl_xor_sync(kFullMask, dot[b], d);
+  if (warps == 1) return;
+  if (lane == 0)
+#pragma unroll
+    for (int b = 0; b < kDots; ++b) partial[buffer][warp][b] = dot[b];
+  __syncthreads();  // the other buffer is rewritten only after the next batch's barrier
+#pragma unroll
+  for (int b = 0; b < kDots; ++b) {
+    float sum = 0.0f;
+    for (int w = 0; w < warps; ++w) sum += partial[buffer][w][b];
+    dot[b] = sum;
+  }
+  buffer ^= 1;
 }
 
 }  // namespace twell::gpu::rows
