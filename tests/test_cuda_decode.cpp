@@ -75,6 +75,8 @@ std::vector<DecodeCase> decode_cases() {
     for (int64_t m : {int64_t(1), int64_t(16), int64_t(64)}) out.push_back({FfnKind::gated, DType::bf16, p, 0.005, m, 2048, 5632});
   out.push_back({FfnKind::gated, DType::bf16, Pattern::uniform, 0.01, 3, 4096, 1048});
   out.push_back({FfnKind::plain, DType::f16, Pattern::heavy_tailed, 0.01, 5, 8192, 520});
+  out.push_back({FfnKind::gated, DType::f16, Pattern::uniform, 0.01, 16, 4096, 1048});
+  out.push_back({FfnKind::gated, DType::bf16, Pattern::heavy_tailed, 0.01, 12, 8192, 520});
   return out;
 }
 

@@ -9,7 +9,9 @@
 //          or h = g (plain). The count also goes into the run's active total (an integer atomic,
 //          for dispatch).
 //   axpys: CTA (slice of kSliceCols columns of K, token m, split s of S): the token's chunk counts
-//          loaded at once and scanned by the CTA; the token's entries in order (chunk by chunk),
+//          loaded at once and scanned by the CTA. S is the launched splits cut to what the token's
+//          count needs (kWarps x kUnroll entries a split, one round of loads); the CTAs past it
+//          leave. The token's entries in order (chunk by chunk),
 //          every S-th group of kWarps from group s, dealt to warps round robin, kUnroll in flight;
 //          lane owns 8 columns: acc += h * Wd[n, cols] (fp32). The warps' sums are added in warp
 //          order in shared memory; S = 1 writes y[m, slice] (rounded once), S > 1 writes an fp32
@@ -33,6 +35,8 @@ using Cfg = DecodeConfig;
 constexpr int kWarps = Cfg::kThreads / kWarpSize;
 constexpr int64_t kStepCols = int64_t(kWarpSize) * kVecElems;  // a warp's columns per 16-byte load
 constexpr int kUnroll = Cfg::kUnroll;
+constexpr int kScanLoads = 4;  // chunk counts a thread loads at once
+constexpr int32_t kSplitEntries = kWarps * kUnroll;  // a split's entries: one round of loads
 static_assert(Cfg::kThreads % kWarpSize == 0 && Cfg::kThreads <= 1024, "whole warps within the CTA limit");
 static_assert(Cfg::kChunk == kWarpSize, "the lists ballot one neuron per lane");
 static_assert(Cfg::kSliceCols == kStepCols, "an axpys slice is one 16-byte vector per lane");
@@ -150,9 +154,15 @@ __device__ __forceinline__ void scan_chunk_counts(const DecodeArgs& a, int64_t m
   const int64_t per = (chunks + Cfg::kThreads - 1) / Cfg::kThreads;
   const int64_t first = threadIdx.x * per, last = min(first + per, chunks);
   int32_t mine = 0;
-  for (int64_t c = first; c < last; ++c) {
-    prefix[c] = a.counts[m * chunks + c];
-    mine += prefix[c];
+  for (int64_t c0 = first; c0 < last; c0 += kScanLoads) {  // kScanLoads loads in flight
+    int32_t v[kScanLoads];
+#pragma unroll
+    for (int u = 0; u < kScanLoads; ++u) v[u] = c0 + u < last ? a.counts[m * chunks + c0 + u] : 0;
+#pragma unroll
+    for (int u = 0; u < kScanLoads; ++u) {
+      if (c0 + u < last) prefix[c0 + u] = v[u];
+      mine += v[u];
+    }
   }
   int32_t inclusive = mine;
 #pragma unroll
@@ -245,6 +255,7 @@ __device__ __forceinline__ void write_slice(const DecodeArgs& a, const float (&s
   if (!last_arrival || !mine) return;
   __threadfence();
   float sum = 0.0f;
+#pragma unroll 8
   for (int64_t s = 0; s < splits; ++s) sum += a.partials[(s * a.rows + m) * k + j];
   y[j] = Elem<T>::from_float(sum);
 }
@@ -256,10 +267,15 @@ __global__ void __launch_bounds__(Cfg::kThreads) axpys_kernel(DecodeArgs a) {
   __shared__ bool last_arrival;
   __shared__ int32_t warp_totals[kWarps];
   chain_entry();
-  const int64_t slice = blockIdx.x, m = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  const int64_t slice = blockIdx.x, m = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   scan_chunk_counts(a, m, prefix, warp_totals, lane, warp);
   __syncthreads();
+  // The splits this token's entries need, from its count (the same in every CTA of the token):
+  // the others leave.
+  const int64_t needed = (int64_t(prefix[a.chunks]) + kSplitEntries - 1) / kSplitEntries;
+  const int64_t splits = needed < 1 ? 1 : needed < gridDim.z ? needed : int64_t(gridDim.z);
+  if (split >= splits) return;
   float acc[kVecElems] = {};
   accumulate_entries<T>(a, prefix, m, slice, split, splits, lane, warp, acc);
 #pragma unroll
