@@ -82,6 +82,22 @@ class _SparseFFN(nn.Module):
         self.ran_dense = None
 
     @property
+    def l0(self):
+        """Mean active units per token of the last call (a 0-d tensor on the call's device), or
+        None. An eager inference call keeps the op's counters and divides here, on first read:
+        that costs the call no torch operations."""
+        d = self.__dict__
+        counts = d.get("_l0_counts")
+        if counts is not None:
+            d["_l0"] = counts[1].float() / max(d["_l0_rows"], 1)
+            d["_l0_counts"] = None
+        return d.get("_l0")
+
+    @l0.setter
+    def l0(self, value):
+        self.__dict__.update(_l0=value, _l0_counts=None)
+
+    @property
     def l1_coef(self):
         return self._l1_coef
 
@@ -130,11 +146,11 @@ class _SparseFFN(nn.Module):
             args = (x2, gate, up, down, self.tile, self.capacity, self.dispatch, self.dense_above)
             eager = _plain_eager(x2)
             y, counters = _ops.run_ffn(*args) if eager else torch.ops.twell.ffn(*args)
-            l0 = counters[1].float() / max(x2.shape[0], 1)
-            if eager:  # nn.Module.__setattr__ costs as much host time as the kernels at M = 1
-                self.__dict__.update(l0=l0, l1_loss=None, ran_dense=None)
+            if eager:  # nn.Module.__setattr__ and l0's division cost as much host time as the kernels
+                self.__dict__.update(_l0_counts=counters, _l0_rows=x2.shape[0], l1_loss=None, ran_dense=None)
             else:
-                self.l0, self.l1_loss, self.ran_dense = l0, None, None
+                self.l0 = counters[1].float() / max(x2.shape[0], 1)
+                self.l1_loss, self.ran_dense = None, None
             if self.record_dispatch and not torch.compiler.is_compiling():
                 # The op's plan (cached, found again by the same weights and options) knows its
                 # last decision on the host: no device synchronisation.

@@ -1,0 +1,53 @@
+"""Where one generate() of bench/model.py's model spends its time, dense against twell: a
+diagnostic (torch.profiler), not a harness row. Builds the model as bench/model.py does (same
+arguments, e.g. --layers 38 --densities 0.005), one warm generate of each, then a profiled one
+of each; prints the top CUDA and CPU self-time operators and the per-token wall time.
+    python3 lab/probes/generate_profile.py [bench/model.py arguments] [--gen-batch B]
+"""
+import os
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+import model as mb  # noqa: E402
+import model_generate  # noqa: E402
+
+
+def main(argv):
+    batch = 1
+    if "--gen-batch" in argv:
+        i = argv.index("--gen-batch")
+        batch = int(argv[i + 1])
+        argv = argv[:i] + argv[i + 2:]
+    args = mb.parse_args(argv + ["--modes", "generate", "--no-write"])
+    env, model, ids, densities = mb.setup(args)
+    swap = mb.set_density(args, model, None, densities[0], ids[:2])
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    prompt = model_generate.prompts(ids, batch, args.prompt_len)
+    step = model_generate.Generate(model, prompt, args.new_tokens, args.gen_cache)
+    for which in ("dense", "twell"):
+        swap.use(which)
+        step(which)  # warm
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step(which)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            step(which)
+            torch.cuda.synchronize()
+        print(f"=== {which}: batch {batch}, {args.new_tokens} new tokens, {wall * 1e3:.1f} ms "
+              f"({wall / args.new_tokens * 1e3:.2f} ms per token)", flush=True)
+        ka = prof.key_averages()
+        print(ka.table(sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=60))
+        print(ka.table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=60))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
