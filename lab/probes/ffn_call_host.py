@@ -37,7 +37,6 @@ def main(argv):
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    x = torch.randn(1, m, args.hidden, device=env.device, dtype=env.dtype)
     with torch.no_grad():
         x = model.model.layers[0].post_attention_layernorm(model.model.embed_tokens(ids[:1, :m]))
     for which in ("dense", "twell"):
