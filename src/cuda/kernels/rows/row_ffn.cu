@@ -54,13 +54,8 @@ struct RowState {
   bool last = true;    //   (multiplies their sum by g) of the column ranges of K
 
   __device__ void load(const T* xrow, int lane) {
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      if constexpr (kDots) x[c] = load_readonly(xrow + c * RowConfig::kChunk + lane * kVecElems);
-      if constexpr (kAxpys)
-#pragma unroll
-        for (int e = 0; e < kVecElems; ++e) acc[c][e] = 0.0f;
-    }
+    if constexpr (kDots) warp_rows::load_row<T, kChunks>(xrow, lane, x);
+    if constexpr (kAxpys) warp_rows::zero(acc);
   }
 
   // h = g * dot(x, Wu[n]) (gated) or g (plain) for two neurons, then acc += h * Wd[n].
@@ -71,30 +66,13 @@ struct RowState {
       return;
     }
     float h0 = g0, h1 = two ? g1 : 0.0f;
-    const int64_t col = int64_t(lane) * kVecElems;
     if constexpr (kPhase == Phase::axpys) {
       h0 = h[entry];
       h1 = two ? h[entry + 1] : 0.0f;
       entry += two ? 2 : 1;
     } else if constexpr (kKind == FfnKind::gated) {
-      float d0 = 0.0f, d1 = 0.0f;
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        float xv[kVecElems], w0[kVecElems], w1[kVecElems];
-        unpack8<T>(x[c], xv);
-        unpack8<T>(load_readonly(up + int64_t(n0) * k + c * RowConfig::kChunk + col), w0);
-        unpack8<T>(load_readonly(up + int64_t(n1) * k + c * RowConfig::kChunk + col), w1);
-#pragma unroll
-        for (int e = 0; e < kVecElems; ++e) {
-          d0 = fmaf(xv[e], w0[e], d0);
-          d1 = fmaf(xv[e], w1[e], d1);
-        }
-      }
-#pragma unroll
-      for (int s = kWarpSize / 2; s > 0; s >>= 1) {
-        d0 += __shfl_xor_sync(kFullMask, d0, s);
-        d1 += __shfl_xor_sync(kFullMask, d1, s);
-      }
+      float d0, d1;
+      warp_rows::dot2<T, kChunks>(x, up + int64_t(n0) * k, up + int64_t(n1) * k, lane, d0, d1);
       if (kPhase != Phase::dots || (first && last)) {
         h0 *= d0;
         h1 *= d1;
@@ -115,14 +93,7 @@ struct RowState {
       }
       entry += two ? 2 : 1;
     } else {
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        float w0[kVecElems], w1[kVecElems];
-        unpack8<T>(load_readonly(down + int64_t(n0) * k + c * RowConfig::kChunk + col), w0);
-        unpack8<T>(load_readonly(down + int64_t(n1) * k + c * RowConfig::kChunk + col), w1);
-#pragma unroll
-        for (int e = 0; e < kVecElems; ++e) acc[c][e] = fmaf(h1, w1[e], fmaf(h0, w0[e], acc[c][e]));
-      }
+      warp_rows::axpy2<T, kChunks>(acc, h0, down + int64_t(n0) * k, h1, down + int64_t(n1) * k, lane);
     }
   }
 
@@ -139,11 +110,7 @@ struct RowState {
     }
   }
 
-  __device__ void store(T* yrow, int lane) const {
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c)
-      *reinterpret_cast<uint4*>(yrow + c * RowConfig::kChunk + lane * kVecElems) = pack8<T>(acc[c]);
-  }
+  __device__ void store(T* yrow, int lane) const { warp_rows::store_row<T, kChunks>(yrow, lane, acc); }
 };
 
 // Compact row: its entries decoded 32 at a time (warp_rows.cuh), consumed two at a time.
