@@ -71,17 +71,12 @@ Matrix times(const Matrix& a, const Matrix& b) {
   return c;
 }
 
-// a [M, N]^T times b [M, K] -> [N, K]
+// a [M, N]^T times b [M, K] -> [N, K] (each sum over m in increasing order, as times adds them)
 Matrix transposed_times(const Matrix& a, const Matrix& b) {
-  Matrix c(a.cols, b.cols);
-  const std::vector<bool> finite = finite_rows(b);
+  Matrix t(a.cols, a.rows);
   for (int64_t m = 0; m < a.rows; ++m)
-    for (int64_t n = 0; n < a.cols; ++n) {
-      const double v = a.at(m, n);
-      if (v == 0 && finite[size_t(m)]) continue;
-      for (int64_t k = 0; k < b.cols; ++k) c.at(n, k) += v * b.at(m, k);
-    }
-  return c;
+    for (int64_t n = 0; n < a.cols; ++n) t.at(n, m) = a.at(m, n);
+  return times(t, b);
 }
 
 }  // namespace

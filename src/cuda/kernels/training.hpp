@@ -155,6 +155,17 @@ struct RoutedChunk {
   int64_t end = INT64_MAX;
 };
 
+// The routed rows one of routed_gemm.cu's launches takes: rows s in [first, min(max_rows, chunk.end))
+// of the routed list (order, count); s >= *count is skipped on the device. Their dense rows are
+// rows s - chunk.base of the chunk's buffers.
+struct RoutedRange {
+  const int32_t* order = nullptr;
+  const int32_t* count = nullptr;
+  int64_t max_rows = 0;              // M: the worst case R
+  int64_t first = 0;                 // only s >= first (the rows before: cuBLAS)
+  RoutedChunk chunk;
+};
+
 // routed_gemm.cu (shared with the inference backup): tensor-core GEMMs over the R routed rows (fp32
 // accumulation).
 // Recompute: out[s] = src[order[s]] W^T, s < R; src [rows, K], W [n_out, K], out [R, ldo].
@@ -166,11 +177,7 @@ struct RecomputeArgs {
   int64_t ldo = 0;
   int64_t n_out = 0;
   int64_t k = 0;
-  int64_t max_rows = 0;              // M: the worst case R
-  const int32_t* order = nullptr;
-  const int32_t* count = nullptr;
-  int64_t first = 0;                 // only s >= first (the rows before: cuBLAS)
-  RoutedChunk chunk;
+  RoutedRange range;
   SplitK split_k;
 };
 void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cudaStream_t s);
@@ -187,17 +194,14 @@ struct InputGradArgs {
   int64_t split = 0;
   void* dx = nullptr;
   int64_t k = 0;
-  int64_t max_rows = 0;
-  const int32_t* order = nullptr;
-  const int32_t* count = nullptr;
-  int64_t first_row = 0;             // only s >= first_row (the rows before: cuBLAS)
-  RoutedChunk chunk;
+  RoutedRange range;
   SplitK split_k;
 };
 void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
 // Weight gradient: dw[n, :] += sum_{s < R} grad[s, n] src[order[s], :]; grad [R, lda] (the N
 // columns used start at `grad`), src [rows, K], dw [N, K] fp32. R = 0 leaves dw untouched.
+// range.max_rows is unused (the routed rows are the reduction).
 struct WeightGradGemmArgs {
   DType dtype = DType::bf16;
   const void* grad = nullptr;
@@ -206,28 +210,31 @@ struct WeightGradGemmArgs {
   float* dw = nullptr;
   int64_t n = 0;
   int64_t k = 0;
-  const int32_t* order = nullptr;
-  const int32_t* count = nullptr;
-  int64_t first = 0;                 // only s >= first (the rows before: cuBLAS)
-  RoutedChunk chunk;
+  RoutedRange range;
 };
 void launch_routed_weight_grad(const WeightGradGemmArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
+// The hidden layer's elementwise backward (routed_hidden.cu, train_dense.cu), with
+// dh += l1 * sign(h) / rows at the active entries.
+struct HiddenGradProblem {
+  FfnKind kind = FfnKind::gated;
+  DType dtype = DType::bf16;
+  int64_t n = 0;     // N
+  int64_t rows = 0;  // M: the L1 normalisation (routed: also the worst case R)
+  L1Coef l1;
+};
+
 // routed_hidden.cu: the elementwise backward of the R routed rows, in place, from
 // g = x W1^T before the ReLU:
-//   gated: p = g -> h = relu(g) u;  q = [u | dh] -> [dg | du]  (dh += l1 * sign(h) / rows)
+//   gated: p = g -> h = relu(g) u;  q = [u | dh] -> [dg | du]
 //   plain: p = g -> h = relu(g);  q = dh -> dg (zero where g is not active)
 // p [R, N], q [R, N * (gated ? 2 : 1)], all rounded to the dtype.
 struct RoutedHiddenArgs {
-  FfnKind kind = FfnKind::gated;
-  DType dtype = DType::bf16;
+  HiddenGradProblem problem;
   void* p = nullptr;
   void* q = nullptr;
-  int64_t n = 0;
-  int64_t rows = 0;            // M: the L1 normalisation and the worst case R
-  L1Coef l1;
   const int32_t* count = nullptr;
-  RoutedChunk chunk;                 // rows s in [chunk.base, min(R, chunk.end)), p / q row s - base
+  RoutedChunk chunk;  // rows s in [chunk.base, min(R, chunk.end)), p / q row s - base
 };
 void launch_routed_hidden(const RoutedHiddenArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
@@ -240,16 +247,12 @@ void launch_dense_layout(const TwellView& saved, const DeviceInfo& dev, cudaStre
 //   t = dh + l1 * sign(g u) / rows; gated: q = [t u [G active] | t g] (row width 2N), h = g u;
 //   plain: q = t [G active] (width N). Every output rounded to the dtype.
 struct DenseBackwardArgs {
-  FfnKind kind = FfnKind::gated;
-  DType dtype = DType::bf16;
+  HiddenGradProblem problem;
   const void* g = nullptr;   // G [rows, N]: x Wg^T (gated), relu(x Wu^T) (plain)
   const void* u = nullptr;   // U [rows, N] (gated)
   const void* dh = nullptr;  // dy Wd^T [rows, N]
   void* q = nullptr;         // [rows, 2N] gated, [rows, N] plain
   void* h = nullptr;         // [rows, N] (gated); may be dh (each element read before it is written)
-  int64_t n = 0;
-  int64_t rows = 0;
-  L1Coef l1;
 };
 void launch_dense_backward_hidden(const DenseBackwardArgs& a, const DeviceInfo& dev, cudaStream_t s);
 

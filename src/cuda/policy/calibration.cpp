@@ -5,6 +5,7 @@
 
 #include "cuda/policy/config.hpp"
 #include "cuda/runtime/cuda_check.hpp"
+#include "cuda/runtime/no_copy.hpp"
 
 namespace twell::gpu {
 
@@ -19,12 +20,10 @@ constexpr double kDensityBucketsPerOctave = 2.0;  // density regimes ~1.41x apar
 // mode (PyTorch's default) forbids cudaEventQuery on every thread that has not relaxed its own
 // mode, and a forbidden call invalidates the capture. TrainingPlan::saved_shape, which polls,
 // takes no stream: a framework may well call it inside its capture.
-class RelaxedCapture {
+class RelaxedCapture : NoCopy {
  public:
   RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
   ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-  RelaxedCapture(const RelaxedCapture&) = delete;
-  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
 
  private:
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;  // then the mode to restore

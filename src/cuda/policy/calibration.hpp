@@ -18,6 +18,7 @@
 #include <map>
 #include <utility>
 
+#include "cuda/runtime/no_copy.hpp"
 #include "twell/ffn.hpp"
 
 namespace twell::gpu {
@@ -48,12 +49,10 @@ class PathTimes {
 
 // A CUDA event owned for the object's lifetime (flags: cudaEventDefault times, cudaEventDisableTiming
 // only orders).
-class OwnedEvent {
+class OwnedEvent : NoCopy {
  public:
   OwnedEvent(unsigned flags, const char* op);
   ~OwnedEvent();
-  OwnedEvent(const OwnedEvent&) = delete;
-  OwnedEvent& operator=(const OwnedEvent&) = delete;
   operator cudaEvent_t() const { return event_; }
 
  private:
@@ -64,12 +63,10 @@ class OwnedEvent {
 // record(); poll() reads the last one once its event has passed, never waiting (a later record
 // overwrites an earlier one).
 template <typename T>
-class PinnedCount {
+class PinnedCount : NoCopy {
  public:
   explicit PinnedCount(const char* op);
   ~PinnedCount();
-  PinnedCount(const PinnedCount&) = delete;
-  PinnedCount& operator=(const PinnedCount&) = delete;
 
   void record(const T* device_count, cudaStream_t s);
   bool pending() const { return pending_; }

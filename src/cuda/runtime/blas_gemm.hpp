@@ -12,16 +12,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/runtime/no_copy.hpp"
 #include "twell/dtype.hpp"
 
 namespace twell::gpu {
 
-class BlasGemm {
+class BlasGemm : NoCopy {
  public:
   explicit BlasGemm(DType dtype);
   ~BlasGemm();
-  BlasGemm(const BlasGemm&) = delete;
-  BlasGemm& operator=(const BlasGemm&) = delete;
 
   // Enqueue the product on s, using `workspace` (workspace_bytes) as cuBLAS's scratch.
   void weight_grad(const void* a, int64_t lda, const void* b, int64_t rows, int64_t n, int64_t k, float* dw,

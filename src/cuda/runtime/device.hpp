@@ -6,6 +6,7 @@
 #include <cstddef>
 
 #include "cuda/policy/config.hpp"
+#include "cuda/runtime/no_copy.hpp"
 #include "twell/ffn.hpp"
 
 namespace twell::gpu {
@@ -21,12 +22,10 @@ struct DeviceInfo {
 DeviceInfo query_device(int index, const char* op);
 
 // Makes `index` the current device for the guard's lifetime and restores the previous one.
-class DeviceGuard {
+class DeviceGuard : NoCopy {
  public:
   DeviceGuard(int index, const char* op);
   ~DeviceGuard();
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
   int previous_ = -1;

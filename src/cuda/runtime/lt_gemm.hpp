@@ -11,6 +11,7 @@
 #include <map>
 #include <tuple>
 
+#include "cuda/runtime/no_copy.hpp"
 #include "twell/dtype.hpp"
 
 namespace twell::gpu {
@@ -61,12 +62,10 @@ struct LtPlan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-class LtGemm {
+class LtGemm : NoCopy {
  public:
   explicit LtGemm(DType dtype);
   ~LtGemm();
-  LtGemm(const LtGemm&) = delete;
-  LtGemm& operator=(const LtGemm&) = delete;
 
   // Enqueues the product on s; workspace holds LtConfig::kWorkspaceBytes bytes.
   void run(const GemmCall& c, cudaStream_t s, void* workspace);

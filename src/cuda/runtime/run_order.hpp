@@ -5,15 +5,15 @@
 
 #include <cstddef>
 
+#include "cuda/runtime/no_copy.hpp"
+
 namespace twell::gpu {
 
 // A device buffer that grows on demand with stream-ordered allocation.
-class OwnedWorkspace {
+class OwnedWorkspace : NoCopy {
  public:
   OwnedWorkspace() = default;
   ~OwnedWorkspace();
-  OwnedWorkspace(const OwnedWorkspace&) = delete;
-  OwnedWorkspace& operator=(const OwnedWorkspace&) = delete;
 
   // At least `bytes` on the current device. Growing frees the old buffer on s after `after` (the
   // previous run's completion event), so no run still in flight loses its memory. Growing while
@@ -29,12 +29,10 @@ class OwnedWorkspace {
 // Runs of one plan share its workspace and calibration state; runs on different streams are
 // ordered by an event recorded at the end of each uncaptured run. Captured runs neither wait nor
 // record (the graph's own edges order them).
-class RunOrder {
+class RunOrder : NoCopy {
  public:
   explicit RunOrder(const char* op);  // op: the plan, in errors
   ~RunOrder();
-  RunOrder(const RunOrder&) = delete;
-  RunOrder& operator=(const RunOrder&) = delete;
 
   // Before a run's first work on s: wait for the previous uncaptured run if it was on another stream.
   void begin(cudaStream_t s, bool capturing, const char* op);

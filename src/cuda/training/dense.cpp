@@ -50,7 +50,7 @@ void CudaTraining::backward_dense(const TrainingBackwardArgs& args, const Tensor
   // dh = dy Wd^T -> dg, du into q; h over dh
   lt_->run(linear_call(GemmId::grad_hidden, rows, n, k, args.dy.data, weights_.down.data, dh), s, base + l.lt);
   launch_dense_backward_hidden(
-      {dims_.kind, dims_.dtype, g_plane, gated ? u_plane : nullptr, dh, q, gated ? dh : nullptr, n, rows, l1},
+      {{dims_.kind, dims_.dtype, n, rows, l1}, g_plane, gated ? u_plane : nullptr, dh, q, gated ? dh : nullptr},
       device_, s);
 
   // dx = [dg | du] [Wg; Wu] (one GEMM of depth 2N over a copy of the two weights, or over the

@@ -86,16 +86,17 @@ void launch_dense_layout(const TwellView& saved, const DeviceInfo& dev, cudaStre
 
 void launch_dense_backward_hidden(const DenseBackwardArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const char* op = "TrainingPlan::backward";
-  const int64_t vectors = a.rows * a.n / kVecElems;
+  const HiddenGradProblem& pr = a.problem;
+  const int64_t vectors = pr.rows * pr.n / kVecElems;
   if (vectors == 0) return;
-  with_element_type(a.dtype, op, [&](auto tag) {
+  with_element_type(pr.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     const auto args = [&](auto kernel) {
       launch(kernel, dim3(unsigned(grid_for(vectors, dev))), dim3(kThreads), 0, s, static_cast<const T*>(a.g),
              static_cast<const T*>(a.u), static_cast<const T*>(a.dh), static_cast<T*>(a.q),
-             static_cast<T*>(a.h), a.n, vectors, a.l1, a.rows);
+             static_cast<T*>(a.h), pr.n, vectors, pr.l1, pr.rows);
     };
-    if (a.kind == FfnKind::gated)
+    if (pr.kind == FfnKind::gated)
       args(dense_backward_kernel<T, FfnKind::gated>);
     else
       args(dense_backward_kernel<T, FfnKind::plain>);

@@ -96,19 +96,25 @@ enum class Epilogue : uint8_t {
 };
 enum class Routed : uint8_t { rows, depth };  // which extent is *count
 
+// A dense operand: row r of the matrix is data + (rows ? rows[r] : r) * ld (elements).
+struct Operand {
+  const void* data = nullptr;
+  int64_t ld = 0;
+  const int32_t* rows = nullptr;
+};
+struct Output {
+  void* data = nullptr;
+  int64_t ld = 0;
+  const int32_t* rows = nullptr;
+};
+
 struct Params {
-  const void* a = nullptr;
-  int64_t lda = 0;
-  const int32_t* a_rows = nullptr;    // row_major: stored row of output row i (nullptr: i)
-  const void* b = nullptr;
-  int64_t ldb = 0;
-  const int32_t* b_rows = nullptr;    // k_by_n: stored row of reduction index k (nullptr: k)
-  const void* b_second = nullptr;     // k_by_n without b_rows: rows k >= b_split come from here
+  Operand a;                          // rows: the stored row of output row i (row_major only)
+  Operand b;                          // rows: the stored row of reduction index k (k_by_n only)
+  const void* b_second = nullptr;     // k_by_n without b.rows: rows k >= b_split come from here
                                       // (nullptr: every row from b)
   int64_t b_split = 0;
-  void* out = nullptr;
-  int64_t ldo = 0;
-  const int32_t* out_rows = nullptr;  // stored row of output row i (nullptr: i)
+  Output out;                         // rows: the stored row of output row i
   int64_t rows = 0;                   // output rows (the worst case when routed == rows)
   int64_t cols = 0;
   int64_t depth = 0;                  // reduction length (ignored when routed == depth)
@@ -161,8 +167,8 @@ struct Copier {
 
   // After the barrier that published sm.a_row.
   __device__ Copier(const S& sm, const Params& p, const Extent& x, int64_t m0, int64_t c0) {
-    const auto* a = static_cast<const T*>(p.a);
-    const auto* b = static_cast<const T*>(p.b);
+    const auto* a = static_cast<const T*>(p.a.data);
+    const auto* b = static_cast<const T*>(p.b.data);
 #pragma unroll
     for (int v = 0; v < kAVecs; ++v) {
       const int i = int(threadIdx.x) + v * kThreads;
@@ -170,13 +176,13 @@ struct Copier {
         constexpr int kVecs = Cfg::kBlockK / kVecElems;
         const int r = i / kVecs, k = (i % kVecs) * kVecElems;
         const int32_t row = sm.a_row[r];
-        a_src[v] = row >= 0 ? a + int64_t(row) * p.lda + k : nullptr;
+        a_src[v] = row >= 0 ? a + int64_t(row) * p.a.ld + k : nullptr;
         a_at[v] = r * S::kARow + k;
         a_k[v] = k;
       } else {  // [kBlockK][kBlockM]: a reduction index per smem row
         constexpr int kVecs = Cfg::kBlockM / kVecElems;
         const int r = i / kVecs, mm = (i % kVecs) * kVecElems;
-        a_src[v] = m0 + mm < x.rows ? a + int64_t(r) * p.lda + m0 + mm : nullptr;
+        a_src[v] = m0 + mm < x.rows ? a + int64_t(r) * p.a.ld + m0 + mm : nullptr;
         a_at[v] = r * S::kARow + mm;
         a_k[v] = r;
       }
@@ -187,7 +193,7 @@ struct Copier {
       if constexpr (kB == BLayout::n_by_k) {  // [kBlockN][kBlockK]: a weight row per column
         constexpr int kVecs = Cfg::kBlockK / kVecElems;
         const int r = i / kVecs, k = (i % kVecs) * kVecElems;
-        b_src[v] = c0 + r < p.cols ? b + (c0 + r) * p.ldb + k : nullptr;
+        b_src[v] = c0 + r < p.cols ? b + (c0 + r) * p.b.ld + k : nullptr;
         b_at[v] = r * S::kBRow + k;
         b_k[v] = k;
       } else {  // [kBlockK][kBlockN]: a reduction index per smem row
@@ -202,15 +208,15 @@ struct Copier {
 
   // Starts the copies of the slice at reduction offset k0 into stage `stage`.
   __device__ __forceinline__ void load(S& sm, int stage, const Params& p, const Extent& x, int64_t k0) const {
-    const auto* a = static_cast<const T*>(p.a);
-    const auto* b = static_cast<const T*>(p.b);
+    const auto* a = static_cast<const T*>(p.a.data);
+    const auto* b = static_cast<const T*>(p.b.data);
     T* a_stage = &sm.a[stage][0][0];
     T* b_stage = &sm.b[stage][0][0];
 #pragma unroll
     for (int v = 0; v < kAVecs; ++v) {
       const bool ok = a_src[v] != nullptr && k0 + a_k[v] < x.depth;
       const T* src = a;
-      if (ok) src = kA == ALayout::row_major ? a_src[v] + k0 : a_src[v] + k0 * p.lda;
+      if (ok) src = kA == ALayout::row_major ? a_src[v] + k0 : a_src[v] + k0 * p.a.ld;
       cp_async_16(a_stage + a_at[v], src, ok);
     }
 #pragma unroll
@@ -222,12 +228,12 @@ struct Copier {
         if (ok) src = b_src[v] + k0;
       } else {
         if (ok) {
-          if (p.b_rows != nullptr)
-            src = b_src[v] + int64_t(p.b_rows[kk]) * p.ldb;
+          if (p.b.rows != nullptr)
+            src = b_src[v] + int64_t(p.b.rows[kk]) * p.b.ld;
           else if (p.b_second == nullptr || kk < p.b_split)
-            src = b_src[v] + kk * p.ldb;
+            src = b_src[v] + kk * p.b.ld;
           else
-            src = static_cast<const T*>(p.b_second) + (b_src[v] - b) + (kk - p.b_split) * p.ldb;
+            src = static_cast<const T*>(p.b_second) + (b_src[v] - b) + (kk - p.b_split) * p.b.ld;
         }
       }
       cp_async_16(b_stage + b_at[v], src, ok);
@@ -282,14 +288,14 @@ __device__ __forceinline__ bool merge_parts(S& sm, const Params& p, int64_t tile
 template <typename T, ALayout kA, BLayout kB>
 __device__ __forceinline__ bool tile_has_nonzero(const Shared<T, kA, kB>& sm, const Params& p,
                                                  int64_t c0) {
-  const auto* out = static_cast<const T*>(p.out);
+  const auto* out = static_cast<const T*>(p.out.data);
   constexpr int kVecs = Cfg::kBlockN / kVecElems;
   bool any = false;
   for (int i = threadIdx.x; i < Cfg::kBlockM * kVecs; i += kThreads) {
     const int32_t row = sm.out_row[i / kVecs];
     const int64_t c = c0 + (i % kVecs) * kVecElems;
     if (row >= 0 && c < p.cols)
-      any |= nonzero_count(*reinterpret_cast<const uint4*>(out + row * p.ldo + c)) != 0;
+      any |= nonzero_count(*reinterpret_cast<const uint4*>(out + row * p.out.ld + c)) != 0;
   }
   return any;
 }
@@ -301,8 +307,8 @@ __device__ __forceinline__ void stage_tile_rows(S& sm, const Params& p, const Ex
   for (int r = threadIdx.x; r < Cfg::kBlockM; r += kThreads) {
     const int64_t i = m0 + r;
     const bool in = i < x.rows;
-    sm.a_row[r] = in ? (p.a_rows != nullptr ? p.a_rows[i] : int32_t(i)) : -1;
-    sm.out_row[r] = in ? (p.out_rows != nullptr ? p.out_rows[i] : int32_t(i)) : -1;
+    sm.a_row[r] = in ? (p.a.rows != nullptr ? p.a.rows[i] : int32_t(i)) : -1;
+    sm.out_row[r] = in ? (p.out.rows != nullptr ? p.out.rows[i] : int32_t(i)) : -1;
   }
 }
 
@@ -418,12 +424,12 @@ __device__ __forceinline__ void epilogue(const Shared<T, kA, kB>& sm, const Para
 #pragma unroll
     for (int e = 0; e < kVecElems; ++e) v[e] = sm.acc[r][cc + e];
     if constexpr (kE == Epilogue::accumulate) {
-      auto* dst = reinterpret_cast<float4*>(static_cast<float*>(p.out) + row * p.ldo + c);
+      auto* dst = reinterpret_cast<float4*>(static_cast<float*>(p.out.data) + row * p.out.ld + c);
       const float4 lo = dst[0], hi = dst[1];
       dst[0] = make_float4(lo.x + v[0], lo.y + v[1], lo.z + v[2], lo.w + v[3]);
       dst[1] = make_float4(hi.x + v[4], hi.y + v[5], hi.z + v[6], hi.w + v[7]);
     } else {
-      T* dst = static_cast<T*>(p.out) + row * p.ldo + c;
+      T* dst = static_cast<T*>(p.out.data) + row * p.out.ld + c;
       if constexpr (kE == Epilogue::gate_product) {
         float g[kVecElems];
         unpack8<T>(*reinterpret_cast<const uint4*>(dst), g);
@@ -494,100 +500,84 @@ void launch_gemm(const Params& p, DType dtype, int64_t max_rows, const DeviceInf
 
 }  // namespace
 
+namespace {
+
+// One GEMM of p: out = a b, `cols` output columns, reduction length `depth`.
+void set_problem(Params& p, Operand a, Operand b, Output out, int64_t cols, int64_t depth) {
+  p.a = a;
+  p.b = b;
+  p.out = out;
+  p.cols = cols;
+  p.depth = depth;
+}
+
+}  // namespace
+
 void launch_routed(const RoutedArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const char* op = "InferencePlan::run";
+  const int32_t* routed_rows = a.routed_rows + a.first;
   Params p;
-  p.a_rows = a.routed_rows + a.first;
-  p.out_rows = a.routed_rows + a.first;
   p.rows = a.rows;
-  p.routed = Routed::rows;
   p.count = a.num_routed;
   p.first = a.first;
   p.split_k = a.split_k;
   if (a.kind == FfnKind::gated) {  // G[r] <- G[r] * (x[r] Wu^T)
-    p.a = a.x;
-    p.lda = a.k;
-    p.b = a.up;
-    p.ldb = a.k;
-    p.out = a.hidden;
-    p.ldo = a.n;
-    p.cols = a.n;
-    p.depth = a.k;
+    set_problem(p, {a.x, a.k, routed_rows}, {a.up, a.k}, {a.hidden, a.n, routed_rows}, a.n, a.k);
     launch_gemm<ALayout::row_major, BLayout::n_by_k, Epilogue::gate_product>(p, a.dtype, a.rows, dev, s,
                                                                              "routed-row up GEMM", op);
   }
   // y[r] = G[r] Wd
-  p.a = a.hidden;
-  p.lda = a.n;
-  p.b = a.down;
-  p.ldb = a.k;
-  p.out = a.y;
-  p.ldo = a.k;
-  p.cols = a.k;
-  p.depth = a.n;
+  set_problem(p, {a.hidden, a.n, routed_rows}, {a.down, a.k}, {a.y, a.k, routed_rows}, a.k, a.n);
   launch_gemm<ALayout::row_major, BLayout::k_by_n, Epilogue::store>(p, a.dtype, a.rows, dev, s,
                                                                     "routed-row down GEMM", op);
 }
 
-void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cudaStream_t s) {
+namespace {
+
+// Params over a routed range of the training backward: its extent from (first, chunk.end, count);
+// at_first_row moves a dense operand (rows s - chunk.base, ld `ld`) to row `first`.
+Params routed_params(const RoutedRange& r, Routed routed, SplitK split_k = {}) {
   Params p;
-  p.a = a.src;
-  p.lda = a.k;
-  p.a_rows = a.order + a.first;
-  p.b = a.weight;
-  p.ldb = a.k;
-  p.out = static_cast<char*>(a.out) + size_t((a.first - a.chunk.base) * a.ldo) * dtype_size(a.dtype);
-  p.ldo = a.ldo;
-  p.first = a.first;
-  p.end = a.chunk.end;
-  p.rows = std::min(a.max_rows, a.chunk.end) - a.first;
-  p.cols = a.n_out;
-  p.depth = a.k;
-  p.routed = Routed::rows;
-  p.count = a.count;
-  p.split_k = a.split_k;
+  p.rows = std::min(r.max_rows, r.chunk.end) - r.first;
+  p.routed = routed;
+  p.count = r.count;
+  p.first = r.first;
+  p.end = r.chunk.end;
+  p.split_k = split_k;
+  return p;
+}
+template <typename Ptr>
+Ptr at_first_row(Ptr buffer, const RoutedRange& r, int64_t ld, DType dtype) {
+  return buffer + size_t((r.first - r.chunk.base) * ld) * dtype_size(dtype);
+}
+
+}  // namespace
+
+void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cudaStream_t s) {
+  Params p = routed_params(a.range, Routed::rows, a.split_k);
+  set_problem(p, {a.src, a.k, a.range.order + a.range.first}, {a.weight, a.k},
+              {at_first_row(static_cast<char*>(a.out), a.range, a.ldo, a.dtype), a.ldo}, a.n_out, a.k);
   launch_gemm<ALayout::row_major, BLayout::n_by_k, Epilogue::store>(p, a.dtype, p.rows, dev, s,
                                                                     "routed recompute GEMM");
 }
 
+// The stacked weight: rows k < split from `first`, the others from `second`.
 void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cudaStream_t s) {
-  Params p;
-  p.a = static_cast<const char*>(a.grad) + size_t((a.first_row - a.chunk.base) * a.depth) * dtype_size(a.dtype);
-  p.lda = a.depth;
-  p.first = a.first_row;
-  p.end = a.chunk.end;
-  p.b = a.first;
-  p.ldb = a.k;
+  Params p = routed_params(a.range, Routed::rows, a.split_k);
+  set_problem(p, {at_first_row(static_cast<const char*>(a.grad), a.range, a.depth, a.dtype), a.depth},
+              {a.first, a.k}, {a.dx, a.k, a.range.order + a.range.first}, a.k, a.depth);
   p.b_second = a.second;
   p.b_split = a.split;
-  p.out = a.dx;
-  p.ldo = a.k;
-  p.out_rows = a.order + a.first_row;
-  p.rows = std::min(a.max_rows, a.chunk.end) - a.first_row;
-  p.cols = a.k;
-  p.depth = a.depth;
-  p.routed = Routed::rows;
-  p.count = a.count;
-  p.split_k = a.split_k;
   launch_gemm<ALayout::row_major, BLayout::k_by_n, Epilogue::store>(p, a.dtype, p.rows, dev, s,
                                                                     "routed input-gradient GEMM");
 }
 
+// The routed rows are the reduction here: the output rows are dw's N.
 void launch_routed_weight_grad(const WeightGradGemmArgs& a, const DeviceInfo& dev, cudaStream_t s) {
-  Params p;
-  p.a = static_cast<const char*>(a.grad) + size_t((a.first - a.chunk.base) * a.lda) * dtype_size(a.dtype);
-  p.lda = a.lda;
-  p.first = a.first;
-  p.end = a.chunk.end;
-  p.b = a.src;
-  p.ldb = a.k;
-  p.b_rows = a.order + a.first;
-  p.out = a.dw;
-  p.ldo = a.k;
+  Params p = routed_params(a.range, Routed::depth);
   p.rows = a.n;
-  p.cols = a.k;
-  p.routed = Routed::depth;
-  p.count = a.count;
+  set_problem(p, {at_first_row(static_cast<const char*>(a.grad), a.range, a.lda, a.dtype), a.lda},
+              {a.src, a.k, a.range.order + a.range.first}, {a.dw, a.k}, a.k, 0);
   launch_gemm<ALayout::col_major, BLayout::k_by_n, Epilogue::accumulate>(p, a.dtype, a.n, dev, s,
                                                                          "routed weight-gradient GEMM");
 }

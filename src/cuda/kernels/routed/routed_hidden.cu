@@ -73,20 +73,21 @@ __global__ void __launch_bounds__(kThreads)
 
 void launch_routed_hidden(const RoutedHiddenArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const char* op = "TrainingPlan::backward";
-  const int64_t vectors = (std::min(a.rows, a.chunk.end) - a.chunk.base) * (a.n / kVecElems);
+  const HiddenGradProblem& pr = a.problem;
+  const int64_t vectors = (std::min(pr.rows, a.chunk.end) - a.chunk.base) * (pr.n / kVecElems);
   if (vectors == 0) return;
   const int64_t grid = std::min<int64_t>((vectors + kThreads - 1) / kThreads,
                                          int64_t(dev.sm_count) * TrainElementwiseConfig::kCtasPerSm);
-  with_element_type(a.dtype, op, [&](auto tag) {
+  with_element_type(pr.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     auto* p = static_cast<T*>(a.p);
     auto* q = static_cast<T*>(a.q);
-    if (a.kind == FfnKind::gated)
-      launch(routed_hidden_kernel<T, FfnKind::gated>, dim3(unsigned(grid)), dim3(kThreads), 0, s, p, q, a.n,
-             a.rows, a.l1, a.count, a.chunk);
+    if (pr.kind == FfnKind::gated)
+      launch(routed_hidden_kernel<T, FfnKind::gated>, dim3(unsigned(grid)), dim3(kThreads), 0, s, p, q, pr.n,
+             pr.rows, pr.l1, a.count, a.chunk);
     else
-      launch(routed_hidden_kernel<T, FfnKind::plain>, dim3(unsigned(grid)), dim3(kThreads), 0, s, p, q, a.n,
-             a.rows, a.l1, a.count, a.chunk);
+      launch(routed_hidden_kernel<T, FfnKind::plain>, dim3(unsigned(grid)), dim3(kThreads), 0, s, p, q, pr.n,
+             pr.rows, pr.l1, a.count, a.chunk);
   });
   check_launch(op, "routed hidden kernel");
 }

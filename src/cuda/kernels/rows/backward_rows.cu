@@ -53,19 +53,11 @@ __device__ void backward_row(const T* __restrict__ dy, const T* __restrict__ fir
     }
   if (__syncthreads_or(nonfinite) && threadIdx.x == 0) atomicOr(nonfinite_dy, 1);
 
-  rows::EntryCursor cur;
   int buffer = 0;
-  for (;;) {
-    int neuron[kBatch];
-    int64_t slot[kBatch];
-    const int taken = cur.next(sm, num_tiles, tw, row, neuron, slot);
-    if (taken == 0) break;
-
+  rows::for_each_batch(sm, num_tiles, tw, row, [&](const int (&neuron)[kBatch], const int64_t (&slot)[kBatch],
+                                                   int taken) {
     float dot[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b)
-      dot[b] = b < taken ? rows::partial_dot<T, kVecs>(dyr, down + int64_t(neuron[b]) * k, vectors) : 0.0f;
-    rows::reduce_batch(dot, sm, buffer);
+    rows::batch_dots<T, kVecs>(dyr, down, neuron, taken, k, sm, buffer, dot);
 
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -81,7 +73,7 @@ __device__ void backward_row(const T* __restrict__ dy, const T* __restrict__ fir
       if constexpr (kKind == FfnKind::gated)
         rows::axpy_row<T, kVecs>(dh * g, up + int64_t(neuron[b]) * k, vectors, acc);
     }
-  }
+  });
 
   rows::store_row<T, kVecs>(dx + row * k, vectors, acc);
 }
@@ -148,117 +140,75 @@ __device__ void backward_warp_row(const WarpArgs& a, int64_t row, int lane, int 
       if constexpr (kKind == FfnKind::gated) u = Elem<T>::to_float(plane1[slot]);
       if constexpr (kPhase != Phase::axpys) place = a.position[slot];
     }
-    for (int i = 0; i < count; i += 2) {
-      const bool two = i + 1 < count;
-      const int j = two ? i + 1 : i;
-      const int n0 = __shfl_sync(kFullMask, neuron, i);
-      const int n1 = __shfl_sync(kFullMask, neuron, j);
-      const int64_t s0 = __shfl_sync(kFullMask, slot, i);
-      const int64_t s1 = __shfl_sync(kFullMask, slot, j);
-      const float g0 = __shfl_sync(kFullMask, g, i);
-      const float g1 = __shfl_sync(kFullMask, g, j);
-      const float u0 = __shfl_sync(kFullMask, u, i);
-      const float u1 = __shfl_sync(kFullMask, u, j);
+    warp_rows::for_each_pair(neuron, slot, count, [&](const warp_rows::EntryPair& e) {
+      const float g0 = e.first(g), g1 = e.second(g);
+      const float u0 = e.first(u), u1 = e.second(u);
       float dh0, dh1;
       if constexpr (kPhase == Phase::axpys) {  // dh from the dots phase
-        dh0 = a.dh[s0];
-        dh1 = two ? a.dh[s1] : 0.0f;
+        dh0 = a.dh[e.s0];
+        dh1 = e.two ? a.dh[e.s1] : 0.0f;
       } else {
         float d0, d1;
-        warp_rows::dot2<T, kChunks>(dyr, down + int64_t(n0) * k, down + int64_t(n1) * k, lane, d0, d1);
+        warp_rows::dot2<T, kChunks>(dyr, down + int64_t(e.n0) * k, down + int64_t(e.n1) * k, lane, d0, d1);
         dh0 = d0 + scale * sign_of(g0 * u0);
-        dh1 = two ? d1 + scale * sign_of(g1 * u1) : 0.0f;
-        const int64_t p0 = __shfl_sync(kFullMask, place, i);
-        const int64_t p1 = __shfl_sync(kFullMask, place, j);
+        dh1 = e.two ? d1 + scale * sign_of(g1 * u1) : 0.0f;
+        const int64_t p0 = e.first(place), p1 = e.second(place);
         if (lane == 0) {
-          a.dh[s0] = dh0;
+          a.dh[e.s0] = dh0;
           a.records[p0] = entry_record(row, dh0, g0, u0);
-          if (two) {
-            a.dh[s1] = dh1;
+          if (e.two) {
+            a.dh[e.s1] = dh1;
             a.records[p1] = entry_record(row, dh1, g1, u1);
           }
         }
       }
-      if constexpr (kPhase == Phase::dots) continue;
-      warp_rows::axpy2<T, kChunks>(acc, dh0 * u0, first + int64_t(n0) * k, dh1 * u1, first + int64_t(n1) * k,
-                                   lane);
+      if constexpr (kPhase == Phase::dots) return;
+      warp_rows::axpy2<T, kChunks>(acc, dh0 * u0, first + int64_t(e.n0) * k, dh1 * u1,
+                                   first + int64_t(e.n1) * k, lane);
       if constexpr (kKind == FfnKind::gated)
-        warp_rows::axpy2<T, kChunks>(acc, dh0 * g0, up + int64_t(n0) * k, dh1 * g1, up + int64_t(n1) * k, lane);
-    }
+        warp_rows::axpy2<T, kChunks>(acc, dh0 * g0, up + int64_t(e.n0) * k, dh1 * g1, up + int64_t(e.n1) * k,
+                                     lane);
+    });
   });
 }
 
-// Short compact rows, a warp each from a queue (control[0]; the axpys phase's control[2]); long
-// ones are listed (control[1]) for backward_long_kernel.
-template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase>
-__global__ void __launch_bounds__(TrainRowConfig::kWarpRowWarps * kWarpSize,
-                                  TrainRowConfig::kWarpRowCtasPerSm)
-    backward_warp_kernel(WarpArgs a) {
-  chain_entry();
-  using warp_rows::Phase;
-  constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
-  const int lane = threadIdx.x % kWarpSize;
-  warp_rows::for_each_short_row<kPhase>(
-      a.tw, a.control, a.long_rows, TrainRowConfig::kLongRow, lane, [&](int64_t row) {
-        float acc[kChunks][kVecElems];
-        backward_warp_row<T, kKind, kChunks, kPhase>(a, row, lane, 0, 1, acc);
-        if constexpr (kPhase != Phase::dots)
-          warp_rows::store_row<T, kChunks>(static_cast<T*>(a.dx) + row * k, lane, acc);
-      });
-}
+// The pass: its rows for rows::warp_row_kernel / long_row_kernel (extra: unused) on the device,
+// its launches for rows::run_pass on the host.
+struct BackwardPass {
+  using Args = WarpArgs;
+  template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase>
+  static __device__ void row(const Args& a, int64_t row, int lane, int first_group, int group_step,
+                             float (&acc)[kChunks][kVecElems], float& /*extra*/) {
+    backward_warp_row<T, kKind, kChunks, kPhase>(a, row, lane, first_group, group_step, acc);
+  }
+  static __device__ void* out(const Args& a) { return a.dx; }
+  static __device__ float* row_extra(const Args&) { return nullptr; }
 
-// Long compact rows, a CTA each (grid-stride over the list): warp w takes entry groups w,
-// w + warps, ...; the partial sums of dx meet in shared memory in warp order.
-template <typename T, FfnKind kKind, int kChunks>
-__global__ void __launch_bounds__(TrainRowConfig::kLongRowWarps * kWarpSize)
-    backward_long_kernel(WarpArgs a) {
-  chain_entry();
-  constexpr int kWarps = TrainRowConfig::kLongRowWarps;
-  constexpr int kCols = kChunks * RowConfig::kChunk;
-  __shared__ float partial[kWarps][kCols];
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  warp_rows::for_each_long_row(a.control, a.long_rows, [&](int64_t row) {
-    float acc[kChunks][kVecElems];
-    backward_warp_row<T, kKind, kChunks>(a, row, lane, warp, kWarps, acc);
-    warp_rows::sum_warps<T>(partial, warp, lane, acc, static_cast<T*>(a.dx) + row * kCols);
-    __syncthreads();  // partial is rewritten by the next row
-  });
-}
+  const BackwardRowsArgs& a;
+
+  template <typename T, FfnKind kKind, int kChunks>
+  void warp(const rows::PassGrid& grid, cudaStream_t s) const {
+    using warp_rows::Phase;
+    const WarpArgs w{a.dy,      a.first,   a.up,        a.down, a.dx, a.dh, a.position, a.records, a.l1,
+                     a.saved,   a.control, a.long_rows, a.control + kNonFiniteDyWord};
+    rows::launch_warp_pass<BackwardPass, T, kKind, kChunks, Phase::dots, Phase::axpys>(grid, s, w);
+  }
+
+  template <typename T, FfnKind kKind, int kVecs>
+  void cta(int64_t rows, int threads, cudaStream_t s) const {
+    check_cuda(cudaMemsetAsync(a.control + kNonFiniteDyWord, 0, sizeof(int32_t), s), "TrainingPlan::backward",
+               "non-finite dy flag");
+    launch(backward_rows_kernel<T, kKind, kVecs>, dim3(unsigned(rows)), dim3(unsigned(threads)), 0, s,
+           static_cast<const T*>(a.dy), static_cast<const T*>(a.first), static_cast<const T*>(a.up),
+           static_cast<const T*>(a.down), static_cast<T*>(a.dx), a.dh, a.position, a.records, a.l1, a.k,
+           a.saved, a.control + kNonFiniteDyWord);
+  }
+};
 
 }  // namespace
 
 void launch_backward_rows(const BackwardRowsArgs& a, const DeviceInfo& dev, cudaStream_t s) {
-  const char* op = "TrainingPlan::backward";
-  const int64_t rows = a.saved.shape.rows;
-  if (rows == 0) return;
-  const rows::PassGrid grid = rows::pass_grid(rows, a.k, dev);
-  if (grid.warp) {
-    check_cuda(cudaMemsetAsync(a.control, 0, kRowQueueWords * sizeof(int32_t), s), op, "row queues");
-    const WarpArgs w{a.dy,       a.first,   a.up, a.down,  a.dx,      a.dh,        a.position,
-                     a.records,  a.l1,      a.saved, a.control, a.long_rows, a.control + kNonFiniteDyWord};
-    rows::dispatch_warp_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto chunks) {
-      using T = decltype(tag);
-      constexpr FfnKind kKind = decltype(kind)::value;
-      constexpr int kChunks = decltype(chunks)::value;
-      using warp_rows::Phase;
-      launch(backward_warp_kernel<T, kKind, kChunks, Phase::dots>, dim3(grid.warp_ctas),
-             dim3(grid.warp_threads), 0, s, w);
-      launch(backward_warp_kernel<T, kKind, kChunks, Phase::axpys>, dim3(grid.warp_ctas),
-             dim3(grid.warp_threads), 0, s, w);
-      launch(backward_long_kernel<T, kKind, kChunks>, dim3(grid.long_ctas), dim3(grid.long_threads), 0, s, w);
-    });
-    check_launch(op, "training backward warp-row kernels");
-    return;
-  }
-  check_cuda(cudaMemsetAsync(a.control + kNonFiniteDyWord, 0, sizeof(int32_t), s), op, "non-finite dy flag");
-  rows::dispatch_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto vecs, int threads) {
-    using T = decltype(tag);
-    launch(backward_rows_kernel<T, decltype(kind)::value, decltype(vecs)::value>, dim3(unsigned(rows)),
-           dim3(unsigned(threads)), 0, s, static_cast<const T*>(a.dy), static_cast<const T*>(a.first),
-           static_cast<const T*>(a.up), static_cast<const T*>(a.down), static_cast<T*>(a.dx), a.dh,
-           a.position, a.records, a.l1, a.k, a.saved, a.control + kNonFiniteDyWord);
-  });
-  check_launch(op, "training backward rows kernel");
+  rows::run_pass(BackwardPass{a}, a.saved, a.kind, a.k, a.control, dev, s, "TrainingPlan::backward");
 }
 
 }  // namespace twell::gpu

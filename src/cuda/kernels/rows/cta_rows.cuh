@@ -9,11 +9,14 @@
 #include <type_traits>
 
 #include "cuda/kernels/common/element.cuh"
+#include "cuda/kernels/common/launch.cuh"
 #include "cuda/kernels/common/train_device.cuh"
 #include "cuda/kernels/common/warp.cuh"
 #include "cuda/kernels/rows/cta_vectors.cuh"
 #include "cuda/kernels/rows/warp_rows.cuh"
+#include "cuda/kernels/training.hpp"
 #include "cuda/policy/train_config.hpp"
+#include "cuda/runtime/cuda_check.hpp"
 #include "cuda/runtime/device.hpp"
 #include "twell/format.hpp"
 
@@ -98,6 +101,95 @@ inline PassGrid pass_grid(int64_t rows, int64_t k, const DeviceInfo& dev) {
   return g;
 }
 
+// The warp-per-row kernels of a training pass: one family for forward_rows.cu and backward_rows.cu.
+// Pass provides
+//   Pass::Args, holding tw, control and long_rows (the queue protocol, warp_rows.cuh);
+//   Pass::row<T, kKind, kChunks, kPhase>(args, row, lane, first_group, group_step, acc, extra): one
+//     warp's part of a compact row (entry groups first_group, first_group + group_step, ...) into
+//     the lane's columns acc and a per-row sum `extra` (forward: the row's L1; backward: unused);
+//   Pass::out(args), the [rows, K] output, and Pass::row_extra(args), where `extra` goes (or nullptr).
+
+// Short compact rows, a warp each from the phase's queue; long ones are listed for long_row_kernel.
+template <typename Pass, typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase>
+__global__ void __launch_bounds__(TrainRowConfig::kWarpRowWarps * kWarpSize, TrainRowConfig::kWarpRowCtasPerSm)
+    warp_row_kernel(typename Pass::Args a) {
+  chain_entry();
+  constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
+  const int lane = threadIdx.x % kWarpSize;
+  auto short_row = [&](int64_t row) {
+    float acc[kChunks][kVecElems];
+    float extra = 0.0f;
+    Pass::template row<T, kKind, kChunks, kPhase>(a, row, lane, 0, 1, acc, extra);
+    if constexpr (kPhase == warp_rows::Phase::dots) return;
+    warp_rows::store_row<T, kChunks>(static_cast<T*>(Pass::out(a)) + row * k, lane, acc);
+    float* row_extra = Pass::row_extra(a);
+    if (row_extra != nullptr && lane == 0) row_extra[row] = extra;
+  };
+  warp_rows::for_each_short_row<kPhase>(a.tw, a.control, a.long_rows, TrainRowConfig::kLongRow, lane, short_row);
+}
+
+// Long compact rows, a CTA each (grid-stride over the list): warp w takes entry groups w,
+// w + warps, ...; the warps' partial sums of the output row and of `extra` meet in shared memory,
+// added in warp order.
+template <typename Pass, typename T, FfnKind kKind, int kChunks>
+__global__ void __launch_bounds__(TrainRowConfig::kLongRowWarps * kWarpSize)
+    long_row_kernel(typename Pass::Args a) {
+  chain_entry();
+  constexpr int kWarps = TrainRowConfig::kLongRowWarps;
+  constexpr int kCols = kChunks * RowConfig::kChunk;
+  __shared__ float partial[kWarps][kCols];
+  __shared__ float partial_extra[kWarps];
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  warp_rows::for_each_long_row(a.control, a.long_rows, [&](int64_t row) {
+    float acc[kChunks][kVecElems];
+    float extra = 0.0f;
+    Pass::template row<T, kKind, kChunks, warp_rows::Phase::fused>(a, row, lane, warp, kWarps, acc, extra);
+    if (lane == 0) partial_extra[warp] = extra;
+    warp_rows::sum_warps<T>(partial, warp, lane, acc, static_cast<T*>(Pass::out(a)) + row * kCols);
+    float* row_extra = Pass::row_extra(a);
+    if (row_extra != nullptr && threadIdx.x == 0) {
+      float sum = 0.0f;
+      for (int w = 0; w < kWarps; ++w) sum += partial_extra[w];
+      row_extra[row] = sum;
+    }
+    __syncthreads();  // partial is rewritten by the next row
+  });
+}
+
+// Host: the warp kernel of each phase in `phases` order on the persistent grid, then the long-row
+// kernel over its list.
+template <typename Pass, typename T, FfnKind kKind, int kChunks, warp_rows::Phase... kPhases>
+void launch_warp_pass(const PassGrid& grid, cudaStream_t s, const typename Pass::Args& args) {
+  (launch(warp_row_kernel<Pass, T, kKind, kChunks, kPhases>, dim3(grid.warp_ctas), dim3(grid.warp_threads), 0, s,
+          args),
+   ...);
+  launch(long_row_kernel<Pass, T, kKind, kChunks>, dim3(grid.long_ctas), dim3(grid.long_threads), 0, s, args);
+}
+
+// Host: a compact-row pass over saved.shape.rows rows. When the warp kernels support K: the row
+// queues are cleared, then pass.warp<T, kKind, kChunks>(grid, s) launches them (launch_warp_pass).
+// Otherwise
+// pass.cta<T, kKind, kVecs>(rows, threads, s) launches the CTA-per-row kernel.
+template <typename Pass>
+void run_pass(const Pass& pass, const TwellView& saved, FfnKind kind, int64_t k, int32_t* control,
+              const DeviceInfo& dev, cudaStream_t s, const char* op) {
+  const int64_t rows = saved.shape.rows;
+  if (rows == 0) return;
+  const PassGrid grid = pass_grid(rows, k, dev);
+  if (grid.warp) {
+    check_cuda(cudaMemsetAsync(control, 0, kRowQueueWords * sizeof(int32_t), s), op, "row queues");
+    dispatch_warp_rows(saved.dtype, kind, k, op, [&](auto tag, auto kind_c, auto chunks) {
+      pass.template warp<decltype(tag), decltype(kind_c)::value, decltype(chunks)::value>(grid, s);
+    });
+    check_launch(op, "warp-row kernels");
+    return;
+  }
+  dispatch_rows(saved.dtype, kind, k, op, [&](auto tag, auto kind_c, auto vecs, int threads) {
+    pass.template cta<decltype(tag), decltype(kind_c)::value, decltype(vecs)::value>(rows, threads, s);
+  });
+  check_launch(op, "CTA-row kernel");
+}
+
 // Shared memory of a row pass: the row's tile counts and the cross-warp partial dots
 // (double-buffered: one barrier per batch).
 struct RowShared {
@@ -140,10 +232,37 @@ struct EntryCursor {
   }
 };
 
+// Calls f(neuron, slot, taken) for each batch of up to kBatch entries of `row`, in TwELL order
+// (the row's counts staged by stage_counts and published by a barrier). Every thread of the CTA.
+template <typename F>
+__device__ __forceinline__ void for_each_batch(const RowShared& sm, int num_tiles, const TwellView& tw, int64_t row,
+                                               F&& f) {
+  EntryCursor cur;
+  for (;;) {
+    int neuron[kBatch];
+    int64_t slot[kBatch];
+    const int taken = cur.next(sm, num_tiles, tw, row, neuron, slot);
+    if (taken == 0) return;
+    f(neuron, slot, taken);
+  }
+}
+
 // Sums each dot[b] over the CTA through sm.partial (cta_vectors.cuh); every thread ends with the
 // same totals. Must be reached by every thread of the CTA.
 __device__ __forceinline__ void reduce_batch(float (&dot)[kBatch], RowShared& sm, int& buffer) {
   reduce_batch(dot, sm.partial, buffer);
+}
+
+// dot[b] = <row, weight[neuron[b]]> for the batch's b < taken (0 past them), summed over the CTA:
+// `row` is the thread's vectors of a K-wide row. Every thread of the CTA; all end with the totals.
+template <typename T, int kVecs>
+__device__ __forceinline__ void batch_dots(const float (&row)[kVecs][kVecElems], const T* weight,
+                                           const int (&neuron)[kBatch], int taken, int64_t k, RowShared& sm,
+                                           int& buffer, float (&dot)[kBatch]) {
+#pragma unroll
+  for (int b = 0; b < kBatch; ++b)
+    dot[b] = b < taken ? partial_dot<T, kVecs>(row, weight + int64_t(neuron[b]) * k, k / kVecElems) : 0.0f;
+  reduce_batch(dot, sm, buffer);
 }
 
 }  // namespace twell::gpu::rows

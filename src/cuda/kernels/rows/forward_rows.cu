@@ -38,30 +38,20 @@ __device__ void forward_row(const T* __restrict__ x, const T* __restrict__ up, c
   float xr[kVecs][kVecElems];
   float acc[kVecs][kVecElems];
   if constexpr (kKind == FfnKind::gated) rows::load_row<T, kVecs>(x + row * k, vectors, xr);
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j)
-#pragma unroll
-    for (int e = 0; e < kVecElems; ++e) acc[j][e] = 0.0f;
+  warp_rows::zero(acc);
   __syncthreads();
 
-  rows::EntryCursor cur;
   int buffer = 0;
   float l1 = 0.0f;
-  for (;;) {
-    int neuron[kBatch];
-    int64_t slot[kBatch];
-    const int taken = cur.next(sm, num_tiles, tw, row, neuron, slot);
-    if (taken == 0) break;
+  rows::for_each_batch(sm, num_tiles, tw, row, [&](const int (&neuron)[kBatch], const int64_t (&slot)[kBatch],
+                                                   int taken) {
     float h[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) h[b] = b < taken ? Elem<T>::to_float(values[slot[b]]) : 0.0f;
 
     if constexpr (kKind == FfnKind::gated) {
       float dot[kBatch];
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b)
-        dot[b] = b < taken ? rows::partial_dot<T, kVecs>(xr, up + int64_t(neuron[b]) * k, vectors) : 0.0f;
-      rows::reduce_batch(dot, sm, buffer);
+      rows::batch_dots<T, kVecs>(xr, up, neuron, taken, k, sm, buffer, dot);
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         if (b >= taken) continue;
@@ -77,7 +67,7 @@ __device__ void forward_row(const T* __restrict__ x, const T* __restrict__ up, c
       l1 += fabsf(h[b]);
       rows::axpy_row<T, kVecs>(h[b], down + int64_t(neuron[b]) * k, vectors, acc);
     }
-  }
+  });
 
   rows::store_row<T, kVecs>(y + row * k, vectors, acc);
   if (row_l1 != nullptr && threadIdx.x == 0) row_l1[row] = l1;
@@ -125,124 +115,68 @@ __device__ void forward_warp_row(const WarpArgs& a, int64_t row, int lane, int f
   warp_rows::for_each_entry_group(a.tw, row, lane, [&](int neuron, int64_t slot, int count) {
     if (group++ % group_step != first_group) return;
     const float g = slot >= 0 ? Elem<T>::to_float(values[slot]) : 0.0f;
-    for (int i = 0; i < count; i += 2) {
-      const bool two = i + 1 < count;
-      const int j = two ? i + 1 : i;
-      const int n0 = __shfl_sync(kFullMask, neuron, i);
-      const int n1 = __shfl_sync(kFullMask, neuron, j);
-      const int64_t s0 = __shfl_sync(kFullMask, slot, i);
-      const int64_t s1 = __shfl_sync(kFullMask, slot, j);
-      float h0 = __shfl_sync(kFullMask, g, i);
-      float h1 = two ? __shfl_sync(kFullMask, g, j) : 0.0f;
+    warp_rows::for_each_pair(neuron, slot, count, [&](const warp_rows::EntryPair& e) {
+      float h0 = e.first(g);
+      float h1 = e.two ? e.second(g) : 0.0f;
       if constexpr (kPhase == Phase::axpys) {  // gated: u from the dots phase
-        h0 *= Elem<T>::to_float(plane1[s0]);
-        h1 *= two ? Elem<T>::to_float(plane1[s1]) : 0.0f;
+        h0 *= Elem<T>::to_float(plane1[e.s0]);
+        h1 *= e.two ? Elem<T>::to_float(plane1[e.s1]) : 0.0f;
       } else if constexpr (kKind == FfnKind::gated) {
         float d0, d1;
-        warp_rows::dot2<T, kChunks>(xr, up + int64_t(n0) * k, up + int64_t(n1) * k, lane, d0, d1);
+        warp_rows::dot2<T, kChunks>(xr, up + int64_t(e.n0) * k, up + int64_t(e.n1) * k, lane, d0, d1);
         const T u0 = Elem<T>::from_float(d0), u1 = Elem<T>::from_float(d1);
         if (lane == 0) {
-          plane1[s0] = u0;
-          if (two) plane1[s1] = u1;
+          plane1[e.s0] = u0;
+          if (e.two) plane1[e.s1] = u1;
         }
         h0 *= Elem<T>::to_float(u0);
         h1 *= Elem<T>::to_float(u1);
       }
       if constexpr (kPhase != Phase::dots) {
         l1 += fabsf(h0);
-        if (two) l1 += fabsf(h1);
-        warp_rows::axpy2<T, kChunks>(acc, h0, down + int64_t(n0) * k, h1, down + int64_t(n1) * k, lane);
+        if (e.two) l1 += fabsf(h1);
+        warp_rows::axpy2<T, kChunks>(acc, h0, down + int64_t(e.n0) * k, h1, down + int64_t(e.n1) * k, lane);
       }
-    }
+    });
   });
 }
 
-// Short compact rows, a warp each from a queue (control[0]; the axpys phase's control[2]); long
-// ones are listed (control[1]) for forward_long_kernel.
-template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase>
-__global__ void __launch_bounds__(TrainRowConfig::kWarpRowWarps * kWarpSize,
-                                  TrainRowConfig::kWarpRowCtasPerSm)
-    forward_warp_kernel(WarpArgs a) {
-  chain_entry();
-  using warp_rows::Phase;
-  constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
-  const int lane = threadIdx.x % kWarpSize;
-  warp_rows::for_each_short_row<kPhase>(
-      a.tw, a.control, a.long_rows, TrainRowConfig::kLongRow, lane, [&](int64_t row) {
-        float acc[kChunks][kVecElems];
-        float l1;
-        forward_warp_row<T, kKind, kChunks, kPhase>(a, row, lane, 0, 1, acc, l1);
-        if constexpr (kPhase != Phase::dots) {
-          warp_rows::store_row<T, kChunks>(static_cast<T*>(a.y) + row * k, lane, acc);
-          if (a.row_l1 != nullptr && lane == 0) a.row_l1[row] = l1;
-        }
-      });
-}
+// The pass: its rows for rows::warp_row_kernel / long_row_kernel (extra: the row's L1) on the device,
+// its launches for rows::run_pass on the host.
+struct ForwardPass {
+  using Args = WarpArgs;
+  template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase>
+  static __device__ void row(const Args& a, int64_t row, int lane, int first_group, int group_step,
+                             float (&acc)[kChunks][kVecElems], float& extra) {
+    forward_warp_row<T, kKind, kChunks, kPhase>(a, row, lane, first_group, group_step, acc, extra);
+  }
+  static __device__ void* out(const Args& a) { return a.y; }
+  static __device__ float* row_extra(const Args& a) { return a.row_l1; }
 
-// Long compact rows, a CTA each (grid-stride over the list): warp w takes entry groups w,
-// w + warps, ...; the partial sums of y and l1 meet in shared memory in warp order.
-template <typename T, FfnKind kKind, int kChunks>
-__global__ void __launch_bounds__(TrainRowConfig::kLongRowWarps * kWarpSize)
-    forward_long_kernel(WarpArgs a) {
-  chain_entry();
-  constexpr int kWarps = TrainRowConfig::kLongRowWarps;
-  constexpr int kCols = kChunks * RowConfig::kChunk;
-  __shared__ float partial[kWarps][kCols];
-  __shared__ float partial_l1[kWarps];
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  warp_rows::for_each_long_row(a.control, a.long_rows, [&](int64_t row) {
-    float acc[kChunks][kVecElems];
-    float l1;
-    forward_warp_row<T, kKind, kChunks>(a, row, lane, warp, kWarps, acc, l1);
-    warp_rows::spill(partial[warp], lane, acc);
-    if (lane == 0) partial_l1[warp] = l1;
-    __syncthreads();
-    warp_rows::sum_partials<T, kWarps, kCols>(partial, static_cast<T*>(a.y) + row * kCols);
-    if (a.row_l1 != nullptr && threadIdx.x == 0) {
-      float sum = 0.0f;
-      for (int w = 0; w < kWarps; ++w) sum += partial_l1[w];
-      a.row_l1[row] = sum;
-    }
-    __syncthreads();  // partial is rewritten by the next row
-  });
-}
+  const ForwardRowsArgs& a;
+
+  template <typename T, FfnKind kKind, int kChunks>
+  void warp(const rows::PassGrid& grid, cudaStream_t s) const {
+    using warp_rows::Phase;
+    const WarpArgs w{a.x, a.up, a.down, a.y, a.row_l1, a.saved, a.control, a.long_rows};
+    if constexpr (kKind == FfnKind::gated)
+      rows::launch_warp_pass<ForwardPass, T, kKind, kChunks, Phase::dots, Phase::axpys>(grid, s, w);
+    else
+      rows::launch_warp_pass<ForwardPass, T, kKind, kChunks, Phase::fused>(grid, s, w);
+  }
+
+  template <typename T, FfnKind kKind, int kVecs>
+  void cta(int64_t rows, int threads, cudaStream_t s) const {
+    launch(forward_rows_kernel<T, kKind, kVecs>, dim3(unsigned(rows)), dim3(unsigned(threads)), 0, s,
+           static_cast<const T*>(a.x), static_cast<const T*>(a.up), static_cast<const T*>(a.down),
+           static_cast<T*>(a.y), a.row_l1, a.k, a.saved);
+  }
+};
 
 }  // namespace
 
 void launch_forward_rows(const ForwardRowsArgs& a, const DeviceInfo& dev, cudaStream_t s) {
-  const char* op = "TrainingPlan::forward";
-  const int64_t rows = a.saved.shape.rows;
-  if (rows == 0) return;
-  const rows::PassGrid grid = rows::pass_grid(rows, a.k, dev);
-  if (grid.warp) {
-    check_cuda(cudaMemsetAsync(a.control, 0, kRowQueueWords * sizeof(int32_t), s), op, "row queues");
-    const WarpArgs w{a.x, a.up, a.down, a.y, a.row_l1, a.saved, a.control, a.long_rows};
-    rows::dispatch_warp_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto chunks) {
-      using T = decltype(tag);
-      constexpr FfnKind kKind = decltype(kind)::value;
-      constexpr int kChunks = decltype(chunks)::value;
-      using warp_rows::Phase;
-      if constexpr (kKind == FfnKind::gated) {
-        launch(forward_warp_kernel<T, kKind, kChunks, Phase::dots>, dim3(grid.warp_ctas),
-               dim3(grid.warp_threads), 0, s, w);
-        launch(forward_warp_kernel<T, kKind, kChunks, Phase::axpys>, dim3(grid.warp_ctas),
-               dim3(grid.warp_threads), 0, s, w);
-      } else {
-        launch(forward_warp_kernel<T, kKind, kChunks, Phase::fused>, dim3(grid.warp_ctas),
-               dim3(grid.warp_threads), 0, s, w);
-      }
-      launch(forward_long_kernel<T, kKind, kChunks>, dim3(grid.long_ctas), dim3(grid.long_threads), 0, s, w);
-    });
-    check_launch(op, "training forward warp-row kernels");
-    return;
-  }
-  rows::dispatch_rows(a.saved.dtype, a.kind, a.k, op, [&](auto tag, auto kind, auto vecs, int threads) {
-    using T = decltype(tag);
-    launch(forward_rows_kernel<T, decltype(kind)::value, decltype(vecs)::value>, dim3(unsigned(rows)),
-           dim3(unsigned(threads)), 0, s, static_cast<const T*>(a.x), static_cast<const T*>(a.up),
-           static_cast<const T*>(a.down), static_cast<T*>(a.y), a.row_l1, a.k, a.saved);
-  });
-  check_launch(op, "training forward rows kernel");
+  rows::run_pass(ForwardPass{a}, a.saved, a.kind, a.k, a.control, dev, s, "TrainingPlan::forward");
 }
 
 }  // namespace twell::gpu

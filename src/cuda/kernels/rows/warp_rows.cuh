@@ -179,6 +179,35 @@ __device__ __forceinline__ void for_each_entry_group(const TwellView& tw, int64_
   }
 }
 
+// Two entries of a group, held by lanes i and j = i + 1 (j = i when one is left: `two` false).
+struct EntryPair {
+  bool two;
+  int i, j;
+  int n0, n1;      // their neurons
+  int64_t s0, s1;  // their slots
+  template <typename V>
+  __device__ __forceinline__ V first(V lane_value) const { return __shfl_sync(kFullMask, lane_value, i); }
+  template <typename V>
+  __device__ __forceinline__ V second(V lane_value) const { return __shfl_sync(kFullMask, lane_value, j); }
+};
+
+// Calls f(pair) for a group's entries (for_each_entry_group's neuron, slot, count) two at a time,
+// in order. Every lane.
+template <typename F>
+__device__ __forceinline__ void for_each_pair(int neuron, int64_t slot, int count, F&& f) {
+  for (int i = 0; i < count; i += 2) {
+    EntryPair e;
+    e.two = i + 1 < count;
+    e.i = i;
+    e.j = e.two ? i + 1 : i;
+    e.n0 = e.first(neuron);
+    e.n1 = e.second(neuron);
+    e.s0 = e.first(slot);
+    e.s1 = e.second(slot);
+    f(e);
+  }
+}
+
 // A row kernel overlapped with the fused gate (GatePackArgs::ready): returns once the gate has
 // packed the row's block of GatePackConfig::kBlockM rows (ready[block] == target). Lane 0
 // acquires the counter; the warp barrier orders the other lanes' reads after it. `known`: the
