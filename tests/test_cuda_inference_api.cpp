@@ -299,6 +299,46 @@ INSTANTIATE_TEST_SUITE_P(Modes, CudaGraph,
                            return dispatch_name(i.param.dispatch) + "_M" + std::to_string(i.param.m);
                          });
 
+// Dispatch's trials up to DispatchConfig::kGraphTimedRows rows run as private graphs on the plan's
+// own stream, joined to the caller's: every run exact on the per-thread, the legacy and a created
+// stream, through every trial and the decision after them, and a capture afterwards replays exactly.
+TEST(CudaInference, GraphTimedTrialsAreExactOnEveryStream) {
+  TWELL_REQUIRE_DEVICE();
+  cudaStream_t created = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking), "stream");
+  for (const int64_t m : {int64_t(1), int64_t(16), int64_t(64), int64_t(200)}) {
+    ProblemSpec spec = small_spec(m % 2 == 0 ? FfnKind::gated : FfnKind::plain, Pattern::heavy_tailed, 707);
+    spec.m = m;
+    spec.density = 0.01;
+    DeviceProblem d(spec);
+    InferencePlan plan(d.weights());
+    for (cudaStream_t s : {cudaStream_t(nullptr), cudaStreamLegacy, created}) {
+      const std::string where = "M = " + std::to_string(m) + (s == nullptr ? ", per-thread stream" :
+                                                               s == cudaStreamLegacy ? ", legacy stream" :
+                                                                                       ", created stream");
+      for (int run = 0; run < 10; ++run) {
+        d.y.poison();
+        plan.run(d.args(), s);
+        cuda_ok(cudaStreamSynchronize(s == nullptr ? cudaStreamPerThread : s), "run");
+        expect_matches_oracle(d, d.y_host(), where + ", run " + std::to_string(run));
+      }
+    }
+    cudaGraph_t graph = nullptr;
+    cuda_ok(cudaStreamBeginCapture(created, cudaStreamCaptureModeGlobal), "begin capture");
+    plan.run(d.args(), created);
+    cuda_ok(cudaStreamEndCapture(created, &graph), "end capture");
+    cudaGraphExec_t exec = nullptr;
+    cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    d.y.poison();
+    cuda_ok(cudaGraphLaunch(exec, created), "launch");
+    cuda_ok(cudaStreamSynchronize(created), "replay");
+    expect_matches_oracle(d, d.y_host(), "M = " + std::to_string(m) + ", graph replay after the trials");
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(created);
+}
+
 TEST(CudaInference, CaptureBeforeWorkspaceExistsRaises) {
   TWELL_REQUIRE_DEVICE();
   DeviceProblem d(small_spec(FfnKind::plain, Pattern::uniform, 505));
@@ -426,7 +466,9 @@ TEST(DispatchRule, AlternatesThenTakesTheFaster) {
   const int64_t m = 16384;
   const double d = 0.01, above = 0.04;
   EXPECT_FALSE(t.prefer_dense(m, -1.0, above)) << "no density measured yet";
+  EXPECT_TRUE(t.trying(m, -1.0, above)) << "no density measured yet";
   EXPECT_TRUE(t.prefer_dense(m, 0.05, above)) << "above dense_above";
+  EXPECT_FALSE(t.trying(m, 0.05, above)) << "above dense_above: no trial";
   EXPECT_FALSE(t.prefer_dense(m, d, above)) << "a new regime starts sparse";
   t.add(m, d, false, 3.0f);
   EXPECT_TRUE(t.prefer_dense(m, d, above));
@@ -438,7 +480,9 @@ TEST(DispatchRule, AlternatesThenTakesTheFaster) {
   EXPECT_FALSE(t.prefer_dense(m, d, above)) << "three trials of each path";
   t.add(m, d, false, 2.6f);
   EXPECT_TRUE(t.prefer_dense(m, d, above));
+  EXPECT_TRUE(t.trying(m, d, above)) << "dense ran twice";
   t.add(m, d, true, 4.1f);
+  EXPECT_FALSE(t.trying(m, d, above)) << "both paths tried three times";
   EXPECT_TRUE(t.prefer_dense(m, d, above)) << "best dense 2.0 ms < best sparse 2.5 ms";
   EXPECT_TRUE(t.prefer_dense(m + 1000, 0.0101, above)) << "the same regime";
   EXPECT_FALSE(t.prefer_dense(2 * m, d, above)) << "twice the rows: another regime";

@@ -71,6 +71,17 @@ class PyInferencePlan {
     plan_.run(a.args(), to_stream(stream), ws_data, ws_size);
   }
 
+  // run() on raw addresses, for callers that already hold suitable tensors (twell.torch's eager
+  // calls: no DLPack capsules). x and y: contiguous [rows, K] of the weights' dtype on their
+  // device; counters: int64 [2] or 0; workspace: workspace_bytes bytes or 0. The plan checks what
+  // it can (shapes, devices of the addresses, overlap); the caller vouches for dtype and layout.
+  void run_addresses(uintptr_t x, uintptr_t y, int64_t rows, uintptr_t counters, uintptr_t workspace,
+                     size_t workspace_bytes, uintptr_t stream) {
+    plan_.run(address_args(x, y, rows, counters), to_stream(stream), reinterpret_cast<void*>(workspace),
+              workspace_bytes);
+  }
+  size_t workspace_bytes_for(int64_t rows) const { return plan_.workspace_bytes(rows); }
+
   // Whether run() would accept these arrays: an array the binding itself refuses (a read-only y,
   // a negative stride, an unknown dtype) is a reason too.
   std::pair<bool, std::string> can_run(nb::handle x, nb::handle y, nb::handle counters) {
@@ -100,6 +111,16 @@ class PyInferencePlan {
           counters(to_arg(counters_, op, "counters", Access::write)) {}
     InferenceArgs args() const { return {x.view, y.view, counters.view}; }
   };
+
+  InferenceArgs address_args(uintptr_t x, uintptr_t y, int64_t rows, uintptr_t counters) const {
+    const TensorView& up = held_.weights.up;
+    const int64_t k = up.shape[1];
+    InferenceArgs a;
+    a.x = TensorView::matrix(reinterpret_cast<void*>(x), up.dtype, rows, k, up.device);
+    a.y = TensorView::matrix(reinterpret_cast<void*>(y), up.dtype, rows, k, up.device);
+    if (counters != 0) a.counters = TensorView::vector(reinterpret_cast<void*>(counters), DType::i64, 2, up.device);
+    return a;
+  }
 
   HeldWeights held_;
   InferencePlan plan_;
@@ -262,6 +283,13 @@ void bind_inference_plan(nb::module_& m) {
            "contiguous uint8 vector on x's device (at least workspace_bytes); stream: a "
            "cudaStream_t as an int. Arrays the op writes (y, counters, workspace) must be "
            "writable.")
+      .def("run_addresses", &PyInferencePlan::run_addresses, "x"_a, "y"_a, "rows"_a, "counters"_a,
+           "workspace"_a, "workspace_bytes"_a, "stream"_a,
+           "run() on raw addresses: x and y contiguous [rows, K] in the weights' dtype on their device, "
+           "counters int64 [2] or 0, workspace (workspace_bytes bytes) or 0. For callers that "
+           "checked dtype and layout themselves (twell.torch's eager calls).")
+      .def("workspace_bytes_for", &PyInferencePlan::workspace_bytes_for, "rows"_a,
+           "workspace_bytes for run_addresses with `rows` rows.")
       .def("can_run", &PyInferencePlan::can_run, "x"_a.none(), "y"_a.none(),
            "counters"_a = nb::none())
       .def("workspace_bytes", &PyInferencePlan::workspace_bytes, "x"_a.none(), "y"_a.none())

@@ -127,6 +127,12 @@ size_t InferencePlan::workspace_bytes(const InferenceArgs& args) const {
   return impl_->backend->workspace_bytes(args.x.shape[0]);
 }
 
+size_t InferencePlan::workspace_bytes(int64_t rows) const {
+  if (rows < 0)
+    throw Error("InferencePlan::workspace_bytes", "rows", "rows >= 0", std::to_string(rows));
+  return impl_->backend->workspace_bytes(rows);
+}
+
 void InferencePlan::run(const InferenceArgs& args, Stream stream, void* workspace,
                         size_t workspace_size) {
   if (auto e = impl_->args_error(args)) throw *e;

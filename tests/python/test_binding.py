@@ -58,6 +58,31 @@ def test_inference(seed, dtype, gated, shape, dispatch):
         assert info.ran_dense == (dispatch == "force_dense")
 
 
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_inference_by_address(seed, gated, shape):
+    """run_addresses (twell.torch's eager calls) gives run()'s bits; the plan still refuses what
+    it can see (rows, overlap), and workspace_bytes_for refuses negative rows."""
+    m, k, n, tile, capacity = shape
+    p = make_problem(np.random.default_rng(seed), m, k, n, gated).cast(np.float32)
+    plan = twell.InferencePlan(*plan_args(p), tile=tile, capacity=capacity,
+                               dispatch=twell.Dispatch.force_sparse)
+    x = np.ascontiguousarray(p.x)
+    y_run = np.full((m, k), np.nan, np.float32)
+    plan.run(x, y_run)
+    y = np.full((m, k), np.nan, np.float32)
+    counters = np.full(2, -1, np.int64)
+    plan.run_addresses(x.ctypes.data, y.ctypes.data, m, counters.ctypes.data, 0, 0, 0)
+    assert np.array_equal(y, y_run, equal_nan=True) and plan.last_run().rows == m
+    assert active_count_matches(counters[1], p.cast(np.float64))
+    assert plan.workspace_bytes_for(m) == plan.workspace_bytes(x, y)
+    with pytest.raises(twell.TwellError, match="rows"):
+        plan.workspace_bytes_for(-1)
+    if m > 0:
+        with pytest.raises(twell.TwellError, match="overlap|share"):
+            plan.run_addresses(x.ctypes.data, x.ctypes.data, m, 0, 0, 0, 0)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("gated", [True, False])
 @pytest.mark.parametrize("shape", SHAPES)

@@ -67,18 +67,53 @@ def test_eager_inference_skips_the_op_dispatch_only(seed, device, dtype, monkeyp
     p = problem(seed, 37, 32, 200, True)
     mod = module_for(p, dtype, device, tile=64, capacity=8, dispatch="sparse").eval().freeze()
     x = torch.from_numpy(p.x).to(device, dtype).reshape(1, 37, 32)
-    direct = []
-    real = tt._ops.run_ffn
-    monkeypatch.setattr(tt._ops, "run_ffn", lambda *a: direct.append(1) or real(*a))
+    direct, body = [], []
+    real, real_eager = tt._ops.run_ffn, tt._ops.run_ffn_eager
+    monkeypatch.setattr(tt._ops, "run_ffn", lambda *a: body.append(1) or real(*a))
+    monkeypatch.setattr(tt._ops, "run_ffn_eager", lambda *a: direct.append(1) or real_eager(*a))
     with torch.no_grad():
         fast = mod(x)
         l0_fast = mod.l0.clone()
-        assert direct == [1] and mod.l1_loss is None and mod.ran_dense is None
+        assert direct == [1] and body == [] and mod.l1_loss is None and mod.ran_dense is None
         with Count() as mode:
             slow = mod(x)
-    assert mode.twell == 1 and len(direct) == 2  # the op's own call of the body, inside the mode
+    assert mode.twell == 1 and len(direct) == 1 and len(body) == 1  # the op's own call of the body
     torch.testing.assert_close(fast, slow, rtol=0, atol=0)
     torch.testing.assert_close(mod.l0, l0_fast, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device,dtype", CASES)
+def test_eager_plan_follows_the_weights(seed, device, dtype):
+    """The plan an eager module keeps is found again when its weights move (new memory, same
+    Parameter), when down_nk is made anew (freeze) or dropped (unfreeze), and a module that kept
+    one still deep-copies; every call exact against a plain Llama MLP on the same weights."""
+    import copy
+
+    p = problem(seed, 23, 32, 200, True)
+    mod = module_for(p, dtype, device, tile=64, capacity=8).eval().freeze()
+    x = torch.from_numpy(p.x).to(device, dtype)
+
+    def check(m, what):
+        zeros = torch.zeros(23, 32, device=device)
+        with torch.no_grad():
+            y = m(x)
+            y_ref, _, _ = dense_step(m, x, zeros, 0.0, torch.float64)
+            y_plain, _, _ = dense_step(m, x, zeros, 0.0, dtype)
+        within(y, y_ref, y_plain, dtype, what)
+
+    check(mod, "first call")
+    check(mod, "the kept plan")
+    with torch.no_grad():
+        mod.up_proj.weight.data = mod.up_proj.weight.data * 2  # same Parameter, new memory
+    check(mod, "moved up weight")
+    mod.unfreeze()
+    check(mod, "unfrozen")
+    mod.freeze()
+    twin = copy.deepcopy(mod)
+    with torch.no_grad():
+        twin.gate_proj.weight.mul_(-1)
+    check(twin, "a deep copy")
+    check(mod, "the original after its copy changed")
 
 
 @pytest.mark.parametrize("device,dtype", CASES)

@@ -61,6 +61,22 @@ def run_ffn(x, gate, up, down, tile, capacity, dispatch, dense_above):
     return y, counters
 
 
+def run_ffn_eager(plan, x):
+    """run_ffn on a plan already found, for the modules' plain eager calls: x is a contiguous 2-D
+    tensor of the weights' dtype and device (the module checked), passed by address."""
+    rows = x.shape[0]
+    y = x.new_empty(x.shape)
+    counters = x.new_empty(2, dtype=torch.int64)
+    workspace, nbytes, stream = None, 0, 0
+    if x.is_cuda:
+        nbytes = plan.workspace_bytes_for(rows)
+        workspace = x.new_empty(nbytes, dtype=torch.uint8)
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+    plan.run_addresses(x.data_ptr(), y.data_ptr(), rows, counters.data_ptr(),
+                       workspace.data_ptr() if workspace is not None else 0, nbytes, stream)
+    return y, counters
+
+
 @ffn.register_fake
 def _(x, gate, up, down, tile, capacity, dispatch, dense_above):
     return x.new_empty(x.shape), x.new_empty(2, dtype=torch.int64)

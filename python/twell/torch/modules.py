@@ -24,12 +24,18 @@ With `torch.use_deterministic_algorithms(True)` both ops run with twell.Determin
 learned to send them through cuBLAS (exact to the dtype either way).
 """
 import math
+import weakref
 
 import torch
 from torch import nn
 
 from twell.torch import _ops  # noqa: F401  (registers torch.ops.twell)
 from twell.torch import _plans
+
+
+# module -> (options, weights, their addresses, plan) of its last eager inference call (kept off
+# the module itself, which stays picklable and deep-copyable).
+_HELD_PLANS = weakref.WeakKeyDictionary()
 
 
 def check_l1_coef(value):
@@ -120,6 +126,7 @@ class _SparseFFN(nn.Module):
 
     def unfreeze(self):
         self.down_nk = None
+        _HELD_PLANS.pop(self, None)
         return self
 
     def _weights(self):
@@ -145,7 +152,12 @@ class _SparseFFN(nn.Module):
                 down = self.down_proj.weight.detach().t().contiguous()
             args = (x2, gate, up, down, self.tile, self.capacity, self.dispatch, self.dense_above)
             eager = _plain_eager(x2)
-            y, counters = _ops.run_ffn(*args) if eager else torch.ops.twell.ffn(*args)
+            if not eager:
+                y, counters = torch.ops.twell.ffn(*args)
+            elif x2.dtype == up.dtype and x2.device == up.device:
+                y, counters = _ops.run_ffn_eager(self._eager_plan(gate, up, down), x2)
+            else:  # the op's checks name what is wrong
+                y, counters = _ops.run_ffn(*args)
             if eager:  # nn.Module.__setattr__ and l0's division cost as much host time as the kernels
                 self.__dict__.update(_l0_counts=counters, _l0_rows=x2.shape[0], l1_loss=None, ran_dense=None)
             else:
@@ -158,6 +170,25 @@ class _SparseFFN(nn.Module):
                                              self.dispatch, self.dense_above)
                 self.ran_dense = plan.last_run().ran_dense
         return y.reshape(shape)
+
+    def _eager_plan(self, gate, up, down):
+        """The op's cached plan for these weights, found once per weight set: the module keeps
+        it beside the weights it was found for (identity and address), skipping the cache's
+        look-up on every call."""
+        options = (self.tile, self.capacity, self.dispatch, self.dense_above,
+                   torch.are_deterministic_algorithms_enabled())
+        held = _HELD_PLANS.get(self)
+        if held is not None and held[0] == options and all(
+                a is b and a.data_ptr() == p for a, b, p in zip(held[1], (gate, up, down), held[2])
+                if b is not None):
+            return held[3]
+        plan = _plans.inference_plan(gate, up, down, self.tile, self.capacity, self.dispatch,
+                                     self.dense_above)
+        if down is getattr(self, "down_nk", None):  # a per-call down copy is not worth keeping
+            weights = (gate, up, down)
+            ptrs = tuple(t.data_ptr() if t is not None else 0 for t in weights)
+            _HELD_PLANS[self] = (options, weights, ptrs, plan)
+        return plan
 
     def extra_repr(self):
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "

@@ -51,6 +51,7 @@ class CudaInference final : public detail::InferenceBackend {
   }
 
   size_t workspace_bytes(int64_t rows) const override {
+    check_rows(rows, "InferencePlan::workspace_bytes");
     return workspace_layout(dims_, rows, paths_for(options_.dispatch)).bytes;
   }
 
@@ -110,6 +111,7 @@ class CudaInference final : public detail::InferenceBackend {
   std::unique_ptr<DispatchCalibration> calibration_;
   RoutedCapacity routed_capacity_{kRunOp, options_.determinism};  // how many backup rows cuBLAS takes
   std::unique_ptr<RunOrder> order_;  // runs across streams; the plan's own workspace
+  std::unique_ptr<GraphTrial> graph_trial_;  // dispatch's graph-timed trials (made on first use)
 };
 
 RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* workspace) {
@@ -136,25 +138,36 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
   order_->begin(s, capturing, kRunOp);
 
   const bool dense = choose_dense(rows, capturing);
-  const bool calibrate = !capturing && options_.dispatch == Dispatch::automatic;
-  if (calibrate) calibration_->start(s);
   Buffers b;
   b.layout = workspace_layout(dims_, rows, paths_for(options_.dispatch));
   b.base = aligned_base(workspace);
   b.control = reinterpret_cast<RunCounters*>(b.base + b.layout.control);
   b.lt = b.base + b.layout.lt;
   b.hidden = b.base + b.layout.hidden;
-  check_cuda(cudaMemsetAsync(b.control, 0, b.layout.control_bytes, s), kRunOp, "run counters");
-
-  if (dense)
-    run_dense(args, rows, b, s);
-  else if (rows <= DecodeConfig::kMaxRows)
-    run_decode(args, rows, b, s);
-  else
-    run_sparse(args, rows, b, capturing, s);
-
-  if (counters != nullptr) launch_write_counters(b.control, counters, s);
-  if (calibrate) calibration_->finish(&b.control->active, rows, dims_.n, dense, s);
+  // The run's work on a stream; `in_graph`: inside a capture (the caller's or a graph trial's).
+  const auto enqueue = [&](cudaStream_t on, bool in_graph) {
+    check_cuda(cudaMemsetAsync(b.control, 0, b.layout.control_bytes, on), kRunOp, "run counters");
+    if (dense)
+      run_dense(args, rows, b, on);
+    else if (rows <= DecodeConfig::kMaxRows)
+      run_decode(args, rows, b, on);
+    else
+      run_sparse(args, rows, b, in_graph, on);
+    if (counters != nullptr) launch_write_counters(b.control, counters, on);
+  };
+  // Eager runs under automatic dispatch are timed: as they run, or as a graph-timed trial.
+  const bool calibrate = !capturing && options_.dispatch == Dispatch::automatic;
+  const auto finish = [&](cudaStream_t on) { calibration_->finish(&b.control->active, rows, dims_.n, dense, on); };
+  if (calibrate && calibration_->graph_trial(rows, dense, dense_above_)) {
+    if (!graph_trial_) graph_trial_ = std::make_unique<GraphTrial>(kRunOp);
+    graph_trial_->run(
+        s, [&](cudaStream_t on) { enqueue(on, true); },
+        [&](cudaStream_t on) { calibration_->start(rows, dense_above_, on); }, finish);
+  } else {
+    if (calibrate) calibration_->start(rows, dense_above_, s);
+    enqueue(s, capturing);
+    if (calibrate) finish(s);
+  }
   order_->end(s, capturing, kRunOp);
   info.ran_dense = dense;
   return info;

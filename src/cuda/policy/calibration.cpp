@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include "cuda/policy/config.hpp"
 #include "cuda/runtime/cuda_check.hpp"
@@ -62,6 +63,13 @@ bool PathTimes::prefer_dense(int64_t rows, double density, double dense_above) c
   const Times& t = it->second;
   if (t.runs[0] < kTrials || t.runs[1] < kTrials) return t.runs[1] < t.runs[0];  // alternate
   return t.best_ms[1] < t.best_ms[0];
+}
+
+bool PathTimes::trying(int64_t rows, double density, double dense_above) const {
+  if (density < 0) return true;
+  if (density > dense_above) return false;
+  const auto it = times_.find(regime(rows, density));
+  return it == times_.end() || it->second.runs[0] < kTrials || it->second.runs[1] < kTrials;
 }
 
 OwnedEvent::OwnedEvent(unsigned flags, const char* op) {
@@ -141,11 +149,13 @@ DispatchCalibration::DispatchCalibration()
 void DispatchCalibration::poll() {
   const RelaxedCapture relaxed;
   if (!pending_ || !probe_.poll()) return;
+  pending_ = false;
+  if (!pending_timed_) return;
   float ms = 0;
   check_cuda(cudaEventElapsedTime(&ms, begin_, end_), kRunOp, "calibration timing");
   // The run's time belongs to the regime of the density it ran at.
   times_.add(pending_rows_, probe_.density(), pending_dense_, ms);
-  pending_ = false;
+  ran_[pending_dense_ ? 1 : 0] = true;
 }
 
 bool DispatchCalibration::prefer_dense(int64_t rows, double dense_above, bool capturing) {
@@ -153,20 +163,67 @@ bool DispatchCalibration::prefer_dense(int64_t rows, double dense_above, bool ca
   return times_.prefer_dense(rows, probe_.density(), dense_above);
 }
 
-void DispatchCalibration::start(cudaStream_t s) {
-  started_ = !pending_;  // one measurement in flight at a time
-  if (started_) check_cuda(cudaEventRecord(begin_, s), kRunOp, "calibration event");
+bool DispatchCalibration::graph_trial(int64_t rows, bool dense, double dense_above) const {
+  return rows <= DispatchConfig::kGraphTimedRows && !pending_ && ran_[dense ? 1 : 0] &&
+         times_.trying(rows, probe_.density(), dense_above);
+}
+
+void DispatchCalibration::start(int64_t rows, double dense_above, cudaStream_t s) {
+  // Timed while the regime tries its paths, one measurement in flight at a time; later runs only
+  // probe the density (which may move the run to another regime).
+  timing_ = !pending_ && times_.trying(rows, probe_.density(), dense_above);
+  if (timing_) check_cuda(cudaEventRecord(begin_, s), kRunOp, "calibration event");
 }
 
 void DispatchCalibration::finish(const unsigned long long* device_active, int64_t rows, int64_t cols,
                                  bool dense, cudaStream_t s) {
-  if (!started_) return;
-  started_ = false;
-  check_cuda(cudaEventRecord(end_, s), kRunOp, "calibration event");
+  if (pending_) return;  // the last count (and time) still in flight
+  if (!timing_ && probe_.density() >= 0 && ++unprobed_ < DispatchConfig::kProbeEvery) return;
+  unprobed_ = 0;
+  if (timing_) check_cuda(cudaEventRecord(end_, s), kRunOp, "calibration event");
   probe_.record(device_active, rows, cols, s);
   pending_ = true;
+  pending_timed_ = timing_;
   pending_dense_ = dense;
   pending_rows_ = rows;
+  timing_ = false;
+}
+
+GraphTrial::GraphTrial(const char* op)
+    : op_(op), fork_(cudaEventDisableTiming, op), join_(cudaEventDisableTiming, op) {
+  check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), op, "graph trial stream");
+}
+
+GraphTrial::~GraphTrial() {
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+void GraphTrial::run(cudaStream_t s, const std::function<void(cudaStream_t)>& enqueue,
+                     const std::function<void(cudaStream_t)>& before, const std::function<void(cudaStream_t)>& after) {
+  check_cuda(cudaEventRecord(fork_, s), op_, "graph trial");
+  check_cuda(cudaStreamWaitEvent(stream_, fork_, 0), op_, "graph trial");
+  check_cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), op_, "graph trial capture");
+  cudaGraph_t graph = nullptr;
+  try {
+    enqueue(stream_);
+  } catch (...) {
+    if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    throw;
+  }
+  check_cuda(cudaStreamEndCapture(stream_, &graph), op_, "graph trial capture");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  check_cuda(made, op_, "graph trial instantiation");
+  // Destroyed on every exit; in flight, it is freed when the replay completes.
+  const std::unique_ptr<CUgraphExec_st, cudaError_t (*)(cudaGraphExec_t)> owned(exec, cudaGraphExecDestroy);
+  check_cuda(cudaGraphUpload(exec, stream_), op_, "graph trial upload");  // outside the timed replay
+  before(stream_);
+  check_cuda(cudaGraphLaunch(exec, stream_), op_, "graph trial replay");
+  after(stream_);
+  check_cuda(cudaEventRecord(join_, stream_), op_, "graph trial");
+  check_cuda(cudaStreamWaitEvent(s, join_, 0), op_, "graph trial");
 }
 
 TrainingCalibration::TrainingCalibration()

@@ -1,9 +1,12 @@
-// Automatic dispatch without a host synchronisation. Each eager run copies its activation count
-// into pinned memory behind an event and is timed with pairs of events; a later call polls them
-// (never waits). For every regime (M rounded to a power of two, density to a factor of ~1.4) the
-// first runs try each path three times (PathTimes::kTrials: runs that carry one-time host work,
-// e.g. cuBLASLt's algorithm choice, between their events are among them), then the path with the
-// smaller best time runs.
+// Automatic dispatch without a host synchronisation. An eager run copies its activation count
+// into pinned memory behind an event (its density), and while its regime tries the paths it is
+// timed with a pair of events; a later call polls them (never waits). For every regime (M rounded
+// to a power of two, density to a factor of ~1.4) the first runs try each path three times
+// (PathTimes::kTrials: runs that carry one-time host work, e.g. cuBLASLt's algorithm choice,
+// between their events are among them), then the path with the smaller best time runs, and only
+// every DispatchConfig::kProbeEvery-th run probes the density. Up to DispatchConfig::kGraphTimedRows
+// rows a trial after a path's first run is captured into a private graph and one replay is timed:
+// the GPU time, without the gaps between launches that bind small eager runs.
 // Densities above the plan's dense_above run dense without a trial. A captured graph keeps the
 // decision made at capture.
 //   inference (DispatchCalibration): one run, one pair of events;
@@ -15,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <utility>
 
@@ -32,6 +36,8 @@ class PathTimes {
   // any measurement, dense above dense_above, then alternating until each path ran kTrials
   // times in the regime, then the faster.
   bool prefer_dense(int64_t rows, double density, double dense_above) const;
+  // Whether the regime of (rows, density) still runs trials (before any density: yes).
+  bool trying(int64_t rows, double density, double dense_above) const;
 
  private:
   using Regime = std::pair<int, int>;  // (log2 rows, density bucket)
@@ -126,8 +132,12 @@ class DispatchCalibration {
 
   // The path for a run of `rows` rows (true: dense). Before any density is known: sparse.
   bool prefer_dense(int64_t rows, double dense_above, bool capturing);
+  // Whether this eager run should be a graph-timed trial of `dense` (DispatchConfig): few rows, the
+  // regime still trying, no measurement in flight, and the path run once before by this plan (its
+  // first run loads modules and chooses algorithms, which a capture must not do).
+  bool graph_trial(int64_t rows, bool dense, double dense_above) const;
   // Brackets an eager run: start() before its first kernel, finish() after its last.
-  void start(cudaStream_t s);
+  void start(int64_t rows, double dense_above, cudaStream_t s);
   void finish(const unsigned long long* device_active, int64_t rows, int64_t cols, bool dense,
               cudaStream_t s);
 
@@ -136,9 +146,29 @@ class DispatchCalibration {
 
   OwnedEvent begin_, end_;  // the run, timed
   DensityProbe probe_;      // its density
-  bool pending_ = false, pending_dense_ = false, started_ = false;
+  bool pending_ = false;        // a count (and maybe a time) in flight
+  bool pending_timed_ = false, pending_dense_ = false;
+  bool timing_ = false;         // the run between start() and finish() is timed
+  int unprobed_ = 0;            // untimed runs since the last probe
+  bool ran_[2] = {false, false};  // per path (0 sparse, 1 dense): a timed run finished once
   int64_t pending_rows_ = 0;
   PathTimes times_;
+};
+
+// A graph-timed trial's stream: run() captures enqueue(p) on the private stream p, then replays the
+// graph once on p after the work already on s, between before(p) and after(p) (the timing events);
+// s's later work waits for the replay. The graph is freed once the replay completes.
+class GraphTrial : NoCopy {
+ public:
+  explicit GraphTrial(const char* op);  // on the current device
+  ~GraphTrial();
+  void run(cudaStream_t s, const std::function<void(cudaStream_t)>& enqueue,
+           const std::function<void(cudaStream_t)>& before, const std::function<void(cudaStream_t)>& after);
+
+ private:
+  const char* op_;
+  cudaStream_t stream_ = nullptr;
+  OwnedEvent fork_, join_;
 };
 
 class TrainingCalibration {

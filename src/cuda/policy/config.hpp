@@ -135,4 +135,14 @@ struct DecodeConfig {
   static int64_t slices(int64_t k) { return (k + kSliceCols - 1) / kSliceCols; }
 };
 
+// Dispatch's trials (calibration.hpp). Up to kGraphTimedRows rows a trial runs as a private CUDA
+// graph, timed by one replay: there eager runs are bound by kernel launches, not by the GPU, and
+// graph replays (decoding, torch.compile) see the GPU time alone.
+// Once a regime has chosen, an eager run probes its density (a pinned copy behind an event) only
+// every kProbeEvery runs: the probe is host time that small runs feel.
+struct DispatchConfig {
+  static constexpr int64_t kGraphTimedRows = 256;
+  static constexpr int kProbeEvery = 8;
+};
+
 }  // namespace twell::gpu
