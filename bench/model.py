@@ -107,7 +107,7 @@ def parse_args(argv):
     p.add_argument("--prompt-len", type=int, default=128,
                    help="generate: prompt tokens, the first of each input row (at most --seq)")
     p.add_argument("--new-tokens", type=int, default=64, help="generate: new tokens per row")
-    p.add_argument("--gen-cache", choices=["static", "dynamic"], default="static",
+    p.add_argument("--gen-cache", choices=["static", "dynamic", "compiled"], default="static",
                    help="generate: the KV cache (static: cache_implementation='static')")
     p.add_argument("--l1", type=float, default=None,
                    help="L1 coefficient of twell's layers (default 2e-5, or the checkpoint's)")

@@ -19,14 +19,17 @@ def prompts(ids, batch, prompt_len):
 
 def generate_kwargs(new_tokens, cache):
     """generate()'s arguments: greedy, exactly new_tokens new tokens (no EOS: nothing stops a row
-    early; a pad id so that none is guessed), the cache asked for, eager (no auto-compile of the
-    static cache's forward, where this transformers has that option)."""
+    early; a pad id so that none is guessed), the cache asked for: static and dynamic eager (no
+    auto-compile of the static cache's forward, where this transformers has that option),
+    compiled the static cache with that auto-compile."""
     kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False,
           "eos_token_id": None, "pad_token_id": 0}
-    if cache == "static":
+    if cache in ("static", "compiled"):
         kw["cache_implementation"] = "static"
     if hasattr(transformers.GenerationConfig(), "disable_compile"):
-        kw["disable_compile"] = True
+        # compiled: transformers' own torch.compile of the decoding forward over the static
+        # cache (CUDA graphs, "reduce-overhead"); otherwise eager.
+        kw["disable_compile"] = cache != "compiled"
     return kw
 
 
@@ -99,11 +102,18 @@ def mean_l0(model, fn):
 
 
 def agreement(model, swap, step):
-    """(twell's l0 per layer, row fields): one generate of each model, dense first."""
+    """(twell's l0 per layer, row fields): one generate of each model, dense first. A compiled
+    generate's modules record l0 inside its CUDA graphs, which later replays overwrite: its density
+    comes from one more twell generate on the same static cache, eager."""
     swap.use("dense")
     ref = step("dense")
     swap.use("twell")
-    got, l0 = mean_l0(model, lambda: step("twell"))
+    if step.cache == "compiled":
+        got = step("twell")
+        eager = generate_kwargs(step.new_tokens, "static")
+        _, l0 = mean_l0(model, lambda: step.model.generate(step.prompt, attention_mask=step.mask, **eager))
+    else:
+        got, l0 = mean_l0(model, lambda: step("twell"))
     where = first_divergence(got, ref)
     return l0, {"identical_tokens": where is None, "first_divergence": where}
 

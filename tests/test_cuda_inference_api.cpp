@@ -470,10 +470,14 @@ TEST(DispatchRule, AlternatesThenTakesTheFaster) {
   EXPECT_TRUE(t.prefer_dense(m, 0.05, above)) << "above dense_above";
   EXPECT_FALSE(t.trying(m, 0.05, above)) << "above dense_above: no trial";
   EXPECT_FALSE(t.prefer_dense(m, d, above)) << "a new regime starts sparse";
+  EXPECT_FALSE(t.prefer_dense_settled(m, d, above)) << "a capture before any trial: sparse";
+  EXPECT_TRUE(t.prefer_dense_settled(m, 0.05, above)) << "a capture above dense_above: dense";
   t.add(m, d, false, 3.0f);
   EXPECT_TRUE(t.prefer_dense(m, d, above));
+  EXPECT_FALSE(t.prefer_dense_settled(m, d, above)) << "a capture takes no trial of dense";
   t.add(m, d, true, 2.0f);
   EXPECT_FALSE(t.prefer_dense(m, d, above));
+  EXPECT_TRUE(t.prefer_dense_settled(m, d, above)) << "a capture: the faster so far";
   t.add(m, d, false, 2.5f);
   EXPECT_TRUE(t.prefer_dense(m, d, above));
   t.add(m, d, true, 4.0f);

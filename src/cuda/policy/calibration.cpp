@@ -65,6 +65,15 @@ bool PathTimes::prefer_dense(int64_t rows, double density, double dense_above) c
   return t.best_ms[1] < t.best_ms[0];
 }
 
+bool PathTimes::prefer_dense_settled(int64_t rows, double density, double dense_above) const {
+  if (density < 0) return false;
+  if (density > dense_above) return true;
+  const auto it = times_.find(regime(rows, density));
+  if (it == times_.end()) return false;
+  const Times& t = it->second;
+  return t.runs[0] > 0 && t.runs[1] > 0 && t.best_ms[1] < t.best_ms[0];
+}
+
 bool PathTimes::trying(int64_t rows, double density, double dense_above) const {
   if (density < 0) return true;
   if (density > dense_above) return false;
@@ -159,7 +168,8 @@ void DispatchCalibration::poll() {
 }
 
 bool DispatchCalibration::prefer_dense(int64_t rows, double dense_above, bool capturing) {
-  if (!capturing) poll();
+  if (capturing) return times_.prefer_dense_settled(rows, probe_.density(), dense_above);
+  poll();
   return times_.prefer_dense(rows, probe_.density(), dense_above);
 }
 

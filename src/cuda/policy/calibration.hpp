@@ -7,8 +7,9 @@
 // every DispatchConfig::kProbeEvery-th run probes the density. Up to DispatchConfig::kGraphTimedRows
 // rows a trial after a path's first run is captured into a private graph and one replay is timed:
 // the GPU time, without the gaps between launches that bind small eager runs.
-// Densities above the plan's dense_above run dense without a trial. A captured graph keeps the
-// decision made at capture.
+// Densities above the plan's dense_above run dense without a trial. A captured run takes no
+// trial: the faster path measured so far in its regime, or sparse before both ran; the graph
+// keeps that path.
 //   inference (DispatchCalibration): one run, one pair of events;
 //   training (TrainingCalibration): a step is a forward and the backward of the same saved
 //     buffer, each bracketed by its own events (other work may run between them); the step's
@@ -38,6 +39,9 @@ class PathTimes {
   bool prefer_dense(int64_t rows, double density, double dense_above) const;
   // Whether the regime of (rows, density) still runs trials (before any density: yes).
   bool trying(int64_t rows, double density, double dense_above) const;
+  // The path a CUDA-graph capture bakes in: no trial (a graph replays its capture's path for
+  // good), the faster measured path where both ran, else sparse (dense above dense_above).
+  bool prefer_dense_settled(int64_t rows, double density, double dense_above) const;
 
  private:
   using Regime = std::pair<int, int>;  // (log2 rows, density bucket)
