@@ -55,30 +55,18 @@ void PathTimes::add(int64_t rows, double density, bool dense, float ms) {
   ++t.runs[path];
 }
 
-bool PathTimes::prefer_dense(int64_t rows, double density, double dense_above) const {
-  if (density < 0) return false;
-  if (density > dense_above) return true;
+PathTimes::Decision PathTimes::decide(int64_t rows, double density, double dense_above) const {
+  Decision d;
+  if (density < 0) return d;  // no density yet: sparse, trying
+  if (density > dense_above) return {true, false, true};
   const auto it = times_.find(regime(rows, density));
-  if (it == times_.end()) return false;
+  if (it == times_.end()) return d;
   const Times& t = it->second;
-  if (t.runs[0] < kTrials || t.runs[1] < kTrials) return t.runs[1] < t.runs[0];  // alternate
-  return t.best_ms[1] < t.best_ms[0];
-}
-
-bool PathTimes::prefer_dense_settled(int64_t rows, double density, double dense_above) const {
-  if (density < 0) return false;
-  if (density > dense_above) return true;
-  const auto it = times_.find(regime(rows, density));
-  if (it == times_.end()) return false;
-  const Times& t = it->second;
-  return t.runs[0] > 0 && t.runs[1] > 0 && t.best_ms[1] < t.best_ms[0];
-}
-
-bool PathTimes::trying(int64_t rows, double density, double dense_above) const {
-  if (density < 0) return true;
-  if (density > dense_above) return false;
-  const auto it = times_.find(regime(rows, density));
-  return it == times_.end() || it->second.runs[0] < kTrials || it->second.runs[1] < kTrials;
+  const bool faster_dense = t.best_ms[1] < t.best_ms[0];
+  d.trying = t.runs[0] < kTrials || t.runs[1] < kTrials;
+  d.dense = d.trying ? t.runs[1] < t.runs[0] : faster_dense;  // trials alternate from sparse
+  d.settled_dense = t.runs[0] > 0 && t.runs[1] > 0 && faster_dense;
+  return d;
 }
 
 OwnedEvent::OwnedEvent(unsigned flags, const char* op) {

@@ -33,15 +33,26 @@ class PathTimes {
  public:
   // A finished run of `rows` rows at `density` on the given path took `ms`.
   void add(int64_t rows, double density, bool dense, float ms);
-  // The path for a run of `rows` rows at the last measured `density` (true: dense): sparse before
-  // any measurement, dense above dense_above, then alternating until each path ran kTrials
-  // times in the regime, then the faster.
-  bool prefer_dense(int64_t rows, double density, double dense_above) const;
-  // Whether the regime of (rows, density) still runs trials (before any density: yes).
-  bool trying(int64_t rows, double density, double dense_above) const;
-  // The path a CUDA-graph capture bakes in: no trial (a graph replays its capture's path for
-  // good), the faster measured path where both ran, else sparse (dense above dense_above).
-  bool prefer_dense_settled(int64_t rows, double density, double dense_above) const;
+  // What dispatch does for a run of `rows` rows at the last measured `density`:
+  struct Decision {
+    // An eager run's path (true: dense): sparse before any measurement, dense above dense_above,
+    // then alternating until each path ran kTrials times in the regime, then the faster.
+    bool dense = false;
+    bool trying = true;  // the regime still runs trials (before any density: yes)
+    // The path a CUDA-graph capture bakes in: no trial (a graph replays its capture's path for
+    // good), the faster measured path where both ran, else sparse (dense above dense_above).
+    bool settled_dense = false;
+  };
+  Decision decide(int64_t rows, double density, double dense_above) const;
+  bool prefer_dense(int64_t rows, double density, double dense_above) const {
+    return decide(rows, density, dense_above).dense;
+  }
+  bool trying(int64_t rows, double density, double dense_above) const {
+    return decide(rows, density, dense_above).trying;
+  }
+  bool prefer_dense_settled(int64_t rows, double density, double dense_above) const {
+    return decide(rows, density, dense_above).settled_dense;
+  }
 
  private:
   using Regime = std::pair<int, int>;  // (log2 rows, density bucket)
