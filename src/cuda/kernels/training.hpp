@@ -37,14 +37,8 @@ constexpr int kNonFiniteDyWord = 3;
 //   y[m] = sum h Wd[n] (rounded once); row_l1[m] = sum |h| (when row_l1 is set).
 // Routed rows are left untouched.
 struct ForwardRowsArgs {
-  FfnKind kind = FfnKind::gated;
-  const void* x = nullptr;     // [rows, K]
-  const void* up = nullptr;    // Wu [N, K]
-  const void* down = nullptr;  // Wd [N, K]
-  void* y = nullptr;           // [rows, K]
+  CompactArgs compact;         // x, Wu, Wd, y, K and the saved layout (inference.hpp)
   float* row_l1 = nullptr;     // [rows], optional
-  int64_t k = 0;
-  TwellView saved;
   // Scratch of the warp-per-row kernels (K a multiple of 256 up to 2048): int32 [kRowQueueWords]
   // (zeroed by the launcher) and int32 [rows], the long rows.
   int32_t* control = nullptr;
@@ -167,18 +161,23 @@ struct RoutedRange {
 };
 
 // routed_gemm.cu (shared with the inference backup): tensor-core GEMMs over the R routed rows (fp32
-// accumulation).
+// accumulation). What the three launches share: their rows, the dtype, K and the split-K scratch
+// (rows problems only: the weight gradient, whose reduction the routed rows are, never splits).
+struct RoutedGemm {
+  RoutedRange range;
+  DType dtype = DType::bf16;
+  int64_t k = 0;
+  SplitK split_k;
+};
+
 // Recompute: out[s] = src[order[s]] W^T, s < R; src [rows, K], W [n_out, K], out [R, ldo].
 struct RecomputeArgs {
-  DType dtype = DType::bf16;
+  RoutedGemm gemm;
   const void* src = nullptr;
   const void* weight = nullptr;
   void* out = nullptr;
   int64_t ldo = 0;
   int64_t n_out = 0;
-  int64_t k = 0;
-  RoutedRange range;
-  SplitK split_k;
 };
 void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
@@ -186,31 +185,26 @@ void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cuda
 // stacked weight come from W1 and the others from Wu (gated: depth = 2N, split = N; plain: one
 // weight, split = depth). grad [R, depth] (ld depth), weights [N, K], dx [rows, K].
 struct InputGradArgs {
-  DType dtype = DType::bf16;
+  RoutedGemm gemm;
   const void* grad = nullptr;
+  int64_t depth = 0;
   const void* first = nullptr;
   const void* second = nullptr;
-  int64_t depth = 0;
   int64_t split = 0;
   void* dx = nullptr;
-  int64_t k = 0;
-  RoutedRange range;
-  SplitK split_k;
 };
 void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
 // Weight gradient: dw[n, :] += sum_{s < R} grad[s, n] src[order[s], :]; grad [R, lda] (the N
 // columns used start at `grad`), src [rows, K], dw [N, K] fp32. R = 0 leaves dw untouched.
-// range.max_rows is unused (the routed rows are the reduction).
+// gemm.range.max_rows and gemm.split_k are unused (the routed rows are the reduction).
 struct WeightGradGemmArgs {
-  DType dtype = DType::bf16;
+  RoutedGemm gemm;
   const void* grad = nullptr;
   int64_t lda = 0;
   const void* src = nullptr;
   float* dw = nullptr;
   int64_t n = 0;
-  int64_t k = 0;
-  RoutedRange range;
 };
 void launch_routed_weight_grad(const WeightGradGemmArgs& a, const DeviceInfo& dev, cudaStream_t s);
 

@@ -214,9 +214,10 @@ void CudaTraining::forward_compact(const TrainingForwardArgs& args, const TwellV
   }
 
   // 2. Compact rows: u into plane 1, y, per-row L1.
-  launch_forward_rows({dims_.kind, args.x.data, weights_.up.data, weights_.down.data, args.y.data, row_l1,
-                       dims_.k, saved, at<int32_t>(base, l.control), at<int32_t>(base, l.long_rows)},
-                      device_, s);
+  const CompactArgs compact{dims_.kind, args.x.data, weights_.up.data, weights_.down.data, args.y.data,
+                            dims_.k, saved};
+  launch_forward_rows({compact, row_l1, at<int32_t>(base, l.control), at<int32_t>(base, l.long_rows)}, device_,
+                      s);
 
   // 3. Routed rows: the dense backup (the first C through cuBLAS), then listed in ascending order.
   RoutedArgs routed = routed_args(dims_, weights_, args.x.data, args.y.data, hidden, rows,

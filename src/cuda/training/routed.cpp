@@ -68,11 +68,11 @@ void CudaTraining::routed_chunk(const void* x, const void* dy, const Grads& g, c
   const int64_t q_cols = gated ? 2 * n : n;
   char* q_second = b.q + size_t(n) * dtype_size(dims_.dtype);
   const bool all = part == ChunkPart::all;
-  const RoutedRange range{b.order, b.count, rows, first, chunk};
+  const RoutedGemm gemm{{b.order, b.count, rows, first, chunk}, dims_.dtype, k, b.split_k};
 
   if (all || part == ChunkPart::hidden) {
     // g -> p;  gated: u -> q[:, :N];  dh -> q[:, N:] (plain: q);  then dg, du into q, h into p.
-    RecomputeArgs r{dims_.dtype, x, first_weight(), b.p, n, n, k, range, b.split_k};
+    RecomputeArgs r{gemm, x, first_weight(), b.p, n, n};
     launch_routed_recompute(r, device_, s);
     r.ldo = q_cols;
     if (gated) {
@@ -88,13 +88,12 @@ void CudaTraining::routed_chunk(const void* x, const void* dy, const Grads& g, c
   }
   if (all || part == ChunkPart::input_grad) {
     // dx rows = [dg | du] [W1; Wu]  (plain: dg W1)
-    launch_routed_input_grad({dims_.dtype, b.q, first_weight(), gated ? weights_.up.data : nullptr, q_cols, n,
-                              g.dx, k, range, b.split_k},
+    launch_routed_input_grad({gemm, b.q, q_cols, first_weight(), gated ? weights_.up.data : nullptr, n, g.dx},
                              device_, s);
   }
   if (all || part == ChunkPart::weight_grads) {
     // dW1 += dg^T x;  gated: dWu += du^T x;  dWd += h^T dy
-    WeightGradGemmArgs w{dims_.dtype, b.q, q_cols, x, g.dfirst, n, k, range};
+    WeightGradGemmArgs w{gemm, b.q, q_cols, x, g.dfirst, n};
     launch_routed_weight_grad(w, device_, s);
     if (gated) {
       w.grad = q_second;

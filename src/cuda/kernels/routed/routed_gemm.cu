@@ -554,31 +554,34 @@ Ptr at_first_row(Ptr buffer, const RoutedRange& r, int64_t ld, DType dtype) {
 }  // namespace
 
 void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cudaStream_t s) {
-  Params p = routed_params(a.range, Routed::rows, a.split_k);
-  set_problem(p, {a.src, a.k, a.range.order + a.range.first}, {a.weight, a.k},
-              {at_first_row(static_cast<char*>(a.out), a.range, a.ldo, a.dtype), a.ldo}, a.n_out, a.k);
-  launch_gemm<ALayout::row_major, BLayout::n_by_k, Epilogue::store>(p, a.dtype, p.rows, dev, s,
+  const RoutedGemm& g = a.gemm;
+  Params p = routed_params(g.range, Routed::rows, g.split_k);
+  set_problem(p, {a.src, g.k, g.range.order + g.range.first}, {a.weight, g.k},
+              {at_first_row(static_cast<char*>(a.out), g.range, a.ldo, g.dtype), a.ldo}, a.n_out, g.k);
+  launch_gemm<ALayout::row_major, BLayout::n_by_k, Epilogue::store>(p, g.dtype, p.rows, dev, s,
                                                                     "routed recompute GEMM");
 }
 
 // The stacked weight: rows k < split from `first`, the others from `second`.
 void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cudaStream_t s) {
-  Params p = routed_params(a.range, Routed::rows, a.split_k);
-  set_problem(p, {at_first_row(static_cast<const char*>(a.grad), a.range, a.depth, a.dtype), a.depth},
-              {a.first, a.k}, {a.dx, a.k, a.range.order + a.range.first}, a.k, a.depth);
+  const RoutedGemm& g = a.gemm;
+  Params p = routed_params(g.range, Routed::rows, g.split_k);
+  set_problem(p, {at_first_row(static_cast<const char*>(a.grad), g.range, a.depth, g.dtype), a.depth},
+              {a.first, g.k}, {a.dx, g.k, g.range.order + g.range.first}, g.k, a.depth);
   p.b_second = a.second;
   p.b_split = a.split;
-  launch_gemm<ALayout::row_major, BLayout::k_by_n, Epilogue::store>(p, a.dtype, p.rows, dev, s,
+  launch_gemm<ALayout::row_major, BLayout::k_by_n, Epilogue::store>(p, g.dtype, p.rows, dev, s,
                                                                     "routed input-gradient GEMM");
 }
 
 // The routed rows are the reduction here: the output rows are dw's N.
 void launch_routed_weight_grad(const WeightGradGemmArgs& a, const DeviceInfo& dev, cudaStream_t s) {
-  Params p = routed_params(a.range, Routed::depth);
+  const RoutedGemm& g = a.gemm;
+  Params p = routed_params(g.range, Routed::depth);
   p.rows = a.n;
-  set_problem(p, {at_first_row(static_cast<const char*>(a.grad), a.range, a.lda, a.dtype), a.lda},
-              {a.src, a.k, a.range.order + a.range.first}, {a.dw, a.k}, a.k, 0);
-  launch_gemm<ALayout::col_major, BLayout::k_by_n, Epilogue::accumulate>(p, a.dtype, a.n, dev, s,
+  set_problem(p, {at_first_row(static_cast<const char*>(a.grad), g.range, a.lda, g.dtype), a.lda},
+              {a.src, g.k, g.range.order + g.range.first}, {a.dw, g.k}, g.k, 0);
+  launch_gemm<ALayout::col_major, BLayout::k_by_n, Epilogue::accumulate>(p, g.dtype, a.n, dev, s,
                                                                          "routed weight-gradient GEMM");
 }
 

@@ -158,7 +158,8 @@ struct ForwardPass {
   template <typename T, FfnKind kKind, int kChunks>
   void warp(const rows::PassGrid& grid, cudaStream_t s) const {
     using warp_rows::Phase;
-    const WarpArgs w{a.x, a.up, a.down, a.y, a.row_l1, a.saved, a.control, a.long_rows};
+    const CompactArgs& c = a.compact;
+    const WarpArgs w{c.x, c.up, c.down, c.y, a.row_l1, c.twell, a.control, a.long_rows};
     if constexpr (kKind == FfnKind::gated)
       rows::launch_warp_pass<ForwardPass, T, kKind, kChunks, Phase::dots, Phase::axpys>(grid, s, w);
     else
@@ -167,16 +168,18 @@ struct ForwardPass {
 
   template <typename T, FfnKind kKind, int kVecs>
   void cta(int64_t rows, int threads, cudaStream_t s) const {
+    const CompactArgs& c = a.compact;
     launch(forward_rows_kernel<T, kKind, kVecs>, dim3(unsigned(rows)), dim3(unsigned(threads)), 0, s,
-           static_cast<const T*>(a.x), static_cast<const T*>(a.up), static_cast<const T*>(a.down),
-           static_cast<T*>(a.y), a.row_l1, a.k, a.saved);
+           static_cast<const T*>(c.x), static_cast<const T*>(c.up), static_cast<const T*>(c.down),
+           static_cast<T*>(c.y), a.row_l1, c.hidden, c.twell);
   }
 };
 
 }  // namespace
 
 void launch_forward_rows(const ForwardRowsArgs& a, const DeviceInfo& dev, cudaStream_t s) {
-  rows::run_pass(ForwardPass{a}, a.saved, a.kind, a.k, a.control, dev, s, "TrainingPlan::forward");
+  const CompactArgs& c = a.compact;
+  rows::run_pass(ForwardPass{a}, c.twell, c.kind, c.hidden, a.control, dev, s, "TrainingPlan::forward");
 }
 
 }  // namespace twell::gpu
