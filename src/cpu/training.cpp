@@ -144,7 +144,6 @@ class CpuTraining final : public TrainingBackend {
         is_dense[size_t(r)] = 1;
         dense.push_back(int32_t(r));
       }
-    const int64_t num_dense = int64_t(dense.size());
     const double coef =
         a.l1_coef.defined() ? double(*static_cast<const float*>(a.l1_coef.data)) : opt_.l1_coef;
     const float l1 = m ? float(coef / double(m)) : 0.0f;
@@ -195,32 +194,12 @@ class CpuTraining final : public TrainingBackend {
       }
     }
 
-    // Dense rows: recompute from x, then dense gradients on the gathered rows.
-    if (num_dense > 0) {
-      const Dense d = dense_rows(dense.data(), num_dense, x, W);
-      std::vector<float> dyg(size_t(num_dense * k_)), dh(size_t(num_dense * n_)), dgd(dh.size()),
-          dud(gated_ ? dh.size() : 0), dxg(size_t(num_dense * k_));
-      for (int64_t i = 0; i < num_dense; ++i)
-        std::memcpy(dyg.data() + i * k_, dy.data() + dense[size_t(i)] * k_, size_t(k_) * 4);
-      cpu::gemm_nt(num_dense, n_, k_, dyg.data(), W.down, dh.data());
-      for (size_t i = 0; i < dh.size(); ++i) {
-        const float gv = d.g[i], uv = gated_ ? d.u[i] : 1.0f;
-        const float dhi = dh[i] + l1 * sign(d.h[i]);
-        dgd[i] = cpu::relu_active(gv) ? dhi * uv : 0.0f;
-        if (gated_) dud[i] = dhi * gv;
-      }
-      cpu::gemm_nn(num_dense, k_, n_, dgd.data(), W.first, dxg.data());
-      if (gated_) cpu::gemm_nn(num_dense, k_, n_, dud.data(), W.up, dxg.data(), 1.0f);
-      for (int64_t i = 0; i < num_dense; ++i)
-        std::memcpy(dx.data() + dense[size_t(i)] * k_, dxg.data() + i * k_, size_t(k_) * 4);
-      cpu::gemm_tn_acc(n_, k_, num_dense, dgd.data(), d.x.data(), gated_ ? dgate : dup);
-      if (gated_) cpu::gemm_tn_acc(n_, k_, num_dense, dud.data(), d.x.data(), dup);
-      cpu::gemm_tn_acc(n_, k_, num_dense, d.h.data(), dyg.data(), ddown);
-    }
+    dense_rows_backward(dense, x, dy, W, l1, dx, gated_ ? dgate : dup, dup, ddown);
     cpu::from_f32(dx.data(), a.dx.dtype, a.dx.data, m * k_);
   }
 
  private:
+
   struct Weights32 {
     std::vector<float> first_c, up_c, down_c;
     const float* first = nullptr;
@@ -251,6 +230,33 @@ class CpuTraining final : public TrainingBackend {
       d.h[i] = gated_ ? d.g[i] * d.u[i] : d.g[i];
     }
     return d;
+  }
+  // The backward of the rows computed densely (`dense`, ascending): recomputed from x, their dx
+  // rows written into dx, their weight gradients added to first_w (dW1), dup (gated) and ddown.
+  void dense_rows_backward(const std::vector<int32_t>& dense, const std::vector<float>& x,
+                           const std::vector<float>& dy, const Weights32& W, float l1, std::vector<float>& dx,
+                           float* first_w, float* dup, float* ddown) const {
+    const int64_t num_dense = int64_t(dense.size());
+    if (num_dense == 0) return;
+    const Dense d = dense_rows(dense.data(), num_dense, x, W);
+    std::vector<float> dyg(size_t(num_dense * k_)), dh(size_t(num_dense * n_)), dgd(dh.size()),
+        dud(gated_ ? dh.size() : 0), dxg(size_t(num_dense * k_));
+    for (int64_t i = 0; i < num_dense; ++i)
+      std::memcpy(dyg.data() + i * k_, dy.data() + dense[size_t(i)] * k_, size_t(k_) * 4);
+    cpu::gemm_nt(num_dense, n_, k_, dyg.data(), W.down, dh.data());
+    for (size_t i = 0; i < dh.size(); ++i) {
+      const float gv = d.g[i], uv = gated_ ? d.u[i] : 1.0f;
+      const float dhi = dh[i] + l1 * sign(d.h[i]);
+      dgd[i] = cpu::relu_active(gv) ? dhi * uv : 0.0f;
+      if (gated_) dud[i] = dhi * gv;
+    }
+    cpu::gemm_nn(num_dense, k_, n_, dgd.data(), W.first, dxg.data());
+    if (gated_) cpu::gemm_nn(num_dense, k_, n_, dud.data(), W.up, dxg.data(), 1.0f);
+    for (int64_t i = 0; i < num_dense; ++i)
+      std::memcpy(dx.data() + dense[size_t(i)] * k_, dxg.data() + i * k_, size_t(k_) * 4);
+    cpu::gemm_tn_acc(n_, k_, num_dense, dgd.data(), d.x.data(), first_w);
+    if (gated_) cpu::gemm_tn_acc(n_, k_, num_dense, dud.data(), d.x.data(), dup);
+    cpu::gemm_tn_acc(n_, k_, num_dense, d.h.data(), dyg.data(), ddown);
   }
 
   // fp32 views of the current weights (converted copies for 16-bit weights: they may change

@@ -89,6 +89,24 @@ class CudaInference final : public detail::InferenceBackend {
     check_device_pointer(args.y.data, device_.index, kRunOp, "y");
   }
 
+  // The run's TwELL layout in the workspace.
+  TwellView packed_view(int64_t rows, const Buffers& b) const {
+    TwellView tw;
+    tw.shape.rows = rows;
+    tw.shape.cols = dims_.n;
+    tw.shape.tile = dims_.tile;
+    tw.shape.capacity = dims_.capacity;
+    tw.dtype = dims_.dtype;
+    tw.device = Device::cuda(device_.index);
+    tw.values = b.base + b.layout.values;
+    tw.cols = reinterpret_cast<uint16_t*>(b.base + b.layout.cols);
+    tw.counts = reinterpret_cast<uint16_t*>(b.base + b.layout.counts);
+    tw.row_slot = reinterpret_cast<int32_t*>(b.base + b.layout.row_slot);
+    tw.routed_rows = reinterpret_cast<int32_t*>(b.base + b.layout.routed_rows);
+    tw.num_routed = &b.control->num_routed;
+    return tw;
+  }
+
   const void* first_weight() const {
     return dims_.kind == FfnKind::gated ? weights_.gate.data : weights_.up.data;
   }
@@ -175,19 +193,7 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
 
 void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Buffers& b, bool capturing,
                                cudaStream_t s) {
-  TwellView tw;
-  tw.shape.rows = rows;
-  tw.shape.cols = dims_.n;
-  tw.shape.tile = dims_.tile;
-  tw.shape.capacity = dims_.capacity;
-  tw.dtype = dims_.dtype;
-  tw.device = Device::cuda(device_.index);
-  tw.values = b.base + b.layout.values;
-  tw.cols = reinterpret_cast<uint16_t*>(b.base + b.layout.cols);
-  tw.counts = reinterpret_cast<uint16_t*>(b.base + b.layout.counts);
-  tw.row_slot = reinterpret_cast<int32_t*>(b.base + b.layout.row_slot);
-  tw.routed_rows = reinterpret_cast<int32_t*>(b.base + b.layout.routed_rows);
-  tw.num_routed = &b.control->num_routed;
+  const TwellView tw = packed_view(rows, b);
 
   // K a multiple of 256: the warp-per-row kernels (in column ranges of 2048 for larger K); up to
   // K = 2048 they also run the moderately dense routed rows from G. They hand the rows over
