@@ -1,8 +1,10 @@
-// Device code shared by the compact-row passes (forward_rows.cu, backward_rows.cu):
-// the CTA shape over a K-wide row, a cursor over one row's TwELL entries, and the CTA-wide
-// reduction of a batch of dot products in the pass's shared memory. A row is owned by one CTA;
-// thread t owns the 16-byte vectors v = t + j * blockDim (j < kVecs) of K (cta_vectors.cuh: the
-// loads, stores, dots and axpys over them, and the reduction).
+// What training's compact-row passes (forward_rows.cu, backward_rows.cu) share:
+// - run_pass: a pass on the warp kernels where K allows, else on a CTA per row;
+// - the warp-per-row kernel family (warp_row_kernel, long_row_kernel), templated on the pass;
+// - for the CTA kernels: the CTA shape over a K-wide row, a cursor over one row's TwELL entries and
+//   the CTA-wide reduction of a batch of dot products in the pass's shared memory. A row is owned
+//   by one CTA; thread t owns the 16-byte vectors v = t + j * blockDim (j < kVecs) of K
+//   (cta_vectors.cuh: the loads, stores, dots and axpys over them, and the reduction).
 #pragma once
 #include <algorithm>
 #include <cstdint>
