@@ -44,9 +44,11 @@ struct Options {
   std::string from_dir;
   int64_t from_rows = 0;
   std::string backend = "auto";   // auto (CUDA when a device is present) | cpu | cuda
-  // -1: the suite's default: warm-up 4 (automatic dispatch times each path twice in its first
-  // runs) and 10 reps, for inference and training alike.
+  // -1: the suite's default: warm-up 6 (automatic dispatch times each path three times in its
+  // first runs) and 10 reps, for inference and training alike.
   int warmup = -1, reps = -1;
+  int warmup_runs() const { return warmup < 0 ? 6 : warmup; }
+  int timed_reps() const { return reps < 0 ? 10 : reps; }
   bool check = true;
   std::string out_dir;            // empty: bench/results/<device slug>/ under the source tree
   testing::ProblemSpec custom;    // the case of suite "custom"
@@ -59,6 +61,7 @@ struct Options {
 // folder (its x cut to o.from_rows rows).
 class Cases {
  public:
+  // specs: the suite's generated cases, ignored when o.from_dir names a capture.
   Cases(const Options& o, std::vector<testing::ProblemSpec> specs);
   size_t size() const { return count_; }
   bool captured() const { return !o_.from_dir.empty(); }

@@ -168,14 +168,14 @@ std::vector<TrainingRow> run_training(const Options& o, std::ostream& progress,
   const bool cuda = use_cuda(o);
   std::unique_ptr<TrainingRunner> runner = cuda ? make_cuda_training_runner() : make_cpu_training_runner();
   runner->configure(o.dispatch);
-  std::vector<ProblemSpec> specs = o.from_dir.empty() ? training_cases(cuda) : std::vector<ProblemSpec>();
+  std::vector<ProblemSpec> specs = training_cases(cuda);
   if (o.training_custom) {
     ProblemSpec c = o.custom;
     c.seed = 4321;
     specs = {c};
   }
   const Cases cases(o, std::move(specs));
-  const int warmup = o.warmup < 0 ? 6 : o.warmup, reps = o.reps < 0 ? 10 : o.reps;
+  const int warmup = o.warmup_runs(), reps = o.timed_reps();
   std::vector<TrainingRow> rows;
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string name = cases.name(i);

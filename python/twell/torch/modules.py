@@ -148,33 +148,36 @@ class _SparseFFN(nn.Module):
             self.ran_dense = None
         else:
             down = getattr(self, "down_nk", None)
-            if down is None:
+            frozen = down is not None
+            if not frozen:
                 down = self.down_proj.weight.detach().t().contiguous()
             args = (x2, gate, up, down, self.tile, self.capacity, self.dispatch, self.dense_above)
-            eager = _plain_eager(x2)
-            if not eager:
+            plan = None
+            if not _plain_eager(x2):
                 y, counters = torch.ops.twell.ffn(*args)
-            elif x2.dtype == up.dtype and x2.device == up.device:
-                y, counters = _ops.run_ffn_eager(self._eager_plan(gate, up, down), x2)
-            else:  # the op's checks name what is wrong
-                y, counters = _ops.run_ffn(*args)
-            if eager:  # nn.Module.__setattr__ and l0's division cost as much host time as the kernels
-                self.__dict__.update(_l0_counts=counters, _l0_rows=x2.shape[0], l1_loss=None, ran_dense=None)
-            else:
                 self.l0 = counters[1].float() / max(x2.shape[0], 1)
                 self.l1_loss, self.ran_dense = None, None
+            else:
+                if x2.dtype == up.dtype and x2.device == up.device:
+                    plan = self._eager_plan(gate, up, down, frozen)
+                    y, counters = _ops.run_ffn_eager(plan, x2)
+                else:  # the op's checks name what is wrong
+                    y, counters = _ops.run_ffn(*args)
+                # nn.Module.__setattr__ and l0's division cost as much host time as the kernels
+                self.__dict__.update(_l0_counts=counters, _l0_rows=x2.shape[0], l1_loss=None, ran_dense=None)
             if self.record_dispatch and not torch.compiler.is_compiling():
                 # The op's plan (cached, found again by the same weights and options) knows its
                 # last decision on the host: no device synchronisation.
-                plan = _plans.inference_plan(gate, up, down, self.tile, self.capacity,
-                                             self.dispatch, self.dense_above)
+                if plan is None:
+                    plan = _plans.inference_plan(gate, up, down, self.tile, self.capacity,
+                                                 self.dispatch, self.dense_above)
                 self.ran_dense = plan.last_run().ran_dense
         return y.reshape(shape)
 
-    def _eager_plan(self, gate, up, down):
-        """The op's cached plan for these weights, found once per weight set: the module keeps
-        it beside the weights it was found for (identity and address), skipping the cache's
-        look-up on every call."""
+    def _eager_plan(self, gate, up, down, keep):
+        """The op's cached plan for these weights, found once per weight set: where `keep` (down
+        is the frozen down_nk, not a per-call copy) the module keeps it beside the weights it was
+        found for (identity and address), skipping the cache's look-up on every call."""
         options = (self.tile, self.capacity, self.dispatch, self.dense_above,
                    torch.are_deterministic_algorithms_enabled())
         held = _HELD_PLANS.get(self)
@@ -184,7 +187,7 @@ class _SparseFFN(nn.Module):
             return held[3]
         plan = _plans.inference_plan(gate, up, down, self.tile, self.capacity, self.dispatch,
                                      self.dense_above)
-        if down is getattr(self, "down_nk", None):  # a per-call down copy is not worth keeping
+        if keep:
             weights = (gate, up, down)
             ptrs = tuple(t.data_ptr() if t is not None else 0 for t in weights)
             _HELD_PLANS[self] = (options, weights, ptrs, plan)

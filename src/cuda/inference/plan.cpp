@@ -72,13 +72,15 @@ class CudaInference final : public detail::InferenceBackend {
     WorkspaceLayout layout;
   };
 
-  bool choose_dense(int64_t rows, bool capturing) {
+  // The run's path, and under automatic dispatch how an eager run is measured.
+  DispatchCalibration::Choice choose(int64_t rows, bool capturing) {
+    DispatchCalibration::Choice c;
     switch (options_.dispatch) {
-      case Dispatch::force_dense: return true;
-      case Dispatch::force_sparse: return false;
-      case Dispatch::automatic: return calibration_->prefer_dense(rows, dense_above_, capturing);
+      case Dispatch::force_dense: c.dense = true; break;
+      case Dispatch::force_sparse: break;
+      case Dispatch::automatic: c = calibration_->choose(rows, dense_above_, capturing); break;
     }
-    return false;
+    return c;
   }
 
   void check_pointers(const InferenceArgs& args, int64_t rows) const {
@@ -155,7 +157,8 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
   // Runs on different streams share the plan's workspace and calibration slot: order them.
   order_->begin(s, capturing, kRunOp);
 
-  const bool dense = choose_dense(rows, capturing);
+  const DispatchCalibration::Choice choice = choose(rows, capturing);
+  const bool dense = choice.dense;
   Buffers b;
   b.layout = workspace_layout(dims_, rows, paths_for(options_.dispatch));
   b.base = aligned_base(workspace);
@@ -173,16 +176,16 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
       run_sparse(args, rows, b, in_graph, on);
     if (counters != nullptr) launch_write_counters(b.control, counters, on);
   };
-  // Eager runs under automatic dispatch are timed: as they run, or as a graph-timed trial.
+  // Eager runs under automatic dispatch: the count probed, trials timed as they run or as a graph.
   const bool calibrate = !capturing && options_.dispatch == Dispatch::automatic;
   const auto finish = [&](cudaStream_t on) { calibration_->finish(&b.control->active, rows, dims_.n, dense, on); };
-  if (calibrate && calibration_->graph_trial(rows, dense, dense_above_)) {
+  if (choice.graph) {
     if (!graph_trial_) graph_trial_ = std::make_unique<GraphTrial>(kRunOp);
     graph_trial_->run(
-        s, [&](cudaStream_t on) { enqueue(on, true); },
-        [&](cudaStream_t on) { calibration_->start(rows, dense_above_, on); }, finish);
+        s, [&](cudaStream_t on) { enqueue(on, true); }, [&](cudaStream_t on) { calibration_->start(choice, on); },
+        finish);
   } else {
-    if (calibrate) calibration_->start(rows, dense_above_, s);
+    if (calibrate) calibration_->start(choice, s);
     enqueue(s, capturing);
     if (calibrate) finish(s);
   }

@@ -155,21 +155,22 @@ void DispatchCalibration::poll() {
   ran_[pending_dense_ ? 1 : 0] = true;
 }
 
-bool DispatchCalibration::prefer_dense(int64_t rows, double dense_above, bool capturing) {
-  if (capturing) return times_.prefer_dense_settled(rows, probe_.density(), dense_above);
+DispatchCalibration::Choice DispatchCalibration::choose(int64_t rows, double dense_above, bool capturing) {
+  Choice c;
+  if (capturing) {
+    c.dense = times_.decide(rows, probe_.density(), dense_above).settled_dense;
+    return c;
+  }
   poll();
-  return times_.prefer_dense(rows, probe_.density(), dense_above);
+  const PathTimes::Decision d = times_.decide(rows, probe_.density(), dense_above);
+  c.dense = d.dense;
+  c.timed = d.trying && !pending_;
+  c.graph = c.timed && rows <= DispatchConfig::kGraphTimedRows && ran_[c.dense ? 1 : 0];
+  return c;
 }
 
-bool DispatchCalibration::graph_trial(int64_t rows, bool dense, double dense_above) const {
-  return rows <= DispatchConfig::kGraphTimedRows && !pending_ && ran_[dense ? 1 : 0] &&
-         times_.trying(rows, probe_.density(), dense_above);
-}
-
-void DispatchCalibration::start(int64_t rows, double dense_above, cudaStream_t s) {
-  // Timed while the regime tries its paths, one measurement in flight at a time; later runs only
-  // probe the density (which may move the run to another regime).
-  timing_ = !pending_ && times_.trying(rows, probe_.density(), dense_above);
+void DispatchCalibration::start(const Choice& c, cudaStream_t s) {
+  timing_ = c.timed;
   if (timing_) check_cuda(cudaEventRecord(begin_, s), kRunOp, "calibration event");
 }
 

@@ -47,12 +47,6 @@ class PathTimes {
   bool prefer_dense(int64_t rows, double density, double dense_above) const {
     return decide(rows, density, dense_above).dense;
   }
-  bool trying(int64_t rows, double density, double dense_above) const {
-    return decide(rows, density, dense_above).trying;
-  }
-  bool prefer_dense_settled(int64_t rows, double density, double dense_above) const {
-    return decide(rows, density, dense_above).settled_dense;
-  }
 
  private:
   using Regime = std::pair<int, int>;  // (log2 rows, density bucket)
@@ -145,14 +139,22 @@ class DispatchCalibration {
  public:
   DispatchCalibration();
 
-  // The path for a run of `rows` rows (true: dense). Before any density is known: sparse.
-  bool prefer_dense(int64_t rows, double dense_above, bool capturing);
-  // Whether this eager run should be a graph-timed trial of `dense` (DispatchConfig): few rows, the
-  // regime still trying, no measurement in flight, and the path run once before by this plan (its
-  // first run loads modules and chooses algorithms, which a capture must not do).
-  bool graph_trial(int64_t rows, bool dense, double dense_above) const;
-  // Brackets an eager run: start() before its first kernel, finish() after its last.
-  void start(int64_t rows, double dense_above, cudaStream_t s);
+  // A run of `rows` rows: its path, and how it is measured.
+  struct Choice {
+    bool dense = false;  // the path (before any density is known: sparse)
+    // Timed: an eager run while its regime tries the paths, one measurement in flight at a time.
+    bool timed = false;
+    // Timed as a graph replay (DispatchConfig::kGraphTimedRows): few rows, and the path ran once
+    // before in this plan (its first run loads modules and chooses algorithms, which a capture
+    // must not do).
+    bool graph = false;
+  };
+  // Polls the last measurement unless capturing (a captured run takes no trial: the regime's
+  // settled path).
+  Choice choose(int64_t rows, double dense_above, bool capturing);
+  // Bracket an eager run: start() before its first kernel, finish() after its last (the count
+  // is probed, and the run timed where choose() said so).
+  void start(const Choice& c, cudaStream_t s);
   void finish(const unsigned long long* device_active, int64_t rows, int64_t cols, bool dense,
               cudaStream_t s);
 

@@ -1,5 +1,4 @@
-// Device helpers shared by the training kernels: TwELL geometry (TwellShape's member functions
-// are host code) and the L1 term.
+// Device helpers shared by the training kernels: TwELL geometry and the L1 term.
 #pragma once
 #include <cstdint>
 

@@ -483,9 +483,9 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) routed_gemm_kernel(
 }
 
 template <ALayout kA, BLayout kB, Epilogue kE>
-void launch_gemm(const Params& p, DType dtype, int64_t max_rows, const DeviceInfo& dev, cudaStream_t s,
-                 const char* what, const char* op = "TrainingPlan::backward") {
-  const int64_t tiles = (max_rows + Cfg::kBlockM - 1) / Cfg::kBlockM *
+void launch_gemm(const Params& p, DType dtype, const DeviceInfo& dev, cudaStream_t s, const char* what,
+                 const char* op = "TrainingPlan::backward") {
+  const int64_t tiles = (p.rows + Cfg::kBlockM - 1) / Cfg::kBlockM *
                         ((p.cols + Cfg::kBlockN - 1) / Cfg::kBlockN);
   if (tiles == 0) return;
   // A full grid even for few tiles: split-K gives the CTAs past the tiles parts of a deep reduction.
@@ -523,12 +523,12 @@ void launch_routed(const RoutedArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   p.split_k = a.split_k;
   if (a.kind == FfnKind::gated) {  // G[r] <- G[r] * (x[r] Wu^T)
     set_problem(p, {a.x, a.k, routed_rows}, {a.up, a.k}, {a.hidden, a.n, routed_rows}, a.n, a.k);
-    launch_gemm<ALayout::row_major, BLayout::n_by_k, Epilogue::gate_product>(p, a.dtype, a.rows, dev, s,
+    launch_gemm<ALayout::row_major, BLayout::n_by_k, Epilogue::gate_product>(p, a.dtype, dev, s,
                                                                              "routed-row up GEMM", op);
   }
   // y[r] = G[r] Wd
   set_problem(p, {a.hidden, a.n, routed_rows}, {a.down, a.k}, {a.y, a.k, routed_rows}, a.k, a.n);
-  launch_gemm<ALayout::row_major, BLayout::k_by_n, Epilogue::store>(p, a.dtype, a.rows, dev, s,
+  launch_gemm<ALayout::row_major, BLayout::k_by_n, Epilogue::store>(p, a.dtype, dev, s,
                                                                     "routed-row down GEMM", op);
 }
 
@@ -558,7 +558,7 @@ void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cuda
   Params p = routed_params(g.range, Routed::rows, g.split_k);
   set_problem(p, {a.src, g.k, g.range.order + g.range.first}, {a.weight, g.k},
               {at_first_row(static_cast<char*>(a.out), g.range, a.ldo, g.dtype), a.ldo}, a.n_out, g.k);
-  launch_gemm<ALayout::row_major, BLayout::n_by_k, Epilogue::store>(p, g.dtype, p.rows, dev, s,
+  launch_gemm<ALayout::row_major, BLayout::n_by_k, Epilogue::store>(p, g.dtype, dev, s,
                                                                     "routed recompute GEMM");
 }
 
@@ -570,7 +570,7 @@ void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cud
               {a.first, g.k}, {a.dx, g.k, g.range.order + g.range.first}, g.k, a.depth);
   p.b_second = a.second;
   p.b_split = a.split;
-  launch_gemm<ALayout::row_major, BLayout::k_by_n, Epilogue::store>(p, g.dtype, p.rows, dev, s,
+  launch_gemm<ALayout::row_major, BLayout::k_by_n, Epilogue::store>(p, g.dtype, dev, s,
                                                                     "routed input-gradient GEMM");
 }
 
@@ -581,7 +581,7 @@ void launch_routed_weight_grad(const WeightGradGemmArgs& a, const DeviceInfo& de
   p.rows = a.n;
   set_problem(p, {at_first_row(static_cast<const char*>(a.grad), g.range, a.lda, g.dtype), a.lda},
               {a.src, g.k, g.range.order + g.range.first}, {a.dw, g.k}, g.k, 0);
-  launch_gemm<ALayout::col_major, BLayout::k_by_n, Epilogue::accumulate>(p, g.dtype, a.n, dev, s,
+  launch_gemm<ALayout::col_major, BLayout::k_by_n, Epilogue::accumulate>(p, g.dtype, dev, s,
                                                                          "routed weight-gradient GEMM");
 }
 

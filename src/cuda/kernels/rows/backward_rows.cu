@@ -2,7 +2,7 @@
 // each active entry (kept per slot for the weight gradients) and dx.
 //   dh = <dy[m], Wd[n]> + l1 * sign(h) / M;  gated: dg = dh * u, du = dh * g;  plain: dg = dh
 //   dx[m] = sum dg W1[n] + du Wu[n] (fp32, rounded once)
-// Two kernels when K is a multiple of 256 up to 2048 (warp_rows.cuh), else the CTA kernel alone,
+// Two kernels when K is a multiple of 256 up to 2048 (cta_rows.cuh's family), else the CTA kernel alone,
 // split as in forward_rows.cu:
 //   warp kernel: a warp per row from a queue, dy[m] and the fp32 accumulators of dx[m] in
 //     registers; entries consumed two at a time (two down-dots, then W1 and Wu rows axpy'd); rows

@@ -169,9 +169,8 @@ void launch_warp_pass(const PassGrid& grid, cudaStream_t s, const typename Pass:
 }
 
 // Host: a compact-row pass over saved.shape.rows rows. When the warp kernels support K: the row
-// queues are cleared, then pass.warp<T, kKind, kChunks>(grid, s) launches them (launch_warp_pass).
-// Otherwise
-// pass.cta<T, kKind, kVecs>(rows, threads, s) launches the CTA-per-row kernel.
+// queues are cleared, then pass.warp<T, kKind, kChunks>(grid, s) launches them (launch_warp_pass);
+// otherwise pass.cta<T, kKind, kVecs>(rows, threads, s) launches the CTA-per-row kernel.
 template <typename Pass>
 void run_pass(const Pass& pass, const TwellView& saved, FfnKind kind, int64_t k, int32_t* control,
               const DeviceInfo& dev, cudaStream_t s, const char* op) {
@@ -249,12 +248,6 @@ __device__ __forceinline__ void for_each_batch(const RowShared& sm, int num_tile
   }
 }
 
-// Sums each dot[b] over the CTA through sm.partial (cta_vectors.cuh); every thread ends with the
-// same totals. Must be reached by every thread of the CTA.
-__device__ __forceinline__ void reduce_batch(float (&dot)[kBatch], RowShared& sm, int& buffer) {
-  reduce_batch(dot, sm.partial, buffer);
-}
-
 // dot[b] = <row, weight[neuron[b]]> for the batch's b < taken (0 past them), summed over the CTA:
 // `row` is the thread's vectors of a K-wide row. Every thread of the CTA; all end with the totals.
 template <typename T, int kVecs>
@@ -264,7 +257,7 @@ __device__ __forceinline__ void batch_dots(const float (&row)[kVecs][kVecElems],
 #pragma unroll
   for (int b = 0; b < kBatch; ++b)
     dot[b] = b < taken ? partial_dot<T, kVecs>(row, weight + int64_t(neuron[b]) * k, k / kVecElems) : 0.0f;
-  reduce_batch(dot, sm, buffer);
+  reduce_batch(dot, sm.partial, buffer);  // cta_vectors.cuh
 }
 
 }  // namespace twell::gpu::rows

@@ -2,7 +2,7 @@
 // the active entries (saved as plane 1), y and the per-row L1 sum.
 //   gated: u = <x[m], Wu[n]> rounded to the dtype -> plane 1;  h = g * u;   plain: h = g
 //   y[m] = sum h Wd[n] (fp32, rounded once);  row_l1[m] = sum |h| (in entry order)
-// Warp kernels when K is a multiple of 256 up to 2048 (warp_rows.cuh; gated rows split into an up
+// Warp kernels when K is a multiple of 256 up to 2048 (cta_rows.cuh's family on warp_rows.cuh; gated rows split into an up
 // dots phase that stores u and an axpys phase that reads it, warp_rows::Phase), else the CTA kernel alone:
 //   warp kernel: persistent grid; a warp takes the next row from a queue and holds x[m] and the
 //     fp32 accumulators of y[m] in registers; entries are decoded 32 at a time (one per lane) and
