@@ -47,8 +47,7 @@ __device__ __forceinline__ int64_t exclusive_scan(int64_t v, ScanShared& sm, int
 // The CTA-wide sum of v, valid in thread 0 (kWarps = the CTA's warps); every thread must call it.
 template <typename F, int kWarps>
 __device__ __forceinline__ F cta_sum(F v, F (&warp_sums)[kWarps]) {
-#pragma unroll
-  for (int d = kWarpSize / 2; d > 0; d >>= 1) v += __shfl_xor_sync(kFullMask, v, d);
+  v = warp_sum(v);
   if (threadIdx.x % kWarpSize == 0) warp_sums[threadIdx.x / kWarpSize] = v;
   __syncthreads();
   F total = 0;

@@ -56,9 +56,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < kVecElems; ++e) l1 += fabsf(hf[e]);
     }
   }
-#pragma unroll
-  for (int d = kWarpSize / 2; d > 0; d >>= 1) seen += __shfl_xor_sync(kFullMask, seen, d);
-  if (threadIdx.x % kWarpSize == 0 && seen != 0) atomicAdd(active, seen);
+  warp_add_count(seen, active);
   if constexpr (kL1) {
     __shared__ float warp_l1[kThreads / kWarpSize];
     const float total = scan::cta_sum(l1, warp_l1);

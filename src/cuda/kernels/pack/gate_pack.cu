@@ -216,9 +216,7 @@ __device__ __forceinline__ void pack_staged(uint32_t staging, int64_t row0, int6
 
 // Adds the warp's non-zero count to *active (lane 0) and zeroes it.
 __device__ __forceinline__ void flush_seen(unsigned long long& seen, unsigned long long* active) {
-#pragma unroll
-  for (int d = kWarpSize / 2; d > 0; d >>= 1) seen += __shfl_xor_sync(kFullMask, seen, d);
-  if (threadIdx.x % kWarpSize == 0 && seen != 0) atomicAdd(active, seen);
+  warp_add_count(seen, active);
   seen = 0;
 }
 

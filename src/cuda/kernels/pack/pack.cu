@@ -189,9 +189,7 @@ __global__ void __launch_bounds__(kThreads, PackConfig::kCtasPerSm)
     }
   }
 
-#pragma unroll
-  for (int d = kWarpSize / 2; d > 0; d >>= 1) seen += __shfl_xor_sync(kFullMask, seen, d);
-  if (lane == 0 && seen != 0) atomicAdd(active, seen);
+  warp_add_count(seen, active);
 }
 
 // One warp per row marked kOverflowRow by the fused gate kernel, or (route_above >= 0) compact

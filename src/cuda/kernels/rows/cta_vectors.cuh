@@ -82,9 +82,7 @@ __device__ __forceinline__ void reduce_batch(float (&dot)[kDots], float (&partia
   const int lane = threadIdx.x % kWarpSize;
   const int warps = blockDim.x / kWarpSize;
 #pragma unroll
-  for (int b = 0; b < kDots; ++b)
-#pragma unroll
-    for (int d = kWarpSize / 2; d > 0; d >>= 1) dot[b] += __shfl_xor_sync(kFullMask, dot[b], d);
+  for (int b = 0; b < kDots; ++b) dot[b] = warp_sum(dot[b]);
   if (warps == 1) return;
   if (lane == 0)
 #pragma unroll

@@ -22,6 +22,7 @@
 
 #include "cuda/kernels/common/element.cuh"
 #include "cuda/kernels/common/launch.cuh"
+#include "cuda/kernels/common/scan.cuh"
 #include "cuda/kernels/common/warp.cuh"
 #include "cuda/kernels/inference.hpp"
 #include "cuda/policy/config.hpp"
@@ -44,12 +45,6 @@ static_assert(Cfg::kSliceCols == kStepCols, "an axpys slice is one 16-byte vecto
 // Where token m's chunk c keeps its entries.
 __device__ __forceinline__ int64_t list_base(int64_t m, int64_t c, int64_t chunks) {
   return (m * chunks + c) * Cfg::kChunk;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int s = kWarpSize / 2; s > 0; s >>= 1) v += __shfl_xor_sync(kFullMask, v, s);
-  return v;
 }
 
 // <x0, w0> and <x1, w1> over K (a multiple of 8): lanes over K, kUnroll loads of each in flight,
@@ -149,7 +144,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kDotsCtasPerSm) dots_kerne
 // chunk counts, a contiguous run of them per thread, all loaded at once. Every thread of the CTA;
 // the caller synchronises before reading prefix.
 __device__ __forceinline__ void scan_chunk_counts(const DecodeArgs& a, int64_t m, int32_t* prefix,
-                                                  int32_t (&warp_totals)[kWarps], int lane, int warp) {
+                                                  scan::ScanShared& sm) {
   const int64_t chunks = a.chunks;
   const int64_t per = (chunks + Cfg::kThreads - 1) / Cfg::kThreads;
   const int64_t first = threadIdx.x * per, last = min(first + per, chunks);
@@ -164,22 +159,14 @@ __device__ __forceinline__ void scan_chunk_counts(const DecodeArgs& a, int64_t m
       mine += v[u];
     }
   }
-  int32_t inclusive = mine;
-#pragma unroll
-  for (int s = 1; s < kWarpSize; s <<= 1) {
-    const int32_t t = __shfl_up_sync(kFullMask, inclusive, s);
-    if (lane >= s) inclusive += t;
-  }
-  if (lane == kWarpSize - 1) warp_totals[warp] = inclusive;
-  __syncthreads();
-  int32_t before = inclusive - mine;
-  for (int w = 0; w < warp; ++w) before += warp_totals[w];
+  int64_t total = 0;
+  int32_t before = int32_t(scan::exclusive_scan(mine, sm, total));
   for (int64_t c = first; c < last; ++c) {
     const int32_t v = prefix[c];
     prefix[c] = before;
     before += v;
   }
-  if (threadIdx.x == Cfg::kThreads - 1) prefix[chunks] = before;
+  if (threadIdx.x == 0) prefix[chunks] = int32_t(total);
 }
 
 // Where token m keeps its entry f: its chunk by binary search over the prefix, then its list
@@ -265,11 +252,11 @@ __global__ void __launch_bounds__(Cfg::kThreads) axpys_kernel(DecodeArgs a) {
   extern __shared__ int32_t prefix[];  // [chunks + 1]: the token's entries before each chunk
   __shared__ float sums[kWarps][Cfg::kSliceCols];
   __shared__ bool last_arrival;
-  __shared__ int32_t warp_totals[kWarps];
+  __shared__ scan::ScanShared scan_shared;
   chain_entry();
   const int64_t slice = blockIdx.x, m = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  scan_chunk_counts(a, m, prefix, warp_totals, lane, warp);
+  scan_chunk_counts(a, m, prefix, scan_shared);
   __syncthreads();
   // The splits this token's entries need, from its count (the same in every CTA of the token):
   // the others leave.

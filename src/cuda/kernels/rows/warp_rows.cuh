@@ -78,11 +78,10 @@ __device__ __forceinline__ void dot2(const uint4 (&r)[kChunks], const T* w0, con
       d1 = fmaf(rv[e], b[e], d1);
     }
   }
-#pragma unroll
-  for (int s = kWarpSize / 2; s > 0; s >>= 1) {
-    d0 += __shfl_xor_sync(kFullMask, d0, s);
-    d1 += __shfl_xor_sync(kFullMask, d1, s);
-  }
+  float d[2] = {d0, d1};
+  warp_sums(d);
+  d0 = d[0];
+  d1 = d[1];
 }
 
 // acc += c0 * w0 + c1 * w1 (in that order per element).
@@ -135,9 +134,7 @@ __device__ __forceinline__ int row_entries(const TwellView& tw, int64_t row, int
   const int num_tiles = int((tw.shape.cols + tw.shape.tile - 1) / tw.shape.tile);
   int total = 0;
   for (int t = lane; t < num_tiles; t += kWarpSize) total += tw.counts[row * num_tiles + t];
-#pragma unroll
-  for (int s = kWarpSize / 2; s > 0; s >>= 1) total += __shfl_xor_sync(kFullMask, total, s);
-  return total;
+  return warp_sum(total);
 }
 
 // Calls f(neuron, slot, count) once per group of up to 32 entries of compact row `row`, in TwELL
