@@ -125,8 +125,9 @@ class CudaTrainingRunner final : public TrainingRunner {
       b->reset();
   }
 
-  void warm(TrainJob j) override {
+  void warm(TrainJob j) override {  // after an L2 flush, as every timed step (inference runner)
     if (j == TrainJob::twell) follow_saved_form();
+    rig_.flush();
     step(j);
     check(cudaStreamSynchronize(stream_), "warm-up");
   }

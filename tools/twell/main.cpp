@@ -50,7 +50,8 @@ bench options:
   --dispatch D      auto | sparse | dense: the twell job's path (default auto: twell's own
                     dispatch; sparse / dense force one, e.g. to time the path dispatch avoids)
   --reps R          timed repetitions per measurement, median reported (default 10)
-  --warmup W        untimed runs first (default 4: automatic dispatch times each path twice)
+  --warmup W        untimed runs first, each after an L2 flush (default 6: automatic dispatch
+                    times each path three times)
   --out DIR         results folder (default: BUILD/bench-results/<device>, BUILD the build
                     folder this twell runs from, ./bench-results/<device> if installed; the
                     committed results change only with --out bench/results/<device>)

@@ -225,6 +225,137 @@ __device__ __forceinline__ void red_release_add(int32_t* counter, int32_t v) {
 }
 #endif  // TWELL_SM90A_DEVICE
 
+#if TWELL_SM90A_DEVICE
+// The kernel's shared state: the TMA ring's mbarriers (full / empty per stage), the staging
+// buffers' hand-over mbarriers per consumer warpgroup g (0, 1; each arriving thread releases its
+// own accesses: staged[g] completes when g's 128 threads have stored a tile's rows, freed[g] when
+// the kPackers threads have read them), the buffers' shared addresses and the cluster walk.
+struct Shared {
+  uint64_t* full;
+  uint64_t* empty;
+  uint64_t* staged;
+  uint64_t* freed;
+  uint32_t a_base, b_base, staging;
+  uint32_t rank, peer;
+  int cluster, clusters;  // this cluster, and how many walk the tile pairs
+  // The cluster's two CTAs take row blocks 2 mp and 2 mp + 1 of the same column block nb.
+  __device__ void block_of(const Params& p, int pair, int& mb, int& nb) const {
+    mb = (pair / p.n_blocks) * kClusterSize + int(rank);
+    nb = pair % p.n_blocks;
+  }
+};
+
+// Warp 0's lane 0: the TMA loads of each tile's K slices into the ring (x's rows; this CTA's half
+// of W1's slice multicast to both CTAs).
+__device__ __forceinline__ void load_tiles(const Shared& sh, const CUtensorMap* x_map, const CUtensorMap* w_map,
+                                           const Params& p) {
+  using namespace sm90;
+  prefetch_map(x_map);
+  prefetch_map(w_map);
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int pair = sh.cluster; pair < p.tiles; pair += sh.clusters) {
+    int mb, nb;
+    sh.block_of(p, pair, mb, nb);
+    for (int kb = 0; kb < p.k_blocks; ++kb) {
+      // Free in both CTAs: this one's half of W1's slice goes to both.
+      barrier_wait(smem_addr(&sh.empty[stage]), phase ^ 1u);
+      const uint32_t bar = smem_addr(&sh.full[stage]);
+      barrier_arrive_expect(bar, kStageBytes);
+      tma_load_2d(sh.a_base + stage * kABytes, x_map, bar, kb * Cfg::kBlockK, mb * Cfg::kBlockM);
+      tma_load_2d_multicast(sh.b_base + stage * kBBytes + sh.rank * (kBBytes / 2), w_map, bar, kb * Cfg::kBlockK,
+                            nb * Cfg::kBlockN + int(sh.rank) * (Cfg::kBlockN / 2),
+                            uint16_t((1u << kClusterSize) - 1));
+      if (++stage == Cfg::kStages) stage = 0, phase ^= 1u;
+    }
+  }
+}
+
+// Warps 1-3: each tile's two staged halves in turn, then (overlapped dots kernel) its release.
+template <typename T, int kTile>
+__device__ __forceinline__ void pack_tiles(const Shared& sh, const Params& p) {
+  using namespace sm90;
+  unsigned long long seen = 0;
+  uint32_t parity = 0;
+  for (int pair = sh.cluster; pair < p.tiles; pair += sh.clusters, parity ^= 1u) {
+    int mb, nb;
+    sh.block_of(p, pair, mb, nb);
+    for (int g = 0; g < 2; ++g) {
+      barrier_wait(smem_addr(&sh.staged[g]), parity);
+      pack_staged<T, kTile>(sh.staging + g * kStagingBytes, int64_t(mb) * Cfg::kBlockM + g * 64,
+                            int64_t(nb) * Cfg::kBlockN, p, seen);
+      barrier_arrive(smem_addr(&sh.freed[g]));
+    }
+    if (p.ready != nullptr) {
+      // Release the tile's rows to the overlapped dots kernel: this warp's count of non-zeros
+      // first (nothing of the gate's is written after its last release), then its lanes' TwELL
+      // entries, G values and row marks, ordered before lane 0's release by the warp barrier.
+      flush_seen(seen, p.active);
+      __syncwarp();
+      if (threadIdx.x % kWarpSize == 0) red_release_add(p.ready + mb, 1);
+    }
+  }
+  flush_seen(seen, p.active);
+}
+
+// Consumer warpgroup g (rows 64 g .. 64 g + 63 of each tile): wgmma over the ring's K slices, each
+// slice released to both CTAs' producers once read, then relu(acc) staged for the packers.
+template <typename T>
+__device__ __forceinline__ void multiply_tiles(const Shared& sh, const Params& p, int g) {
+  using namespace sm90;
+  const int lane = threadIdx.x % kWarpSize;
+  const uint32_t half_rows = uint32_t(g) * 64 * kKRowBytes;  // this warpgroup's A rows
+  uint32_t handoffs = 0;
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  int stage = 0;
+  uint32_t phase = 0;
+  // A slice is released in this CTA and in the peer (whose producer wrote half of it here).
+  const auto release = [&](int s) {
+    if (lane != 0) return;
+    const uint32_t bar = smem_addr(&sh.empty[s]);
+    barrier_arrive_cluster(cluster_map(bar, sh.rank));
+    barrier_arrive_cluster(cluster_map(bar, sh.peer));
+  };
+  for (int pair = sh.cluster; pair < p.tiles; pair += sh.clusters) {
+    int previous = 0;
+    for (int kb = 0; kb < p.k_blocks; ++kb) {
+      barrier_wait(smem_addr(&sh.full[stage]), phase);
+      wgmma_fence();
+      const uint32_t a = sh.a_base + stage * kABytes + half_rows;
+      const uint32_t b = sh.b_base + stage * kBBytes;
+#pragma unroll
+      for (int s = 0; s < Cfg::kBlockK / 16; ++s) {
+        const uint64_t da = kmajor_swizzled_desc<kKRowBytes>(a + 32 * s);
+        const uint64_t db = kmajor_swizzled_desc<kKRowBytes>(b + 32 * s);
+        const uint32_t accumulate = (kb > 0 || s > 0) ? 1u : 0u;
+        if constexpr (std::is_same_v<T, __half>)
+          TWELL_WGMMA_M64N256K16("f16", acc, da, db, accumulate);
+        else
+          TWELL_WGMMA_M64N256K16("bf16", acc, da, db, accumulate);
+      }
+      wgmma_commit();
+      if (kb > 0) {  // the previous slice's wgmmas are done: its buffer may be refilled
+        wgmma_wait<1>();
+        release(previous);
+      }
+      previous = stage;
+      if (++stage == Cfg::kStages) stage = 0, phase ^= 1u;
+    }
+    wgmma_wait<0>();
+    release(previous);
+    // Hand the rows to the packers, who pack them while this warpgroup starts the next tile.
+    if (handoffs > 0) barrier_wait(smem_addr(&sh.freed[g]), (handoffs - 1) & 1u);
+    stage_rows<T>(acc, sh.staging + g * kStagingBytes);
+    barrier_arrive(smem_addr(&sh.staged[g]));
+    ++handoffs;
+  }
+}
+#endif  // TWELL_SM90A_DEVICE
+
+// The roles (file comment): warpgroup 0 loads (warp 0) and packs (warps 1-3), warpgroups 1 and 2
+// multiply.
 template <typename T, int kTile>
 __global__ void __launch_bounds__(kThreads, 1)
     gate_pack_kernel(const __grid_constant__ CUtensorMap x_map,
@@ -235,16 +366,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t dynamic_smem[];
   __shared__ __align__(8) uint64_t full[Cfg::kStages];
   __shared__ __align__(8) uint64_t empty[Cfg::kStages];
-  // The staging buffers' handoff, per consumer warpgroup g (0, 1); each arriving thread releases
-  // its own accesses: staged[g] completes when g's 128 threads have stored a tile's rows, freed[g]
-  // when the kPackers threads have read them.
   __shared__ __align__(8) uint64_t staged[2];
   __shared__ __align__(8) uint64_t freed[2];
-  const uint32_t a_base = (smem_addr(dynamic_smem) + 1023u) & ~1023u;
-  const uint32_t b_base = a_base + Cfg::kStages * kABytes;
-  const uint32_t staging = b_base + Cfg::kStages * kBBytes;
-  const int warpgroup = threadIdx.x / 128;
-  const uint32_t rank = cluster_rank(), peer = rank ^ 1u;
+  Shared sh;
+  sh.full = full;
+  sh.empty = empty;
+  sh.staged = staged;
+  sh.freed = freed;
+  sh.a_base = (smem_addr(dynamic_smem) + 1023u) & ~1023u;
+  sh.b_base = sh.a_base + Cfg::kStages * kABytes;
+  sh.staging = sh.b_base + Cfg::kStages * kBBytes;
+  sh.rank = cluster_rank();
+  sh.peer = sh.rank ^ 1u;
+  sh.cluster = blockIdx.x / kClusterSize;
+  sh.clusters = gridDim.x / kClusterSize;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kStages; ++s) {
       barrier_init(smem_addr(&full[s]), 1);
@@ -258,109 +393,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   cluster_sync();  // both CTAs' barriers exist before either loads into or arrives on them
 
-  // The cluster's two CTAs take row blocks 2 mp and 2 mp + 1 of the same column block nb.
-  const int cluster = blockIdx.x / kClusterSize, clusters = gridDim.x / kClusterSize;
-  const auto block_of = [&](int pair, int& mb, int& nb) {
-    mb = (pair / p.n_blocks) * kClusterSize + int(rank);
-    nb = pair % p.n_blocks;
-  };
+  const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     regs_decrease<56>();
-    if (threadIdx.x == 0) {  // the loads
-      prefetch_map(&x_map);
-      prefetch_map(&w_map);
-      int stage = 0;
-      uint32_t phase = 0;
-      for (int pair = cluster; pair < p.tiles; pair += clusters) {
-        int mb, nb;
-        block_of(pair, mb, nb);
-        for (int kb = 0; kb < p.k_blocks; ++kb) {
-          // Free in both CTAs: this one's half of W1's slice goes to both.
-          barrier_wait(smem_addr(&empty[stage]), phase ^ 1u);
-          const uint32_t bar = smem_addr(&full[stage]);
-          barrier_arrive_expect(bar, kStageBytes);
-          tma_load_2d(a_base + stage * kABytes, &x_map, bar, kb * Cfg::kBlockK, mb * Cfg::kBlockM);
-          tma_load_2d_multicast(b_base + stage * kBBytes + rank * (kBBytes / 2), &w_map, bar,
-                                kb * Cfg::kBlockK, nb * Cfg::kBlockN + int(rank) * (Cfg::kBlockN / 2),
-                                uint16_t((1u << kClusterSize) - 1));
-          if (++stage == Cfg::kStages) stage = 0, phase ^= 1u;
-        }
-      }
-    } else if (threadIdx.x >= kWarpSize) {  // the packers: each tile's two halves in turn
-      unsigned long long seen = 0;
-      uint32_t parity = 0;
-      for (int pair = cluster; pair < p.tiles; pair += clusters, parity ^= 1u) {
-        int mb, nb;
-        block_of(pair, mb, nb);
-        for (int g = 0; g < 2; ++g) {
-          barrier_wait(smem_addr(&staged[g]), parity);
-          pack_staged<T, kTile>(staging + g * kStagingBytes, int64_t(mb) * Cfg::kBlockM + g * 64,
-                                int64_t(nb) * Cfg::kBlockN, p, seen);
-          barrier_arrive(smem_addr(&freed[g]));
-        }
-        if (p.ready != nullptr) {
-          // Release the tile's rows to the overlapped dots kernel: this warp's count of non-zeros
-          // first (nothing of the gate's is written after its last release), then its lanes'
-          // TwELL entries, G values and row marks, ordered before lane 0's release by the warp
-          // barrier.
-          flush_seen(seen, p.active);
-          __syncwarp();
-          if (threadIdx.x % kWarpSize == 0) red_release_add(p.ready + mb, 1);
-        }
-      }
-      flush_seen(seen, p.active);
-    }
+    if (threadIdx.x == 0)
+      load_tiles(sh, &x_map, &w_map, p);
+    else if (threadIdx.x >= kWarpSize)
+      pack_tiles<T, kTile>(sh, p);
   } else {
     regs_increase<224>();
-    const int lane = threadIdx.x % kWarpSize;
-    const int g = warpgroup - 1;
-    const uint32_t half_rows = uint32_t(g) * 64 * kKRowBytes;  // this warpgroup's A rows
-    uint32_t handoffs = 0;
-    float acc[128];
-#pragma unroll
-    for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-    int stage = 0;
-    uint32_t phase = 0;
-    // A slice is released in this CTA and in the peer (whose producer wrote half of it here).
-    const auto release = [&](int s) {
-      if (lane != 0) return;
-      const uint32_t bar = smem_addr(&empty[s]);
-      barrier_arrive_cluster(cluster_map(bar, rank));
-      barrier_arrive_cluster(cluster_map(bar, peer));
-    };
-    for (int pair = cluster; pair < p.tiles; pair += clusters) {
-      int previous = 0;
-      for (int kb = 0; kb < p.k_blocks; ++kb) {
-        barrier_wait(smem_addr(&full[stage]), phase);
-        wgmma_fence();
-        const uint32_t a = a_base + stage * kABytes + half_rows;
-        const uint32_t b = b_base + stage * kBBytes;
-#pragma unroll
-        for (int s = 0; s < Cfg::kBlockK / 16; ++s) {
-          const uint64_t da = kmajor_swizzled_desc<kKRowBytes>(a + 32 * s);
-          const uint64_t db = kmajor_swizzled_desc<kKRowBytes>(b + 32 * s);
-          const uint32_t accumulate = (kb > 0 || s > 0) ? 1u : 0u;
-          if constexpr (std::is_same_v<T, __half>)
-            TWELL_WGMMA_M64N256K16("f16", acc, da, db, accumulate);
-          else
-            TWELL_WGMMA_M64N256K16("bf16", acc, da, db, accumulate);
-        }
-        wgmma_commit();
-        if (kb > 0) {  // the previous slice's wgmmas are done: its buffer may be refilled
-          wgmma_wait<1>();
-          release(previous);
-        }
-        previous = stage;
-        if (++stage == Cfg::kStages) stage = 0, phase ^= 1u;
-      }
-      wgmma_wait<0>();
-      release(previous);
-      // Hand the rows to the packers, who pack them while this warpgroup starts the next tile.
-      if (handoffs > 0) barrier_wait(smem_addr(&freed[g]), (handoffs - 1) & 1u);
-      stage_rows<T>(acc, staging + g * kStagingBytes);
-      barrier_arrive(smem_addr(&staged[g]));
-      ++handoffs;
-    }
+    multiply_tiles<T>(sh, p, warpgroup - 1);
   }
   cluster_sync();  // no CTA leaves while its peer may still arrive on its barriers
 #endif
