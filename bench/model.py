@@ -41,7 +41,9 @@ EOS), with a static KV cache (--gen-cache; dynamic where this transformers has n
 eager, for each batch of --gen-batches. One whole generate() call is timed (at least one warm-up of
 each); tokens/s and energy count the new tokens. Agreement: identical_tokens (the two models'
 greedy ids equal) and first_divergence; bf16 rounding can flip a near-tie, so a difference is
-reported, never failed. The density is over every token the FFNs saw in one twell generate.
+reported, never failed, with the dense logit margin between the two tokens there beside the
+largest logit change of the exact split model at that point (first_divergence.rounding: the
+margin is within it). The density is over every token the FFNs saw in one twell generate.
 
 --checkpoint PATH (a checkpoint.pt of python -m twell.train or its run folder, or a Hugging Face
 model folder) times that trained model instead: its own shape and weights, no calibration (the

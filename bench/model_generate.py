@@ -115,14 +115,46 @@ def agreement(model, swap, step):
     else:
         got, l0 = mean_l0(model, lambda: step("twell"))
     where = first_divergence(got, ref)
+    if where is not None:
+        where.update(divergence_margin(swap, step, got, ref, where))
+        swap.use("twell")
     return l0, {"identical_tokens": where is None, "first_divergence": where}
+
+
+def divergence_margin(swap, step, got, ref, where):
+    """Whether the first divergence is a rounding tie: one forward of the shared prefix (the row's
+    prompt and the new tokens both models gave before it) with the dense, twell and split MLPs
+    (split: exact, rounded differently). `margin`: the dense logit of dense's token minus that of
+    twell's token; `twell_shift` / `split_shift`: the largest logit change of twell / split from
+    dense there. `rounding`: the margin is within what the exact split model moves (a tie that
+    rounding alone can flip)."""
+    r, p = where["row"], where["position"]
+    ids = torch.cat([step.prompt[r], ref[r, :p]]).unsqueeze(0)
+    logits = {}
+    with torch.no_grad():
+        for which in ("dense", "twell", "split"):
+            swap.use(which)
+            logits[which] = swap.model(ids).logits[0, -1].float()
+    dense = logits["dense"]
+    margin = float(dense[ref[r, p]] - dense[got[r, p]])
+    shift = {w: float((logits[w] - dense).abs().max()) for w in ("twell", "split")}
+    return {"margin": margin, "twell_shift": shift["twell"], "split_shift": shift["split"],
+            "rounding": abs(margin) <= shift["split"]}
+
+
+def tie_note(where):
+    """", logit margin M (split model moves S: a rounding tie)" where the margin was measured."""
+    if "margin" not in where:
+        return ""
+    kind = "a rounding tie" if where["rounding"] else "beyond rounding"
+    return f", logit margin {where['margin']:.3g}, split moves {where['split_shift']:.3g}: {kind}"
 
 
 def line_parts(row):
     """(the case, the agreement) of a generate row's printed line."""
     where = row["first_divergence"]
     same = "yes" if row["identical_tokens"] else \
-        f"no (first at row {where['row']}, new token {where['position']})"
+        f"no (first at row {where['row']}, new token {where['position']}{tie_note(where)})"
     return (f"batch {row['batch']} prompt {row['prompt_len']} new {row['new_tokens']} "
             f"({row['gen_cache']} cache)",
             f"{row['dense_tokens_per_s']:.1f} / {row['twell_tokens_per_s']:.1f} tokens/s; "

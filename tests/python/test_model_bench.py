@@ -212,3 +212,43 @@ def test_model_bench_rejects_a_missing_checkpoint(tmp_path):
     out = subprocess.run([sys.executable, BENCH, *TINY, "--checkpoint", str(tmp_path / "none"),
                           "--no-write"], capture_output=True, text=True, timeout=600)
     assert out.returncode != 0 and "no such file or folder" in out.stderr
+
+
+def test_model_bench_divergence_margin():
+    import torch
+
+    mg = _bench().model_generate
+    prompt = torch.tensor([[7, 8, 9], [4, 5, 6]])
+    ref = torch.tensor([[1, 1, 3], [1, 1, 1]])
+    got = torch.tensor([[1, 2, 3], [1, 1, 1]])  # row 0 takes token 2 where dense took 1
+    seen = []
+
+    class Out:
+        pass
+
+    class FakeSwap:  # token 2's logit moves by moves[which] from dense's
+        def __init__(self, moves):
+            self.moves, self.which = moves, "dense"
+
+        def use(self, which):
+            self.which = which
+
+        def model(self, ids):
+            seen.append(ids.tolist())
+            last = torch.tensor([0.0, 5.0, 4.99, 1.0])
+            last[2] += self.moves[self.which]
+            o = Out()
+            o.logits = last.repeat(1, ids.shape[1], 1)
+            return o
+
+    step = mg.Generate(None, prompt, 3, "static")
+    where = mg.first_divergence(got, ref)
+    assert where == {"row": 0, "position": 1}
+    tie = mg.divergence_margin(FakeSwap({"dense": 0.0, "twell": 0.02, "split": 0.03}), step, got, ref, where)
+    assert seen[0] == [[7, 8, 9, 1]]  # the row's prompt and the shared new tokens
+    assert tie["margin"] == pytest.approx(0.01, abs=1e-5) and tie["rounding"] is True
+    assert tie["twell_shift"] == pytest.approx(0.02, abs=1e-5) and tie["split_shift"] == pytest.approx(0.03, abs=1e-5)
+    far = mg.divergence_margin(FakeSwap({"dense": 0.0, "twell": 0.02, "split": 0.001}), step, got, ref, where)
+    assert far["rounding"] is False
+    assert "a rounding tie" in mg.tie_note(tie) and "beyond rounding" in mg.tie_note(far)
+    assert mg.tie_note({"row": 0, "position": 1}) == ""
