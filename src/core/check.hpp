@@ -30,6 +30,10 @@ inline void check_vector(const char* op, const char* name, const TensorView& t, 
                          Device dev) {
   if (auto e = vector_error(op, name, t, n, dt, dev)) throw *e;
 }
+// A workspace size asked for `rows` rows: at least 0.
+inline void check_workspace_rows(const char* op, int64_t rows) {
+  if (rows < 0) throw Error(op, "rows", ">= 0", std::to_string(rows));
+}
 
 // The bytes [begin, end) an argument addresses on its device; begin == end when it addresses none.
 struct ByteRange {

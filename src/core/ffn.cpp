@@ -128,8 +128,7 @@ size_t InferencePlan::workspace_bytes(const InferenceArgs& args) const {
 }
 
 size_t InferencePlan::workspace_bytes(int64_t rows) const {
-  if (rows < 0)
-    throw Error("InferencePlan::workspace_bytes", "rows", "rows >= 0", std::to_string(rows));
+  detail::check_workspace_rows("InferencePlan::workspace_bytes", rows);
   return impl_->backend->workspace_bytes(rows);
 }
 

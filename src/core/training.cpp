@@ -158,19 +158,13 @@ TwellShape TrainingPlan::saved_shape(int64_t rows, SavedForm form) const {
   s.validate("TrainingPlan::saved_shape");
   return s;
 }
-namespace {
-void check_workspace_rows(int64_t rows) {
-  if (rows < 0) throw Error("TrainingPlan::workspace_bytes", "rows", ">= 0", std::to_string(rows));
-}
-}  // namespace
-
 size_t TrainingPlan::workspace_bytes(int64_t rows) const {
-  check_workspace_rows(rows);
+  detail::check_workspace_rows("TrainingPlan::workspace_bytes", rows);
   // Either form is accepted whatever dispatch asks (forward and backward take the saved view's).
   return impl_->backend->any_form_workspace_bytes(rows);
 }
 size_t TrainingPlan::workspace_bytes(int64_t rows, SavedForm form) const {
-  check_workspace_rows(rows);
+  detail::check_workspace_rows("TrainingPlan::workspace_bytes", rows);
   return impl_->backend->workspace_bytes(rows, form);
 }
 

@@ -71,7 +71,7 @@ def run_ffn_eager(plan, x):
     if x.is_cuda:
         nbytes = plan.workspace_bytes_for(rows)
         workspace = x.new_empty(nbytes, dtype=torch.uint8)
-        stream = torch.cuda.current_stream(x.device).cuda_stream
+        stream = _plans.stream_of(x.device)
     plan.run_addresses(x.data_ptr(), y.data_ptr(), rows, counters.data_ptr(),
                        workspace.data_ptr() if workspace is not None else 0, nbytes, stream)
     return y, counters

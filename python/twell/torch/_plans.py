@@ -99,8 +99,13 @@ def _determinism():
             else twell.Determinism.fast)
 
 
+def inference_options(tile, capacity, dispatch, dense_above):
+    """The options an inference plan is cached under (the modules keep their plan beside them)."""
+    return (tile, capacity, dispatch_value(dispatch), dense_above, _determinism())
+
+
 def inference_plan(gate, up, down, tile, capacity, dispatch, dense_above):
-    options = (tile, capacity, dispatch_value(dispatch), dense_above, _determinism())
+    options = inference_options(tile, capacity, dispatch, dense_above)
     return _get(twell.InferencePlan, gate, up, down, options)
 
 

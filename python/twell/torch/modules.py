@@ -122,6 +122,7 @@ class _SparseFFN(nn.Module):
         freeze() is called again. Training never uses the copy."""
         self.register_buffer("down_nk", self.down_proj.weight.detach().t().contiguous(),
                              persistent=False)
+        _HELD_PLANS.pop(self, None)  # held beside the previous copy
         return self
 
     def unfreeze(self):
@@ -178,8 +179,7 @@ class _SparseFFN(nn.Module):
         """The op's cached plan for these weights, found once per weight set: where `keep` (down
         is the frozen down_nk, not a per-call copy) the module keeps it beside the weights it was
         found for (identity and address), skipping the cache's look-up on every call."""
-        options = (self.tile, self.capacity, self.dispatch, self.dense_above,
-                   torch.are_deterministic_algorithms_enabled())
+        options = _plans.inference_options(self.tile, self.capacity, self.dispatch, self.dense_above)
         held = _HELD_PLANS.get(self)
         if held is not None and held[0] == options and all(
                 a is b and a.data_ptr() == p for a, b, p in zip(held[1], (gate, up, down), held[2])

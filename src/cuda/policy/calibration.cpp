@@ -144,8 +144,9 @@ DispatchCalibration::DispatchCalibration()
     : begin_(cudaEventDefault, kOp), end_(cudaEventDefault, kOp), probe_(kRunOp) {}
 
 void DispatchCalibration::poll() {
+  if (!pending_) return;  // most runs once a regime has chosen: no driver call
   const RelaxedCapture relaxed;
-  if (!pending_ || !probe_.poll()) return;
+  if (!probe_.poll()) return;
   pending_ = false;
   if (!pending_timed_) return;
   float ms = 0;
