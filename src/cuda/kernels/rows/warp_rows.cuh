@@ -232,7 +232,7 @@ __device__ __forceinline__ int64_t next_row(int32_t* head, int lane) {
   return __shfl_sync(kFullMask, row, 0);
 }
 
-// The queue protocol of training's warp-per-row passes (cta_rows.cuh's warp_row_kernel): the
+// The queue protocol of training's warp-per-row passes (train_rows.cuh's warp_row_kernel): the
 // warp takes rows from its phase's queue head (control[0]; the axpys phase's control[2]) until it
 // runs past the rows, skips routed rows (the dense backup computes them), lists each row of more
 // than long_row entries at long_rows[control[1]++] for the long-row kernel (the first phase only:
