@@ -11,7 +11,7 @@ namespace twell::gpu {
 struct ShapeLimits {
   static constexpr int64_t kElemsPerVector = 8;        // K and N multiples: 16-byte vectors of 16-bit values
   static constexpr int64_t kMaxHidden = 16384;         // K: a row is held by at most 512 threads x 4 vectors
-  static constexpr int64_t kMaxIntermediate = 65536;   // N: the compact kernel stages <= 1024 tile counts
+  static constexpr int64_t kMaxIntermediate = 65536;   // N: a CTA row kernel stages <= 1024 tile counts
   static constexpr size_t kPointerAlign = 16;          // x, y and the weights are read in 16-byte vectors
   static constexpr int kMinComputeMajor = 8;           // bf16 WMMA and cp.async need sm_80 or newer
   // M: rows are int32 indices, and the row queues' int32 heads run past M by one fetch per warp.
@@ -24,8 +24,10 @@ struct ShapeLimits {
 // both use it; the runs that placed it are in lab/journal.md ("Tuned constants").
 constexpr int64_t kHeavyRowDivisor = 44;
 
-// TwELL tile widths the pack kernel is instantiated for (2, 4 or 8 values per lane).
+// TwELL tile widths the pack kernel is instantiated for (2, 4 or 8 values per lane), ascending:
+// the first bounds a row's tile count (CtaRowConfig::kMaxTiles), the last a tile's width.
 constexpr int32_t kTileWidths[] = {64, 128, 256};
+static_assert(kTileWidths[0] < kTileWidths[1] && kTileWidths[1] < kTileWidths[2], "tile widths ascending");
 
 // The TwELL pack kernel (pack.cu).
 struct PackConfig {
@@ -44,14 +46,15 @@ struct GatePackConfig {
                                        // loading half and multicasting it (half the L2 reads)
 };
 
-// The fused up + down kernel over compact rows (compact_ffn.cu).
-struct CompactConfig {
-  static constexpr int kBatch = 8;              // active neurons per step; their dots share one barrier
-  static constexpr int kVectorsPerThread = 4;   // 16-byte x / y vectors a thread owns once K >= 1024
+// A K-wide row owned by one CTA (cta_rows.cuh): inference's compact up + down (compact_ffn.cu) and
+// training's compact-row passes where the warp kernels do not take K (forward_rows.cu, backward_rows.cu).
+struct CtaRowConfig {
+  static constexpr int kBatch = 8;              // entries per step; their dots share one barrier
+  static constexpr int kVectorsPerThread = 4;   // 16-byte row vectors a thread owns once K >= 1024
   static constexpr int kMaxThreads = 512;       // CTA ceiling: K = 16384 is 512 threads x 4 vectors
   static constexpr int kMaxWarps = kMaxThreads / 32;
-  static constexpr int kMinTile = 64;           // smallest TwELL tile the backend packs
-  static constexpr int kMaxTiles = 65536 / kMinTile;  // tile counts of one row staged in shared memory
+  // Tile counts of one row staged in shared memory (N / the narrowest tile).
+  static constexpr int kMaxTiles = int(ShapeLimits::kMaxIntermediate / kTileWidths[0]);
 };
 
 // The tensor-core GEMMs over routed rows (routed_gemm.cu): inference's backup, training's routed rows.

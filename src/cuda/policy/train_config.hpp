@@ -11,7 +11,8 @@ namespace twell::gpu {
 constexpr int32_t kMaxTileWidth = kTileWidths[sizeof(kTileWidths) / sizeof(kTileWidths[0]) - 1];
 
 // The compact-row passes (forward_rows.cu, backward_rows.cu): K a multiple of 256 up
-// to 2048: a warp per row, long rows split over a CTA's warps; other K: one CTA per row.
+// to 2048: a warp per row, long rows split over a CTA's warps; other K: one CTA per row
+// (CtaRowConfig, config.hpp).
 struct TrainRowConfig {
   static constexpr int kWarpRowWarps = 4;       // warp kernel: warps (rows in flight) per CTA
   // warp kernel: persistent CTAs per SM, rows from a queue; also its launch bound's minimum, which
@@ -27,12 +28,6 @@ struct TrainRowConfig {
   static constexpr int64_t kRouteRowMax = 512;
   static constexpr int kLongRowWarps = 4;       // long-row kernel: warps splitting one row's entry groups
   static constexpr int kLongRowCtasPerSm = 4;   // long-row kernel: CTAs per SM, grid-stride over the list
-  static constexpr int kBatch = 8;              // entries per step; their dots share one barrier
-  static constexpr int kVectorsPerThread = 4;   // 16-byte row vectors a thread owns once K >= 1024
-  static constexpr int kMaxThreads = 512;       // CTA ceiling: K = 16384 is 512 threads x 4 vectors
-  static constexpr int kMaxWarps = kMaxThreads / 32;
-  // Tile counts of one row staged in shared memory (N / the narrowest tile).
-  static constexpr int kMaxTiles = int(ShapeLimits::kMaxIntermediate / kTileWidths[0]);
 };
 
 // The per-neuron column index of the compact entries (column_index.cu).

@@ -2,7 +2,7 @@
 // each active entry (kept per slot for the weight gradients) and dx.
 //   dh = <dy[m], Wd[n]> + l1 * sign(h) / M;  gated: dg = dh * u, du = dh * g;  plain: dg = dh
 //   dx[m] = sum dg W1[n] + du Wu[n] (fp32, rounded once)
-// Two kernels when K is a multiple of 256 up to 2048 (cta_rows.cuh's family), else the CTA kernel alone,
+// Two kernels when K is a multiple of 256 up to 2048 (train_rows.cuh), else the CTA kernel alone,
 // split as in forward_rows.cu:
 //   warp kernel: a warp per row from a queue, dy[m] and the fp32 accumulators of dx[m] in
 //     registers; entries consumed two at a time (two down-dots, then W1 and Wu rows axpy'd); rows
@@ -16,7 +16,7 @@
 // a NaN or Inf, the kernels raise control[kNonFiniteDyWord] for launch_nonfinite_dy.
 #include "cuda/kernels/common/launch.cuh"
 #include "cuda/kernels/common/warp.cuh"
-#include "cuda/kernels/rows/cta_rows.cuh"
+#include "cuda/kernels/rows/train_rows.cuh"
 #include "cuda/kernels/rows/warp_rows.cuh"
 #include "cuda/kernels/training.hpp"
 #include "cuda/runtime/cuda_check.hpp"
@@ -32,9 +32,9 @@ __device__ void backward_row(const T* __restrict__ dy, const T* __restrict__ fir
                              const T* __restrict__ down, T* __restrict__ dx, float* __restrict__ dh_out,
                              const int64_t* __restrict__ position, EntryRecord* __restrict__ records,
                              const L1Coef& l1, int64_t k, const TwellView& tw, int64_t row,
-                             rows::RowShared& sm, int32_t* nonfinite_dy) {
+                             rows::RowCounts& counts, rows::BatchPartials& partial, int32_t* nonfinite_dy) {
   const int num_tiles = tiles_of(tw.shape);
-  rows::stage_counts(sm, tw, row, num_tiles);
+  rows::stage_counts(counts, tw, row, num_tiles);
 
   const int64_t vectors = k / kVecElems;
   const auto* values = static_cast<const T*>(tw.values);
@@ -54,10 +54,10 @@ __device__ void backward_row(const T* __restrict__ dy, const T* __restrict__ fir
   if (__syncthreads_or(nonfinite) && threadIdx.x == 0) atomicOr(nonfinite_dy, 1);
 
   int buffer = 0;
-  rows::for_each_batch(sm, num_tiles, tw, row, [&](const int (&neuron)[kBatch], const int64_t (&slot)[kBatch],
+  rows::for_each_batch(counts, num_tiles, tw, row, [&](const int (&neuron)[kBatch], const int64_t (&slot)[kBatch],
                                                    int taken) {
     float dot[kBatch];
-    rows::batch_dots<T, kVecs>(dyr, down, neuron, taken, k, sm, buffer, dot);
+    rows::batch_dots<T, kVecs>(dyr, down, neuron, taken, k, partial, buffer, dot);
 
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -79,17 +79,18 @@ __device__ void backward_row(const T* __restrict__ dy, const T* __restrict__ fir
 }
 
 template <typename T, FfnKind kKind, int kVecs>
-__global__ void __launch_bounds__(TrainRowConfig::kMaxThreads)
+__global__ void __launch_bounds__(CtaRowConfig::kMaxThreads)
     backward_rows_kernel(const T* __restrict__ dy, const T* __restrict__ first, const T* __restrict__ up,
                          const T* __restrict__ down, T* __restrict__ dx, float* __restrict__ dh_out,
                          const int64_t* __restrict__ position, EntryRecord* __restrict__ records, L1Coef l1,
                          int64_t k, TwellView tw, int32_t* nonfinite_dy) {
   chain_entry();
-  __shared__ rows::RowShared sm;
+  __shared__ rows::BatchPartials partial;
+  __shared__ rows::RowCounts counts;
   const int64_t row = blockIdx.x;
   if (tw.row_slot[row] < 0)
-    backward_row<T, kKind, kVecs>(dy, first, up, down, dx, dh_out, position, records, l1, k, tw, row, sm,
-                                  nonfinite_dy);
+    backward_row<T, kKind, kVecs>(dy, first, up, down, dx, dh_out, position, records, l1, k, tw, row, counts,
+                                  partial, nonfinite_dy);
 }
 
 struct WarpArgs {

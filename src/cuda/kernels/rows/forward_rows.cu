@@ -2,7 +2,7 @@
 // the active entries (saved as plane 1), y and the per-row L1 sum.
 //   gated: u = <x[m], Wu[n]> rounded to the dtype -> plane 1;  h = g * u;   plain: h = g
 //   y[m] = sum h Wd[n] (fp32, rounded once);  row_l1[m] = sum |h| (in entry order)
-// Warp kernels when K is a multiple of 256 up to 2048 (cta_rows.cuh's family on warp_rows.cuh; gated rows split into an up
+// Warp kernels when K is a multiple of 256 up to 2048 (train_rows.cuh on warp_rows.cuh; gated rows split into an up
 // dots phase that stores u and an axpys phase that reads it, warp_rows::Phase), else the CTA kernel alone:
 //   warp kernel: persistent grid; a warp takes the next row from a queue and holds x[m] and the
 //     fp32 accumulators of y[m] in registers; entries are decoded 32 at a time (one per lane) and
@@ -14,7 +14,7 @@
 // A routed row is skipped by both (the routed-row backup writes it).
 #include "cuda/kernels/common/launch.cuh"
 #include "cuda/kernels/common/warp.cuh"
-#include "cuda/kernels/rows/cta_rows.cuh"
+#include "cuda/kernels/rows/train_rows.cuh"
 #include "cuda/kernels/rows/warp_rows.cuh"
 #include "cuda/kernels/training.hpp"
 #include "cuda/runtime/cuda_check.hpp"
@@ -28,9 +28,9 @@ using rows::kBatch;
 template <typename T, FfnKind kKind, int kVecs>
 __device__ void forward_row(const T* __restrict__ x, const T* __restrict__ up, const T* __restrict__ down,
                             T* __restrict__ y, float* __restrict__ row_l1, int64_t k, const TwellView& tw,
-                            int64_t row, rows::RowShared& sm) {
+                            int64_t row, rows::RowCounts& counts, rows::BatchPartials& partial) {
   const int num_tiles = tiles_of(tw.shape);
-  rows::stage_counts(sm, tw, row, num_tiles);
+  rows::stage_counts(counts, tw, row, num_tiles);
 
   const int64_t vectors = k / kVecElems;
   auto* values = static_cast<T*>(tw.values);
@@ -43,7 +43,7 @@ __device__ void forward_row(const T* __restrict__ x, const T* __restrict__ up, c
 
   int buffer = 0;
   float l1 = 0.0f;
-  rows::for_each_batch(sm, num_tiles, tw, row, [&](const int (&neuron)[kBatch], const int64_t (&slot)[kBatch],
+  rows::for_each_batch(counts, num_tiles, tw, row, [&](const int (&neuron)[kBatch], const int64_t (&slot)[kBatch],
                                                    int taken) {
     float h[kBatch];
 #pragma unroll
@@ -51,7 +51,7 @@ __device__ void forward_row(const T* __restrict__ x, const T* __restrict__ up, c
 
     if constexpr (kKind == FfnKind::gated) {
       float dot[kBatch];
-      rows::batch_dots<T, kVecs>(xr, up, neuron, taken, k, sm, buffer, dot);
+      rows::batch_dots<T, kVecs>(xr, up, neuron, taken, k, partial, buffer, dot);
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         if (b >= taken) continue;
@@ -74,14 +74,15 @@ __device__ void forward_row(const T* __restrict__ x, const T* __restrict__ up, c
 }
 
 template <typename T, FfnKind kKind, int kVecs>
-__global__ void __launch_bounds__(TrainRowConfig::kMaxThreads)
+__global__ void __launch_bounds__(CtaRowConfig::kMaxThreads)
     forward_rows_kernel(const T* __restrict__ x, const T* __restrict__ up,
                         const T* __restrict__ down, T* __restrict__ y, float* __restrict__ row_l1,
                         int64_t k, TwellView tw) {
   chain_entry();
-  __shared__ rows::RowShared sm;
+  __shared__ rows::BatchPartials partial;
+  __shared__ rows::RowCounts counts;
   const int64_t row = blockIdx.x;
-  if (tw.row_slot[row] < 0) forward_row<T, kKind, kVecs>(x, up, down, y, row_l1, k, tw, row, sm);
+  if (tw.row_slot[row] < 0) forward_row<T, kKind, kVecs>(x, up, down, y, row_l1, k, tw, row, counts, partial);
 }
 
 struct WarpArgs {

@@ -100,14 +100,13 @@ struct RowState {
   // Consumes `count` (<= 32) entries held one per lane (neuron, g), two at a time.
   __device__ void consume(const T* up, const T* down, int64_t k, int neuron, float g, int count,
                           int lane) {
-    for (int i = 0; i < count; i += 2) {
-      const int n0 = __shfl_sync(kFullMask, neuron, i);
-      const float g0 = __shfl_sync(kFullMask, g, i);
-      const bool two = i + 1 < count;
-      const int n1 = __shfl_sync(kFullMask, neuron, two ? i + 1 : i);
-      const float g1 = __shfl_sync(kFullMask, g, two ? i + 1 : i);
-      step(up, down, k, n0, g0, n1, g1, two, lane);
-    }
+    warp_rows::for_each_lane_pair(count, [&](const warp_rows::LanePair& p) {
+      const int n0 = p.first(neuron);
+      const float g0 = p.first(g);
+      const int n1 = p.second(neuron);
+      const float g1 = p.second(g);
+      step(up, down, k, n0, g0, n1, g1, p.two(), lane);
+    });
   }
 
   __device__ void store(T* yrow, int lane) const { warp_rows::store_row<T, kChunks>(yrow, lane, acc); }
@@ -234,19 +233,21 @@ __global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) row_ffn_kernel(
   const auto* up = static_cast<const T*>(a.up) + a.col0;  // row n of the range: + n * k
   const auto* down = static_cast<const T*>(a.down) + a.col0;
   int64_t ready_block = -1;
+  // Rows from the range's queue (warp_rows::is_short_row). Overlapped, each row's gate block is
+  // waited for before the row is read. A routed row is the long-row kernel's or the backup's; the
+  // overflow routing runs after this kernel, so its rows are still marked kOverflowRow and skipped
+  // alike. The first range lists the long rows (list_long holds copies of a's fields: a lambda
+  // holding a reference to the kernel argument changes the row loop's generated code).
+  auto list_long = [long_rows = a.long_rows, num_long = &a.control->num_long,
+                    list = kPhase != Phase::axpys && a.first, lane](int64_t row) {
+    if (list && lane == 0) long_rows[atomicAdd(num_long, 1)] = int32_t(row);
+  };
   for (;;) {
     const int64_t row = warp_rows::next_row(a.head, lane);
     if (row >= tw.shape.rows) return;
     if (a.ready != nullptr) warp_rows::wait_for_block(a.ready, a.ready_target, row, ready_block, lane);
+    if (!warp_rows::is_short_row(tw, row, RowConfig::kLongRow, lane, list_long)) continue;
     RowState<T, kKind, kChunks, kPhase> st;
-    // Routed (a slot): the long-row kernel's or the backup's. Overlapped, the overflow routing
-    // runs after this kernel: its rows are still marked kOverflowRow, and skipped alike.
-    if (tw.row_slot[row] != -1) continue;
-    if (warp_rows::row_entries(tw, row, lane) > RowConfig::kLongRow) {
-      if (kPhase != Phase::axpys && a.first && lane == 0)
-        a.long_rows[atomicAdd(&a.control->num_long, 1)] = int32_t(row);
-      continue;
-    }
     if constexpr (kPhase != Phase::fused)
       st.h = reinterpret_cast<float*>(const_cast<T*>(static_cast<const T*>(a.hidden)) + row * tw.shape.cols);
     st.first = a.first;

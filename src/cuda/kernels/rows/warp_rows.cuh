@@ -176,7 +176,27 @@ __device__ __forceinline__ void for_each_entry_group(const TwellView& tw, int64_
   }
 }
 
-// Two entries of a group, held by lanes i and j = i + 1 (j = i when one is left: `two` false).
+// Entries i and j() = i + 1 of a group of `count` held one per lane (lane e: entry e); when one is
+// left (two() false), j() = i. two() and j() are computed where a caller uses them.
+struct LanePair {
+  int i, count;
+  __device__ __forceinline__ bool two() const { return i + 1 < count; }
+  __device__ __forceinline__ int j() const { return two() ? i + 1 : i; }
+  template <typename V>
+  __device__ __forceinline__ V first(V lane_value) const { return __shfl_sync(kFullMask, lane_value, i); }
+  template <typename V>
+  __device__ __forceinline__ V second(V lane_value) const { return __shfl_sync(kFullMask, lane_value, j()); }
+};
+
+// Calls f(pair) for a group of `count` (<= 32) entries held one per lane, two at a time, in order.
+// Every lane.
+template <typename F>
+__device__ __forceinline__ void for_each_lane_pair(int count, F&& f) {
+  for (int i = 0; i < count; i += 2) f(LanePair{i, count});
+}
+
+// A LanePair of for_each_entry_group's entries with its fields evaluated: lanes i and j (`two`
+// false: j = i), the entries' neurons and slots.
 struct EntryPair {
   bool two;
   int i, j;
@@ -189,20 +209,20 @@ struct EntryPair {
 };
 
 // Calls f(pair) for a group's entries (for_each_entry_group's neuron, slot, count) two at a time,
-// in order. Every lane.
+// in order (for_each_lane_pair). Every lane.
 template <typename F>
 __device__ __forceinline__ void for_each_pair(int neuron, int64_t slot, int count, F&& f) {
-  for (int i = 0; i < count; i += 2) {
+  for_each_lane_pair(count, [&](const LanePair& p) {
     EntryPair e;
-    e.two = i + 1 < count;
-    e.i = i;
-    e.j = e.two ? i + 1 : i;
+    e.two = p.two();
+    e.i = p.i;
+    e.j = p.j();
     e.n0 = e.first(neuron);
     e.n1 = e.second(neuron);
     e.s0 = e.first(slot);
     e.s1 = e.second(slot);
     f(e);
-  }
+  });
 }
 
 // A row kernel overlapped with the fused gate (GatePackArgs::ready): returns once the gate has
@@ -232,25 +252,37 @@ __device__ __forceinline__ int64_t next_row(int32_t* head, int lane) {
   return __shfl_sync(kFullMask, row, 0);
 }
 
-// The queue protocol of training's warp-per-row passes (cta_rows.cuh's warp_row_kernel): the
-// warp takes rows from its phase's queue head (control[0]; the axpys phase's control[2]) until it
-// runs past the rows, skips routed rows (the dense backup computes them), lists each row of more
-// than long_row entries at long_rows[control[1]++] for the long-row kernel (the first phase only:
-// not axpys), and calls row_fn(row) for every other row.
+// The queue protocol of the warp-per-row passes (training's for_each_short_row, inference's
+// row_ffn_kernel), for a row a warp has taken from its queue: whether the row is the warp's, a
+// compact row (row_slot -1: not routed, nor marked for routing; the dense backup computes those)
+// of at most long_row entries. A longer one is a long-row kernel's: list_long(row) lists it.
+template <typename ListFn>
+__device__ __forceinline__ bool is_short_row(const TwellView& tw, int64_t row, int long_row, int lane,
+                                             ListFn&& list_long) {
+  if (tw.row_slot[row] != -1) return false;
+  if (row_entries(tw, row, lane) > long_row) {
+    list_long(row);
+    return false;
+  }
+  return true;
+}
+
+// Training's warp-per-row passes (train_rows.cuh's warp_row_kernel): the warp takes rows from its
+// phase's queue head (control[0]; the axpys phase's control[2]) until it runs past the rows and
+// calls row_fn(row) for each of its rows (is_short_row); the first phase (not axpys) lists the
+// long rows at long_rows[control[1]++] for the long-row kernel.
 template <Phase kPhase, typename RowFn>
 __device__ __forceinline__ void for_each_short_row(const TwellView& tw, int32_t* control, int32_t* long_rows,
                                                    int long_row, int lane, RowFn&& row_fn) {
   constexpr int kQueue = kPhase == Phase::axpys ? 2 : 0;
   constexpr bool kListLong = kPhase != Phase::axpys;
+  auto list_long = [&](int64_t row) {
+    if (kListLong && lane == 0) long_rows[atomicAdd(&control[1], 1)] = int32_t(row);
+  };
   for (;;) {
     const int64_t row = next_row(&control[kQueue], lane);
     if (row >= tw.shape.rows) return;
-    if (tw.row_slot[row] >= 0) continue;
-    if (row_entries(tw, row, lane) > long_row) {
-      if (kListLong && lane == 0) long_rows[atomicAdd(&control[1], 1)] = int32_t(row);
-      continue;
-    }
-    row_fn(row);
+    if (is_short_row(tw, row, long_row, lane, list_long)) row_fn(row);
   }
 }
 
