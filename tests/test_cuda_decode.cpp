@@ -2,7 +2,8 @@
 // M from 1 to 17 and around the decode limit and past it (where the TwELL path takes over), every
 // activation pattern, both kinds and 16-bit dtypes, K and N that are not multiples of the column
 // slice or the neuron chunk; the LLM shape at 0.5%; bit-identical reruns (entries split over
-// several CTAs per column slice); counters. Graph capture: CudaGraph (test_cuda_inference.cpp).
+// several CTAs per column slice); counters; up to M = 4 both the fused kernel and the two-kernel
+// path (GateKernel::portable), and the fused kernel's N and K limits. Graph capture: CudaGraph (test_cuda_inference.cpp).
 #include "common.hpp"
 
 #ifdef TWELL_WITH_CUDA
@@ -59,6 +60,14 @@ TEST_P(CudaDecode, MatchesOracle) {
     const Outcome again = run_once(plan, d);
     EXPECT_EQ(first.y, again.y) << "a rerun differs: " << d.p.spec.describe();
   }
+  // Up to FusedDecodeConfig::kMaxRows the automatic gate runs the fused kernel; the portable gate
+  // keeps the two-kernel decode path, which must agree with the oracle too.
+  if (c.m <= gpu::FusedDecodeConfig::kMaxRows) {
+    o.gate = GateKernel::portable;
+    InferencePlan portable(d.weights(), o);
+    const Outcome two_kernel = run_once(portable, d);
+    expect_matches_oracle(d, two_kernel.y, "two-kernel decode");
+  }
 }
 
 std::vector<DecodeCase> decode_cases() {
@@ -77,6 +86,11 @@ std::vector<DecodeCase> decode_cases() {
   out.push_back({FfnKind::plain, DType::f16, Pattern::heavy_tailed, 0.01, 5, 8192, 520});
   out.push_back({FfnKind::gated, DType::f16, Pattern::uniform, 0.01, 16, 4096, 1048});
   out.push_back({FfnKind::gated, DType::bf16, Pattern::heavy_tailed, 0.01, 12, 8192, 520});
+  // The fused decode kernel's limits: N at its list capacity and one vector past it, K at the
+  // backend's largest.
+  out.push_back({FfnKind::gated, DType::bf16, Pattern::uniform, 0.01, 2, 264, 32768});
+  out.push_back({FfnKind::plain, DType::bf16, Pattern::edge_rows, 0.01, 1, 264, 32776});
+  out.push_back({FfnKind::gated, DType::f16, Pattern::heavy_tailed, 0.01, 4, 16384, 520});
   return out;
 }
 

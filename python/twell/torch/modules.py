@@ -156,7 +156,8 @@ class _SparseFFN(nn.Module):
             plan = None
             if not _plain_eager(x2):
                 y, counters = torch.ops.twell.ffn(*args)
-                self.l0 = counters[1].float() / max(x2.shape[0], 1)
+                # Kept, divided on first read (l0): no tensor operation in a compiled graph.
+                self._l0_counts, self._l0_rows = counters, x2.shape[0]
                 self.l1_loss, self.ran_dense = None, None
             else:
                 if x2.dtype == up.dtype and x2.device == up.device:

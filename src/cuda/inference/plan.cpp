@@ -4,13 +4,16 @@
 //           backup; on sm_90a the gate GEMM packs TwELL itself (gate_pack.cu), G holds only
 //           routed rows
 //   decode (the sparse path of M <= DecodeConfig::kMaxRows): G (cuBLASLt) ->
-//           active lists and up dots per (token, neuron chunk) -> down axpys per column slice
+//           active lists and up dots per (token, neuron chunk) -> down axpys per column slice;
+//           up to FusedDecodeConfig::kMaxRows rows (GateKernel::automatic) one cooperative kernel:
+//           gate GEMV with the up dots of the active rows -> grid barrier -> down rows
 //   dense:  G (cuBLASLt) [-> U = x Wu^T] -> h = relu(G) [* U] -> y = h Wd (cuBLASLt)
 // W1 is the gate weight (gated) or the up weight (plain). docs/kernels.md has the reasoning.
 // The ReLU is twell's own (relu in element.cuh: NaN stays NaN), never cuBLASLt's epilogue; a row
 // with a NaN or infinite gate value is routed to the dense backup, which multiplies every relu(g)
 // by its u: NaN and Inf in x or a NaN gate weight reach y as in the dense computation.
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <iterator>
 #include <limits>
@@ -48,6 +51,9 @@ class CudaInference final : public detail::InferenceBackend {
     lt_ = std::make_unique<LtGemm>(dims_.dtype);
     calibration_ = std::make_unique<DispatchCalibration>();
     order_ = std::make_unique<RunOrder>(kPlanOp);
+    if (o.gate == GateKernel::automatic)
+      for (int64_t r = 1; r <= FusedDecodeConfig::kMaxRows; ++r)
+        fused_decode_[size_t(r)] = fused_decode_setup(dims_.kind, dims_.dtype, r, dims_.k, dims_.n, device_);
   }
 
   size_t workspace_bytes(int64_t rows) const override {
@@ -118,7 +124,8 @@ class CudaInference final : public detail::InferenceBackend {
              s, b.lt);
   }
   void run_sparse(const InferenceArgs& args, int64_t rows, const Buffers& b, bool capturing, cudaStream_t s);
-  void run_decode(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s);
+  // Returns whether it wrote args.counters (the fused kernel does).
+  bool run_decode(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s);
   void run_dense(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s);
 
   FfnWeights weights_;
@@ -132,6 +139,8 @@ class CudaInference final : public detail::InferenceBackend {
   RoutedCapacity routed_capacity_{kRunOp, options_.determinism};  // how many backup rows cuBLAS takes
   std::unique_ptr<RunOrder> order_;  // runs across streams; the plan's own workspace
   std::unique_ptr<GraphTrial> graph_trial_;  // dispatch's graph-timed trials (made on first use)
+  // The fused decode kernel's grid per M (ctas = 0: the two-kernel decode path).
+  std::array<FusedDecodeLaunch, FusedDecodeConfig::kMaxRows + 1> fused_decode_{};
 };
 
 RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* workspace) {
@@ -168,13 +177,14 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
   // The run's work on a stream; `in_graph`: inside a capture (the caller's or a graph trial's).
   const auto enqueue = [&](cudaStream_t on, bool in_graph) {
     check_cuda(cudaMemsetAsync(b.control, 0, b.layout.control_bytes, on), kRunOp, "run counters");
+    bool counted = false;  // the path wrote `counters` itself
     if (dense)
       run_dense(args, rows, b, on);
     else if (rows <= DecodeConfig::kMaxRows)
-      run_decode(args, rows, b, on);
+      counted = run_decode(args, rows, b, on);
     else
       run_sparse(args, rows, b, in_graph, on);
-    if (counters != nullptr) launch_write_counters(b.control, counters, on);
+    if (counters != nullptr && !counted) launch_write_counters(b.control, counters, on);
   };
   // Eager runs under automatic dispatch: the count probed, trials timed as they run or as a graph.
   const bool calibrate = !capturing && options_.dispatch == Dispatch::automatic;
@@ -271,7 +281,27 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
   routed_capacity_.record(backup_count, rows, capturing, s);
 }
 
-void CudaInference::run_decode(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s) {
+bool CudaInference::run_decode(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s) {
+  if (rows <= FusedDecodeConfig::kMaxRows && fused_decode_[size_t(rows)].ctas > 0) {
+    FusedDecodeArgs f;
+    f.kind = dims_.kind;
+    f.dtype = dims_.dtype;
+    f.x = args.x.data;
+    f.first = first_weight();
+    f.up = weights_.up.data;
+    f.down = weights_.down.data;
+    f.y = args.y.data;
+    f.rows = rows;
+    f.k = dims_.k;
+    f.n = dims_.n;
+    f.h = reinterpret_cast<float*>(b.base + b.layout.decode_h);
+    f.bitmap = reinterpret_cast<uint32_t*>(b.base + b.layout.decode_bitmap);
+    f.arrivals = &b.control->decode_arrivals;
+    f.active = &b.control->active;
+    f.counters = static_cast<int64_t*>(args.counters.data);
+    launch_fused_decode(f, fused_decode_[size_t(rows)], s);
+    return true;
+  }
   run_gate(args, rows, b, s);
   DecodeArgs d;
   d.kind = dims_.kind;
@@ -292,6 +322,7 @@ void CudaInference::run_decode(const InferenceArgs& args, int64_t rows, const Bu
   d.arrivals = reinterpret_cast<int32_t*>(b.base + b.layout.decode_arrivals);
   d.active = &b.control->active;
   launch_decode(d, device_, s);
+  return false;
 }
 
 void CudaInference::run_dense(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s) {

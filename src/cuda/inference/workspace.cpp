@@ -43,6 +43,8 @@ WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths
   l.ready = take(size_t(gate_ready_blocks(rows)) * sizeof(int32_t));
   const bool decode = paths != Paths::dense && rows <= DecodeConfig::kMaxRows;
   if (decode) l.decode_arrivals = take(m * size_t(DecodeConfig::slices(d.k)) * sizeof(int32_t));
+  if (decode && rows <= FusedDecodeConfig::kMaxRows)
+    l.decode_bitmap = take(m * size_t((d.n + 31) / 32) * sizeof(uint32_t));
   l.control_bytes = at - l.control;
   l.lt = take(LtConfig::kWorkspaceBytes);
   l.hidden = take(m * size_t(d.n) * es);

@@ -28,6 +28,7 @@ struct RunCounters {
   int32_t num_long = 0;         // compact rows deferred to the long-row kernel (row_ffn.cu)
   int32_t next_long = 0;        // the long-row kernel's work queue head
   int32_t split_tiles[RoutedGemmConfig::kMaxSplitTiles] = {};  // routed GEMMs' split-K arrivals
+  uint32_t decode_arrivals = 0;  // the fused decode kernel's grid barrier (decode_fused.cu)
 };
 
 // Scratch of the routed GEMMs' split-K (routed_gemm.cu): fp32 partial tiles
@@ -252,5 +253,36 @@ struct DecodeGrid {
 };
 DecodeGrid decode_grid(int64_t rows, int64_t k, const DeviceInfo& dev);
 void launch_decode(const DecodeArgs& a, const DeviceInfo& dev, cudaStream_t s);
+
+// decode_fused.cu: the whole decode path in one cooperative kernel for M <= FusedDecodeConfig::kMaxRows
+// and N <= its kMaxIntermediate (GateKernel::automatic). h: [M, N] fp32 (only listed entries are
+// written or read); bitmap: [M, ceil(N / 32)] uint32 and arrivals: one uint32, both zero before the
+// launch.
+struct FusedDecodeArgs {
+  FfnKind kind = FfnKind::gated;
+  DType dtype = DType::bf16;
+  const void* x = nullptr;      // [rows, K]
+  const void* first = nullptr;  // W1 [N, K]: the gate weight (gated) or the up weight (plain)
+  const void* up = nullptr;     // Wu [N, K] (gated)
+  const void* down = nullptr;   // Wd [N, K]
+  void* y = nullptr;            // [rows, K]
+  int64_t rows = 0, k = 0, n = 0;
+  float* h = nullptr;
+  uint32_t* bitmap = nullptr;
+  uint32_t* arrivals = nullptr;
+  unsigned long long* active = nullptr;  // += the listed entries (RunCounters::active)
+  int64_t* counters = nullptr;  // optional: {0, active} written after the barrier (InferenceArgs)
+};
+// The grid of one M on one device: ctas = 0 when the kernel does not take it (then the two-kernel
+// decode path runs).
+struct FusedDecodeLaunch {
+  int ctas = 0;        // every CTA that fits on the device at once
+  int slice_cols = 0;  // columns of K per down work item
+  size_t smem = 0;     // dynamic shared memory: the token's list
+};
+// Once per plan and M (on the plan's device): sets the kernel's shared-memory limit and sizes its grid.
+FusedDecodeLaunch fused_decode_setup(FfnKind kind, DType dtype, int64_t rows, int64_t k, int64_t n,
+                                     const DeviceInfo& dev);
+void launch_fused_decode(const FusedDecodeArgs& a, const FusedDecodeLaunch& l, cudaStream_t s);
 
 }  // namespace twell::gpu

@@ -138,6 +138,22 @@ struct DecodeConfig {
   static int64_t slices(int64_t k) { return (k + kSliceCols - 1) / kSliceCols; }
 };
 
+// The single-kernel decode path (decode_fused.cu) for M <= kMaxRows: the gate as a GEMV over all
+// SMs (a warp per weight row), the up dots of the active rows beside it, one grid barrier, then the
+// down rows of the active neurons per column slice. A cooperative launch of every CTA that fits.
+struct FusedDecodeConfig {
+  static constexpr int64_t kMaxRows = 4;     // tokens per call; the kernel is instantiated per M
+  static constexpr int kThreads = 256;       // per CTA
+  static constexpr int kMinCtasPerSm = 2;    // launch bound: registers for two CTAs at least
+  static constexpr int kUnroll = 8;          // 16-byte loads of a weight row in flight per lane
+  static constexpr int kSliceCols = 8;       // the narrowest down slice: one vector per entry
+  static constexpr int kMaxSliceCols = 256;  // the widest: 32 vectors per entry, 8 entries a round
+  static constexpr int kEntryUnroll = 4;     // down rows in flight per thread
+  static constexpr int64_t kMaxIntermediate = 32768;  // N: the token's list (uint16) and its bitmap
+                                                      // words (4 a thread) fit the CTA
+  static constexpr int kWordsPerThread = int(kMaxIntermediate / 32 / kThreads);
+};
+
 // Dispatch's trials (calibration.hpp). Up to kGraphTimedRows rows a trial runs as a private CUDA
 // graph, timed by one replay: there eager runs are bound by kernel launches, not by the GPU, and
 // graph replays (decoding, torch.compile) see the GPU time alone.

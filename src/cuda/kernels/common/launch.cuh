@@ -56,4 +56,23 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+// kernel<<<grid, block, smem, s>>>(args...) as a cooperative launch: the launch fails unless every
+// CTA of the grid can be resident at once (a kernel with a grid barrier). Not chained: it starts
+// once the work before it has completed.
+template <typename... Params, typename... Args>
+void launch_cooperative(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                        Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = s;
+  cudaLaunchAttribute cooperative{};
+  cooperative.id = cudaLaunchAttributeCooperative;
+  cooperative.val.cooperative = 1;
+  config.attrs = &cooperative;
+  config.numAttrs = 1;
+  (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
 }  // namespace twell::gpu
