@@ -266,7 +266,7 @@ TEST_P(CudaGraph, CaptureAndReplay) {
   cuda_ok(cudaStreamEndCapture(s, &graph), "end capture");
   size_t nodes = 0;
   cuda_ok(cudaGraphGetNodes(graph, nullptr, &nodes), "graph nodes");
-  EXPECT_GT(nodes, 2u) << "the capture recorded (almost) nothing";
+  EXPECT_GE(nodes, 2u) << "the capture recorded (almost) nothing";  // the fused decode path: memset + kernel
   cudaGraphExec_t exec = nullptr;
   cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
 
