@@ -1,11 +1,15 @@
 // CUDA runner: CUDA-event timings on a non-blocking stream, with the L2 cache flushed (a memset of
 // twice its size) before every timed run so that no run starts with weights already in L2.
 // The gate-only floor is one cublasGemmEx (16-bit in and out, fp32 compute). With replay_graphs,
-// each job is captured into a CUDA graph at its first timed run and the replays are timed.
+// each job is captured into a CUDA graph at its first timed run and the replays are timed: the
+// graph holds kGraphLayers calls in turn, each on its own copy of the weights with its own plan (a
+// decoding step's layers: every call's weights come from memory), and a sample is the replay's
+// time over kGraphLayers, so the graph launch is paid once per step, as in a model.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -16,11 +20,14 @@
 namespace twell::testing {
 namespace {
 
+constexpr int kGraphLayers = 8;
+
 class CudaRunner final : public Runner {
  public:
   CudaRunner() { counters_.resize(2 * sizeof(int64_t)); }
   ~CudaRunner() override {
     drop_graphs();
+    layer_plans_.clear();
     plans_.clear();
   }
 
@@ -30,6 +37,7 @@ class CudaRunner final : public Runner {
   void load(Problem& p) override {
     drop_graphs();
     plans_.clear();
+    layer_plans_.clear();
     spec_ = p.spec;
     const size_t es = dtype_size(spec_.dtype);
     auto up = [&](DeviceBuffer& d, const std::vector<uint8_t>& h) {
@@ -48,6 +56,7 @@ class CudaRunner final : public Runner {
     if (spec_.kind == FfnKind::gated) w_.gate = TensorView::matrix(gate_.p, spec_.dtype, spec_.n, spec_.k, dev);
     w_.up = TensorView::matrix(up_.p, spec_.dtype, spec_.n, spec_.k, dev);
     w_.down = TensorView::matrix(down_.p, spec_.dtype, spec_.n, spec_.k, dev);
+    copy_layers();
   }
 
   // Synchronised, so automatic dispatch sees each timing, and after an L2 flush as every timed run:
@@ -69,7 +78,7 @@ class CudaRunner final : public Runner {
       check(cudaGraphInstantiate(&exec, graph, 0), "instantiate graph");
       cudaGraphDestroy(graph);
     }
-    return rig_.time([&] { check(cudaGraphLaunch(exec, stream_), "graph launch"); });
+    return rig_.time([&] { check(cudaGraphLaunch(exec, stream_), "graph launch"); }) / layers();
   }
 
   RunInfo run_once(Dispatch d, std::vector<uint8_t>& y_host) override {
@@ -103,25 +112,65 @@ class CudaRunner final : public Runner {
       if (g != nullptr) cudaGraphExecDestroy(std::exchange(g, nullptr));
   }
 
-  void job(Job j) {
-    if (j != Job::gate) {
-      plan_for(j == Job::dense ? Dispatch::force_dense : twell_dispatch_).run(args(false), stream_);
-      return;
+  int layers() const { return graphs_ ? kGraphLayers : 1; }
+
+  // With replay_graphs: layers 1.. of the graph, each a device copy of the loaded weights.
+  void copy_layers() {
+    layer_w_.assign(1, w_);
+    if (layers() == 1) return;
+    const size_t matrix = size_t(spec_.n * spec_.k) * dtype_size(spec_.dtype);
+    const size_t set = 3 * matrix;
+    copies_.resize(set * size_t(layers() - 1));
+    for (int l = 1; l < layers(); ++l) {
+      uint8_t* base = copies_.at(set * size_t(l - 1));
+      FfnWeights w = w_;
+      auto copy = [&](TensorView& v, const DeviceBuffer& from, size_t offset) {
+        check(cudaMemcpy(base + offset, from.p, matrix, cudaMemcpyDeviceToDevice), "copy weights");
+        v.data = base + offset;
+      };
+      if (spec_.kind == FfnKind::gated) copy(w.gate, gate_, 0);
+      copy(w.up, up_, matrix);
+      copy(w.down, down_, 2 * matrix);
+      layer_w_.push_back(w);
     }
-    // Row-major G[M, N] = x W^T is column-major G^T = W^T-view times x-view.
-    const cudaDataType_t t = spec_.dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
-    const void* first = spec_.kind == FfnKind::gated ? gate_.p : up_.p;
-    const float alpha = 1.0f, beta = 0.0f;
-    const int m = int(spec_.m), n = int(spec_.n), k = int(spec_.k);
-    check(cublasGemmEx(rig_.blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, first, t, k, x_.p, t, k, &beta,
-                       g_.p, t, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-          "cublasGemmEx");
+  }
+
+  // Layer l's plan with dispatch d (layer 0: plan_for), made at its first use.
+  InferencePlan& layer_plan(int l, Dispatch d) {
+    if (l == 0) return plan_for(d);
+    for (auto& [at, disp, plan] : layer_plans_)
+      if (at == l && disp == d) return plan;
+    InferenceOptions o = options_;
+    o.dispatch = d;
+    layer_plans_.emplace_back(l, d, InferencePlan(layer_w_[size_t(l)], o));
+    return std::get<2>(layer_plans_.back());
+  }
+
+  void job(Job j) {
+    for (int l = 0; l < layers(); ++l) {
+      if (j != Job::gate) {
+        layer_plan(l, j == Job::dense ? Dispatch::force_dense : twell_dispatch_).run(args(false), stream_);
+        continue;
+      }
+      // Row-major G[M, N] = x W^T is column-major G^T = W^T-view times x-view.
+      const cudaDataType_t t = spec_.dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+      const FfnWeights& w = layer_w_[size_t(l)];
+      const void* first = spec_.kind == FfnKind::gated ? w.gate.data : w.up.data;
+      const float alpha = 1.0f, beta = 0.0f;
+      const int m = int(spec_.m), n = int(spec_.n), k = int(spec_.k);
+      check(cublasGemmEx(rig_.blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, first, t, k, x_.p, t, k, &beta,
+                         g_.p, t, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmEx");
+    }
   }
 
   CudaRig rig_;
   cudaStream_t stream_ = rig_.stream;
   ProblemSpec spec_;
   DeviceBuffer x_, y_, g_, gate_, up_, down_, counters_;
+  DeviceBuffer copies_;                // layers 1.. of a replayed graph: gate, up, down each
+  std::vector<FfnWeights> layer_w_;    // [layers()]: w_, then the copies
+  std::vector<std::tuple<int, Dispatch, InferencePlan>> layer_plans_;  // layers 1..
   cudaGraphExec_t graphs_of_[3] = {};  // per Job, with replay_graphs
 };
 

@@ -121,16 +121,21 @@ __device__ __forceinline__ void gate_rows(const FusedDecodeArgs& a, int64_t word
   if (lane == 0 && listed != 0) atomicAdd(a.active, listed);
 }
 
-// Every CTA arrives, then waits for the rest; what any CTA wrote before is visible after.
+// Every CTA arrives, then waits for the rest; what any CTA wrote before is visible after (the
+// down phase reads h and the bitmap from L2). The wait polls with relaxed loads, which leave L1
+// alone (an acquiring load invalidates the SM's L1, where CTAs still in the gate keep x), and
+// fences once.
 __device__ __forceinline__ void grid_barrier(uint32_t* arrivals) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
     atomicAdd(arrivals, 1u);
     uint32_t seen = 0;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrivals) : "memory");
-    } while (seen < gridDim.x);
+    for (;;) {
+      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrivals) : "memory");
+      if (seen >= gridDim.x) break;
+      __nanosleep(32);
+    }
     __threadfence();
   }
   __syncthreads();
