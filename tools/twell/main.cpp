@@ -31,7 +31,8 @@ commands:
 bench options:
   --suite NAME      default | cpu | inference | decode | training | custom | real
                     (default: default; real: the layers of --from)
-                    decode: M = 1..4096 at K = 2048, N = 5632, 0.5-2%, CUDA graphs replayed
+                    decode: M = 1..4096 at K = 2048, N = 5632, 0.5-2%; each sample replays a
+                    CUDA graph of 8 calls on 8 weight copies (a decoding step) and counts per call
                     training: gated bf16 M = 16384..262144, K = 2048, N = 5632 on CUDA (a small
                     float32 case on CPU); dense = cuBLAS GEMMs + elementwise kernels; reports
                     step time, bytes saved for backward, peak bytes, twell vs dense difference
