@@ -282,45 +282,38 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
 }
 
 bool CudaInference::run_decode(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s) {
+  DecodeProblem p;
+  p.kind = dims_.kind;
+  p.dtype = dims_.dtype;
+  p.x = args.x.data;
+  p.up = weights_.up.data;
+  p.down = weights_.down.data;
+  p.y = args.y.data;
+  p.rows = rows;
+  p.k = dims_.k;
+  p.n = dims_.n;
+  p.active = &b.control->active;
   if (rows <= FusedDecodeConfig::kMaxRows && fused_decode_[size_t(rows)].ctas > 0) {
     FusedDecodeArgs f;
-    f.kind = dims_.kind;
-    f.dtype = dims_.dtype;
-    f.x = args.x.data;
+    static_cast<DecodeProblem&>(f) = p;
     f.first = first_weight();
-    f.up = weights_.up.data;
-    f.down = weights_.down.data;
-    f.y = args.y.data;
-    f.rows = rows;
-    f.k = dims_.k;
-    f.n = dims_.n;
     f.h = reinterpret_cast<float*>(b.base + b.layout.decode_h);
     f.bitmap = reinterpret_cast<uint32_t*>(b.base + b.layout.decode_bitmap);
     f.arrivals = &b.control->decode_arrivals;
-    f.active = &b.control->active;
     f.counters = static_cast<int64_t*>(args.counters.data);
     launch_fused_decode(f, fused_decode_[size_t(rows)], s);
     return true;
   }
   run_gate(args, rows, b, s);
   DecodeArgs d;
-  d.kind = dims_.kind;
-  d.dtype = dims_.dtype;
-  d.x = args.x.data;
+  static_cast<DecodeProblem&>(d) = p;
   d.hidden = b.hidden;
-  d.up = weights_.up.data;
-  d.down = weights_.down.data;
-  d.y = args.y.data;
-  d.rows = rows;
-  d.k = dims_.k;
-  d.n = dims_.n;
   d.chunks = DecodeConfig::chunks(dims_.n);
   d.counts = reinterpret_cast<int32_t*>(b.base + b.layout.decode_counts);
   d.neurons = reinterpret_cast<int32_t*>(b.base + b.layout.decode_neurons);
   d.h = reinterpret_cast<float*>(b.base + b.layout.decode_h);
   d.partials = reinterpret_cast<float*>(b.base + b.layout.decode_partials);
   d.arrivals = reinterpret_cast<int32_t*>(b.base + b.layout.decode_arrivals);
-  d.active = &b.control->active;
   launch_decode(d, device_, s);
   return false;
 }

@@ -227,25 +227,30 @@ int64_t launch_dense_hidden(const DenseHiddenArgs& a, const DeviceInfo& dev, cud
 // counters.cu: counters (int64 [2]) = {num_routed, active}.
 void launch_write_counters(const RunCounters* c, int64_t* counters, cudaStream_t s);
 
+// What both decode paths take: the problem and the run's active total.
+struct DecodeProblem {
+  FfnKind kind = FfnKind::gated;
+  DType dtype = DType::bf16;
+  const void* x = nullptr;     // [rows, K]
+  const void* up = nullptr;    // Wu [N, K]
+  const void* down = nullptr;  // Wd [N, K]
+  void* y = nullptr;           // [rows, K]
+  int64_t rows = 0, k = 0, n = 0;
+  unsigned long long* active = nullptr;  // += the active entries (RunCounters::active)
+};
+
 // decode.cu: the decode path's two kernels after the gate GEMM (G = x W1^T in `hidden`).
 // Lists per (token, chunk of DecodeConfig::kChunk neurons): counts [M, chunks] int32,
 // neurons and h [M, chunks, kChunk] (int32, fp32). partials: [splits, M, K] fp32 when
 // decode_grid(...).splits > 1; arrivals: int32 [M, slices], zero before the launch.
-struct DecodeArgs {
-  FfnKind kind = FfnKind::gated;
-  DType dtype = DType::bf16;
-  const void* x = nullptr;       // [rows, K]
+struct DecodeArgs : DecodeProblem {
   const void* hidden = nullptr;  // G [rows, N], before the ReLU
-  const void* up = nullptr;      // Wu [N, K]
-  const void* down = nullptr;    // Wd [N, K]
-  void* y = nullptr;             // [rows, K]
-  int64_t rows = 0, k = 0, n = 0, chunks = 0;
+  int64_t chunks = 0;
   int32_t* counts = nullptr;
   int32_t* neurons = nullptr;
   float* h = nullptr;
   float* partials = nullptr;
   int32_t* arrivals = nullptr;
-  unsigned long long* active = nullptr;  // += the active entries (RunCounters::active)
 };
 struct DecodeGrid {
   int64_t slices = 1;  // column slices of K
@@ -258,19 +263,11 @@ void launch_decode(const DecodeArgs& a, const DeviceInfo& dev, cudaStream_t s);
 // and N <= its kMaxIntermediate (GateKernel::automatic). h: [M, N] fp32 (only listed entries are
 // written or read); bitmap: [M, ceil(N / 32)] uint32 and arrivals: one uint32, both zero before the
 // launch.
-struct FusedDecodeArgs {
-  FfnKind kind = FfnKind::gated;
-  DType dtype = DType::bf16;
-  const void* x = nullptr;      // [rows, K]
+struct FusedDecodeArgs : DecodeProblem {
   const void* first = nullptr;  // W1 [N, K]: the gate weight (gated) or the up weight (plain)
-  const void* up = nullptr;     // Wu [N, K] (gated)
-  const void* down = nullptr;   // Wd [N, K]
-  void* y = nullptr;            // [rows, K]
-  int64_t rows = 0, k = 0, n = 0;
   float* h = nullptr;
   uint32_t* bitmap = nullptr;
   uint32_t* arrivals = nullptr;
-  unsigned long long* active = nullptr;  // += the listed entries (RunCounters::active)
   int64_t* counters = nullptr;  // optional: {0, active} written after the barrier (InferenceArgs)
 };
 // The grid of one M on one device: ctas = 0 when the kernel does not take it (then the two-kernel

@@ -37,22 +37,29 @@ __device__ __forceinline__ void chain_without_wait() {
 #endif
 }
 
-// kernel<<<grid, block, smem, s>>>(args...), chained when chained_launches(). Errors surface
-// through check_launch (cudaGetLastError), as for <<<>>>.
-template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+// The launch configuration of kernel<<<grid, block, smem, s>>> with at most one attribute.
+inline cudaLaunchConfig_t launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                        cudaLaunchAttribute* attribute) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = s;
+  if (attribute != nullptr) {
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
+  return config;
+}
+
+// kernel<<<grid, block, smem, s>>>(args...), chained when chained_launches(). Errors surface
+// through check_launch (cudaGetLastError), as for <<<>>>.
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
   cudaLaunchAttribute chain{};
   chain.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   chain.val.programmaticStreamSerializationAllowed = 1;
-  if (chained_launches()) {
-    config.attrs = &chain;
-    config.numAttrs = 1;
-  }
+  const cudaLaunchConfig_t config = launch_config(grid, block, smem, s, chained_launches() ? &chain : nullptr);
   (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
@@ -62,16 +69,10 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
 template <typename... Params, typename... Args>
 void launch_cooperative(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                         Args&&... args) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = s;
   cudaLaunchAttribute cooperative{};
   cooperative.id = cudaLaunchAttributeCooperative;
   cooperative.val.cooperative = 1;
-  config.attrs = &cooperative;
-  config.numAttrs = 1;
+  const cudaLaunchConfig_t config = launch_config(grid, block, smem, s, &cooperative);
   (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
