@@ -29,6 +29,20 @@ std::unique_ptr<InferenceBackend> make_cpu_inference(const FfnWeights& w, const 
 std::unique_ptr<InferenceBackend> make_cuda_inference(const FfnWeights& w,
                                                       const InferenceOptions& o);
 
+// A plan's Impl for validated weights: the weights, the options resolved for their device and
+// that device's backend (InferencePlan's and TrainingPlan's constructors).
+template <typename Impl, typename Options, typename Resolve, typename MakeCpu, typename MakeCuda>
+std::unique_ptr<Impl> make_plan_impl(const FfnWeights& w, const Options& o, const char* op, Resolve resolve,
+                                     MakeCpu make_cpu, MakeCuda make_cuda) {
+  w.validate(op);
+  auto impl = std::make_unique<Impl>();
+  impl->weights = w;
+  const Device dev = w.up.device;
+  impl->options = resolve(o, dev);
+  impl->backend = dev.type == DeviceType::cpu ? make_cpu(w, impl->options) : make_cuda(w, impl->options);
+  return impl;
+}
+
 class TrainingBackend {
  public:
   virtual ~TrainingBackend() = default;

@@ -103,15 +103,8 @@ class InferencePlan::Impl {
 };
 
 InferencePlan::InferencePlan(const FfnWeights& weights, const InferenceOptions& options)
-    : impl_(std::make_unique<Impl>()) {
-  weights.validate("InferencePlan");
-  impl_->weights = weights;
-  const Device dev = weights.up.device;
-  impl_->options = detail::resolve_inference_options(options, dev);
-  impl_->backend = dev.type == DeviceType::cpu
-                       ? detail::make_cpu_inference(weights, impl_->options)
-                       : detail::make_cuda_inference(weights, impl_->options);
-}
+    : impl_(detail::make_plan_impl<Impl>(weights, options, "InferencePlan", detail::resolve_inference_options,
+                                         detail::make_cpu_inference, detail::make_cuda_inference)) {}
 
 InferencePlan::~InferencePlan() = default;
 InferencePlan::InferencePlan(InferencePlan&&) noexcept = default;

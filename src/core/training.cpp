@@ -133,15 +133,8 @@ class TrainingPlan::Impl {
 };
 
 TrainingPlan::TrainingPlan(const FfnWeights& weights, const TrainingOptions& options)
-    : impl_(std::make_unique<Impl>()) {
-  weights.validate("TrainingPlan");
-  impl_->weights = weights;
-  const Device dev = weights.up.device;
-  impl_->options = detail::resolve_training_options(options, dev);
-  impl_->backend = dev.type == DeviceType::cpu
-                       ? detail::make_cpu_training(weights, impl_->options)
-                       : detail::make_cuda_training(weights, impl_->options);
-}
+    : impl_(detail::make_plan_impl<Impl>(weights, options, "TrainingPlan", detail::resolve_training_options,
+                                         detail::make_cpu_training, detail::make_cuda_training)) {}
 
 TrainingPlan::~TrainingPlan() = default;
 TrainingPlan::TrainingPlan(TrainingPlan&&) noexcept = default;
