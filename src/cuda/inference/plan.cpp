@@ -301,8 +301,8 @@ bool CudaInference::run_decode(const InferenceArgs& args, int64_t rows, const Bu
     f.bitmap = reinterpret_cast<uint32_t*>(b.base + b.layout.decode_bitmap);
     f.arrivals = &b.control->decode_arrivals;
     f.counters = static_cast<int64_t*>(args.counters.data);
-    launch_fused_decode(f, fused_decode_[size_t(rows)], s);
-    return true;
+    if (launch_fused_decode(f, fused_decode_[size_t(rows)], s)) return true;
+    fused_decode_[size_t(rows)].ctas = 0;  // refused (fewer SMs than at setup): two kernels from now on
   }
   run_gate(args, rows, b, s);
   DecodeArgs d;

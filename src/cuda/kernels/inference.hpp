@@ -280,6 +280,7 @@ struct FusedDecodeLaunch {
 // Once per plan and M (on the plan's device): sets the kernel's shared-memory limit and sizes its grid.
 FusedDecodeLaunch fused_decode_setup(FfnKind kind, DType dtype, int64_t rows, int64_t k, int64_t n,
                                      const DeviceInfo& dev);
-void launch_fused_decode(const FusedDecodeArgs& a, const FusedDecodeLaunch& l, cudaStream_t s);
+// False when the device cannot hold the grid at once now (nothing enqueued): run the two-kernel path.
+bool launch_fused_decode(const FusedDecodeArgs& a, const FusedDecodeLaunch& l, cudaStream_t s);
 
 }  // namespace twell::gpu

@@ -65,15 +65,16 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
 
 // kernel<<<grid, block, smem, s>>>(args...) as a cooperative launch: the launch fails unless every
 // CTA of the grid can be resident at once (a kernel with a grid barrier). Not chained: it starts
-// once the work before it has completed.
+// once the work before it has completed. Returns the launch's status (cudaErrorCooperativeLaunchTooLarge
+// where fewer SMs are available than the grid was sized for, e.g. under MPS limits).
 template <typename... Params, typename... Args>
-void launch_cooperative(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                        Args&&... args) {
+cudaError_t launch_cooperative(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                               Args&&... args) {
   cudaLaunchAttribute cooperative{};
   cooperative.id = cudaLaunchAttributeCooperative;
   cooperative.val.cooperative = 1;
   const cudaLaunchConfig_t config = launch_config(grid, block, smem, s, &cooperative);
-  (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 }  // namespace twell::gpu

@@ -283,11 +283,16 @@ FusedDecodeLaunch fused_decode_setup(FfnKind kind, DType dtype, int64_t rows, in
   return l;
 }
 
-void launch_fused_decode(const FusedDecodeArgs& a, const FusedDecodeLaunch& l, cudaStream_t s) {
+bool launch_fused_decode(const FusedDecodeArgs& a, const FusedDecodeLaunch& l, cudaStream_t s) {
   const char* op = "InferencePlan::run";
-  launch_cooperative(fused_kernel(a.kind, a.dtype, a.rows, op), dim3(unsigned(l.ctas)), dim3(Cfg::kThreads),
-                     l.smem, s, a, l.slice_cols);
+  const cudaError_t status = launch_cooperative(fused_kernel(a.kind, a.dtype, a.rows, op), dim3(unsigned(l.ctas)),
+                                                dim3(Cfg::kThreads), l.smem, s, a, l.slice_cols);
+  if (status == cudaErrorCooperativeLaunchTooLarge) {
+    (void)cudaGetLastError();  // a configuration error, not sticky: cleared, nothing was enqueued
+    return false;
+  }
   check_launch(op, "fused decode kernel");
+  return true;
 }
 
 }  // namespace twell::gpu
