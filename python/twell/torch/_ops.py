@@ -165,11 +165,16 @@ def _backward_train(ctx, dy, dsaved, dstats):
     l1_coef = x.new_zeros(1, dtype=torch.float32) if dstats is None else dstats[1:2].contiguous()
     grads = ffn_train_backward(dy, x, gate, up, down, saved, l1_coef, ctx.tile, ctx.capacity,
                                ctx.dispatch, ctx.dense_above)
-    dx, weight_grads = grads[0], grads[1:]
-    if gate is None:
-        weight_grads = [None] + weight_grads
-    dgate, dup, ddown = (None if g is None else g.to(w.dtype)
-                         for g, w in zip(weight_grads, (gate, up, down)))
+    dx = grads[0]
+    weight_grads = ([None] if gate is None else []) + grads[1:]
+    del grads
+    # In the weights' dtype one at a time, each fp32 gradient released once cast: at most one
+    # cast copy beside the fp32 ones, not all three.
+    for i, w in enumerate((gate, up, down)):
+        g, weight_grads[i] = weight_grads[i], None
+        weight_grads[i] = None if g is None else g.to(w.dtype)
+        del g
+    dgate, dup, ddown = weight_grads
     return dx, dgate, dup, ddown, None, None, None, None
 
 
