@@ -146,8 +146,7 @@ void run_case(Runner& runner, testing::Problem& p, const Options& o, int warmup,
 }  // namespace
 
 Cases::Cases(const Options& o, std::vector<ProblemSpec> specs)
-    : o_(o),
-      specs_(o.from_dir.empty() ? std::move(specs) : std::vector<ProblemSpec>()),
+    : o_(o), specs_(std::move(specs)),
       count_(o.from_dir.empty() ? specs_.size() : size_t(testing::captured_layers(o.from_dir))) {}
 
 testing::Problem Cases::load(size_t i) const {
@@ -167,7 +166,7 @@ std::vector<Row> run(const Options& o, std::ostream& progress) {
   runner->configure(o.plan, o.dispatch);
   runner->replay_graphs(o.suite == "decode");
   const int warmup = o.warmup_runs(), reps = o.timed_reps();
-  const Cases cases(o, suite_cases(o.suite, cuda, o.custom));
+  const Cases cases(o, o.from_dir.empty() ? suite_cases(o.suite, cuda, o.custom) : std::vector<ProblemSpec>());
   std::vector<Row> rows;
   for (size_t i = 0; i < cases.size(); ++i) {
     testing::Problem p = cases.load(i);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "capture.hpp"
+#include "harness.hpp"   // bench/: the inference suite over captured layers
 #include "training.hpp"  // bench/: the training suite over captured layers
 #include "common.hpp"
 
@@ -194,6 +195,31 @@ TEST(Capture, TrainingSuiteRunsEveryLayer) {
   const auto cut = bench::run_training(o, progress);
   ASSERT_EQ(cut.size(), 2u);
   EXPECT_EQ(cut[1].spec.m, 7);
+}
+
+// `twell bench --from` times inference per captured layer (the suite named "real" by the CLI):
+// a row per layer, naming it, within the oracle's tolerance.
+TEST(Capture, InferenceSuiteRunsEveryLayer) {
+  TempDir d;
+  for (int i = 0; i < 2; ++i) {
+    testing::Problem p = testing::make_problem({FfnKind::gated, 30 + i, 64, 300, DType::f32, Pattern::heavy_tailed,
+                                                0.02, 64, seed(730 + i)});
+    write_layer(d, i, p);
+  }
+  bench::Options o;
+  o.suite = "real";
+  o.backend = "cpu";
+  o.from_dir = d.path();
+  o.warmup = 1;
+  o.reps = 1;
+  std::ostringstream progress;
+  const std::vector<bench::Row> rows = bench::run(o, progress);
+  ASSERT_EQ(rows.size(), 2u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i].source, d.path() + " layer " + std::to_string(i));
+    EXPECT_EQ(rows[i].spec.m, 30 + int64_t(i));
+    EXPECT_GE(rows[i].tolerance, 0) << "layer " << i << ": error " << rows[i].error;
+  }
 }
 
 TEST(Capture, MismatchedLayerFilesRaise) {
