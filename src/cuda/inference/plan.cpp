@@ -51,7 +51,7 @@ class CudaInference final : public detail::InferenceBackend {
     lt_ = std::make_unique<LtGemm>(dims_.dtype);
     calibration_ = std::make_unique<DispatchCalibration>();
     order_ = std::make_unique<RunOrder>(kPlanOp);
-    if (o.gate == GateKernel::automatic)
+    if (o.gate == GateKernel::automatic && o.dispatch != Dispatch::force_dense)
       for (int64_t r = 1; r <= FusedDecodeConfig::kMaxRows; ++r)
         fused_decode_[size_t(r)] = fused_decode_setup(dims_.kind, dims_.dtype, r, dims_.k, dims_.n, device_);
   }
@@ -299,7 +299,7 @@ bool CudaInference::run_decode(const InferenceArgs& args, int64_t rows, const Bu
     f.first = first_weight();
     f.h = reinterpret_cast<float*>(b.base + b.layout.decode_h);
     f.bitmap = reinterpret_cast<uint32_t*>(b.base + b.layout.decode_bitmap);
-    f.arrivals = &b.control->decode_arrivals;
+    f.arrivals = reinterpret_cast<uint32_t*>(b.base + b.layout.decode_arrivals);
     f.counters = static_cast<int64_t*>(args.counters.data);
     if (launch_fused_decode(f, fused_decode_[size_t(rows)], s)) return true;
     fused_decode_[size_t(rows)].ctas = 0;  // refused (fewer SMs than at setup): two kernels from now on

@@ -20,7 +20,8 @@ struct WorkspaceLayout {
   size_t control = 0;      // RunCounters
   size_t ready = 0;        // the overlapped gate's row-block counters [gate_ready_blocks] int32;
                            // right after control: one memset zeroes both (control_bytes)
-  size_t decode_arrivals = 0;  // decode path: axpys arrivals [M, slices] int32, zeroed with control
+  size_t decode_arrivals = 0;  // decode path: axpys arrivals [M, slices] int32 (the fused kernel's
+                               // barrier: the first word), zeroed with control
   size_t decode_bitmap = 0;    // fused decode path: [M, ceil(N / 32)] uint32, zeroed with control
   size_t control_bytes = 0;
   size_t lt = 0;           // cuBLASLt scratch

@@ -28,7 +28,6 @@ struct RunCounters {
   int32_t num_long = 0;         // compact rows deferred to the long-row kernel (row_ffn.cu)
   int32_t next_long = 0;        // the long-row kernel's work queue head
   int32_t split_tiles[RoutedGemmConfig::kMaxSplitTiles] = {};  // routed GEMMs' split-K arrivals
-  uint32_t decode_arrivals = 0;  // the fused decode kernel's grid barrier (decode_fused.cu)
 };
 
 // Scratch of the routed GEMMs' split-K (routed_gemm.cu): fp32 partial tiles
@@ -262,7 +261,7 @@ void launch_decode(const DecodeArgs& a, const DeviceInfo& dev, cudaStream_t s);
 // decode_fused.cu: the whole decode path in one cooperative kernel for M <= FusedDecodeConfig::kMaxRows
 // and N <= its kMaxIntermediate (GateKernel::automatic). h: [M, N] fp32 (only listed entries are
 // written or read); bitmap: [M, ceil(N / 32)] uint32 and arrivals: one uint32, both zero before the
-// launch.
+// launch (arrivals: the first word of the two-kernel path's arrival counters).
 struct FusedDecodeArgs : DecodeProblem {
   const void* first = nullptr;  // W1 [N, K]: the gate weight (gated) or the up weight (plain)
   float* h = nullptr;
@@ -272,7 +271,9 @@ struct FusedDecodeArgs : DecodeProblem {
 };
 // The grid of one M on one device: ctas = 0 when the kernel does not take it (then the two-kernel
 // decode path runs).
+using FusedDecodeKernel = void (*)(FusedDecodeArgs, int);
 struct FusedDecodeLaunch {
+  FusedDecodeKernel kernel = nullptr;  // the instantiation for the plan's kind, dtype and M
   int ctas = 0;        // every CTA that fits on the device at once
   int slice_cols = 0;  // columns of K per down work item
   size_t smem = 0;     // dynamic shared memory: the token's list

@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtasPerSm) fused_decod
   }
 }
 
-using Kernel = void (*)(FusedDecodeArgs, int);
+using Kernel = FusedDecodeKernel;
 
 template <typename T, int kRows>
 Kernel kernel_for(FfnKind kind) {
@@ -263,18 +263,18 @@ FusedDecodeLaunch fused_decode_setup(FfnKind kind, DType dtype, int64_t rows, in
   const char* op = "InferencePlan";
   FusedDecodeLaunch l;
   if (rows < 1 || rows > Cfg::kMaxRows || n > Cfg::kMaxIntermediate) return l;
-  int cooperative = 0;
-  check_cuda(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, dev.index), op,
-             "cudaDevAttrCooperativeLaunch");
-  if (cooperative == 0) return l;
   const Kernel kernel = fused_kernel(kind, dtype, rows, op);
-  const size_t smem = (size_t(n) * sizeof(uint16_t) + 15) / 16 * 16;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), op,
+  // The kernel's limit, not this plan's need: the attribute belongs to the kernel, which plans of
+  // other N share.
+  constexpr size_t kMostSmem = size_t(Cfg::kMaxIntermediate) * sizeof(uint16_t);
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMostSmem)), op,
              "fused decode kernel's shared memory");
+  const size_t smem = (size_t(n) * sizeof(uint16_t) + 15) / 16 * 16;
   int per_sm = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, smem), op,
              "fused decode kernel's occupancy");
   if (per_sm < 1) return l;
+  l.kernel = kernel;
   l.ctas = per_sm * dev.sm_count;
   l.smem = smem;
   int s = Cfg::kSliceCols;
@@ -284,14 +284,13 @@ FusedDecodeLaunch fused_decode_setup(FfnKind kind, DType dtype, int64_t rows, in
 }
 
 bool launch_fused_decode(const FusedDecodeArgs& a, const FusedDecodeLaunch& l, cudaStream_t s) {
-  const char* op = "InferencePlan::run";
-  const cudaError_t status = launch_cooperative(fused_kernel(a.kind, a.dtype, a.rows, op), dim3(unsigned(l.ctas)),
-                                                dim3(Cfg::kThreads), l.smem, s, a, l.slice_cols);
+  const cudaError_t status =
+      launch_cooperative(l.kernel, dim3(unsigned(l.ctas)), dim3(Cfg::kThreads), l.smem, s, a, l.slice_cols);
   if (status == cudaErrorCooperativeLaunchTooLarge) {
     (void)cudaGetLastError();  // a configuration error, not sticky: cleared, nothing was enqueued
     return false;
   }
-  check_launch(op, "fused decode kernel");
+  check_launch("InferencePlan::run", "fused decode kernel");
   return true;
 }
 
