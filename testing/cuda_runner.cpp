@@ -9,7 +9,6 @@
 #include <cuda_runtime_api.h>
 
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -27,7 +26,6 @@ class CudaRunner final : public Runner {
   CudaRunner() { counters_.resize(2 * sizeof(int64_t)); }
   ~CudaRunner() override {
     drop_graphs();
-    layer_plans_.clear();
     plans_.clear();
   }
 
@@ -37,7 +35,6 @@ class CudaRunner final : public Runner {
   void load(Problem& p) override {
     drop_graphs();
     plans_.clear();
-    layer_plans_.clear();
     spec_ = p.spec;
     const size_t es = dtype_size(spec_.dtype);
     auto up = [&](DeviceBuffer& d, const std::vector<uint8_t>& h) {
@@ -81,9 +78,12 @@ class CudaRunner final : public Runner {
     return rig_.time([&] { check(cudaGraphLaunch(exec, stream_), "graph launch"); }) / layers();
   }
 
+  // Every layer's plan runs (each keeps its own dispatch trials level with layer 0's); layer 0,
+  // last, gives y, the counters and the run info.
   RunInfo run_once(Dispatch d, std::vector<uint8_t>& y_host) override {
-    InferencePlan& plan = plan_for(d);
+    for (int l = layers() - 1; l >= 1; --l) plan_for(d, l).run(args(false), stream_);
     check(cudaMemsetAsync(y_.p, 0xff, y_.bytes, stream_), "poison y");
+    InferencePlan& plan = plan_for(d);
     plan.run(args(true), stream_);
     check(cudaStreamSynchronize(stream_), "run");
     y_host.resize(size_t(spec_.m * spec_.k) * dtype_size(spec_.dtype));
@@ -112,49 +112,37 @@ class CudaRunner final : public Runner {
       if (g != nullptr) cudaGraphExecDestroy(std::exchange(g, nullptr));
   }
 
-  int layers() const { return graphs_ ? kGraphLayers : 1; }
-
   // With replay_graphs: layers 1.. of the graph, each a device copy of the loaded weights.
   void copy_layers() {
-    layer_w_.assign(1, w_);
-    if (layers() == 1) return;
+    more_layers_.clear();
+    if (!graphs_) return;
     const size_t matrix = size_t(spec_.n * spec_.k) * dtype_size(spec_.dtype);
-    const size_t set = 3 * matrix;
-    copies_.resize(set * size_t(layers() - 1));
-    for (int l = 1; l < layers(); ++l) {
-      uint8_t* base = copies_.at(set * size_t(l - 1));
+    const bool gated = spec_.kind == FfnKind::gated;
+    const size_t set = (gated ? 3 : 2) * matrix;  // [gate,] up, down
+    copies_.resize(set * size_t(kGraphLayers - 1));
+    for (int l = 1; l < kGraphLayers; ++l) {
+      uint8_t* at = copies_.at(set * size_t(l - 1));
       FfnWeights w = w_;
-      auto copy = [&](TensorView& v, const DeviceBuffer& from, size_t offset) {
-        check(cudaMemcpy(base + offset, from.p, matrix, cudaMemcpyDeviceToDevice), "copy weights");
-        v.data = base + offset;
+      auto copy = [&](TensorView& v, const DeviceBuffer& from) {
+        check(cudaMemcpy(at, from.p, matrix, cudaMemcpyDeviceToDevice), "copy weights");
+        v.data = std::exchange(at, at + matrix);
       };
-      if (spec_.kind == FfnKind::gated) copy(w.gate, gate_, 0);
-      copy(w.up, up_, matrix);
-      copy(w.down, down_, 2 * matrix);
-      layer_w_.push_back(w);
+      if (gated) copy(w.gate, gate_);
+      copy(w.up, up_);
+      copy(w.down, down_);
+      more_layers_.push_back(w);
     }
-  }
-
-  // Layer l's plan with dispatch d (layer 0: plan_for), made at its first use.
-  InferencePlan& layer_plan(int l, Dispatch d) {
-    if (l == 0) return plan_for(d);
-    for (auto& [at, disp, plan] : layer_plans_)
-      if (at == l && disp == d) return plan;
-    InferenceOptions o = options_;
-    o.dispatch = d;
-    layer_plans_.emplace_back(l, d, InferencePlan(layer_w_[size_t(l)], o));
-    return std::get<2>(layer_plans_.back());
   }
 
   void job(Job j) {
     for (int l = 0; l < layers(); ++l) {
       if (j != Job::gate) {
-        layer_plan(l, j == Job::dense ? Dispatch::force_dense : twell_dispatch_).run(args(false), stream_);
+        plan_for(j == Job::dense ? Dispatch::force_dense : twell_dispatch_, l).run(args(false), stream_);
         continue;
       }
       // Row-major G[M, N] = x W^T is column-major G^T = W^T-view times x-view.
       const cudaDataType_t t = spec_.dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
-      const FfnWeights& w = layer_w_[size_t(l)];
+      const FfnWeights& w = weights_of(l);
       const void* first = spec_.kind == FfnKind::gated ? w.gate.data : w.up.data;
       const float alpha = 1.0f, beta = 0.0f;
       const int m = int(spec_.m), n = int(spec_.n), k = int(spec_.k);
@@ -168,9 +156,7 @@ class CudaRunner final : public Runner {
   cudaStream_t stream_ = rig_.stream;
   ProblemSpec spec_;
   DeviceBuffer x_, y_, g_, gate_, up_, down_, counters_;
-  DeviceBuffer copies_;                // layers 1.. of a replayed graph: gate, up, down each
-  std::vector<FfnWeights> layer_w_;    // [layers()]: w_, then the copies
-  std::vector<std::tuple<int, Dispatch, InferencePlan>> layer_plans_;  // layers 1..
+  DeviceBuffer copies_;  // more_layers_' weights: [gate,] up, down per layer
   cudaGraphExec_t graphs_of_[3] = {};  // per Job, with replay_graphs
 };
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -42,22 +43,25 @@ class Runner {
   void replay_graphs(bool on) { graphs_ = on; }
 
  protected:
-  // The plan over w_ with dispatch d, made with options_ at its first use (load() sets w_ and
-  // clears plans_).
-  InferencePlan& plan_for(Dispatch d) {
-    for (auto& [disp, plan] : plans_)
-      if (disp == d) return plan;
+  // The plan over layer `layer`'s weights (w_, then more_layers_) with dispatch d, made with
+  // options_ at its first use (load() sets the weights and clears plans_).
+  InferencePlan& plan_for(Dispatch d, int layer = 0) {
+    for (auto& [at, disp, plan] : plans_)
+      if (at == layer && disp == d) return plan;
     InferenceOptions o = options_;
     o.dispatch = d;
-    plans_.emplace_back(d, InferencePlan(w_, o));
-    return plans_.back().second;
+    plans_.emplace_back(layer, d, InferencePlan(weights_of(layer), o));
+    return std::get<2>(plans_.back());
   }
+  const FfnWeights& weights_of(int layer) const { return layer == 0 ? w_ : more_layers_[size_t(layer - 1)]; }
+  int layers() const { return 1 + int(more_layers_.size()); }
 
   InferenceOptions options_;
   Dispatch twell_dispatch_ = Dispatch::automatic;
   bool graphs_ = false;
   FfnWeights w_;
-  std::vector<std::pair<Dispatch, InferencePlan>> plans_;
+  std::vector<FfnWeights> more_layers_;  // CUDA graphs: copies of w_, one per further layer
+  std::vector<std::tuple<int, Dispatch, InferencePlan>> plans_;  // (layer, dispatch, plan)
 };
 std::unique_ptr<Runner> make_cpu_runner();
 std::unique_ptr<Runner> make_cuda_runner();  // throws Error without CUDA or without a device
