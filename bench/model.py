@@ -37,8 +37,8 @@ spends less; the paper's 6.51 / 7.85 mJ is 0.83). idle_power_w: the GPU's mean p
 Generate (--modes generate; the default modes are inference,training): Hugging Face
 model.generate() of the same model, both MLPs in turn, greedy, a prompt of --prompt-len tokens
 (the first of each input row, rows repeated to the batch) and exactly --new-tokens new tokens (no
-EOS), with a static KV cache (--gen-cache; dynamic where this transformers has no static one),
-eager, for each batch of --gen-batches. One whole generate() call is timed (at least one warm-up of
+EOS), with a static KV cache (--gen-cache; dynamic where this transformers has no static one;
+compiled: transformers' torch.compile of the decoding step, CUDA graphs), for each batch of --gen-batches. One whole generate() call is timed (at least one warm-up of
 each); tokens/s and energy count the new tokens. Agreement: identical_tokens (the two models'
 greedy ids equal) and first_divergence; bf16 rounding can flip a near-tie, so a difference is
 reported, never failed, with the dense logit margin between the two tokens there beside the
@@ -53,7 +53,7 @@ random ids where there is none), the checkpoint named in every row.
     python3 bench/model.py [--out DIR | --no-write] [--layers 38] [--densities 0.005,0.01]
     python3 bench/model.py --checkpoint runs/s100m-relu-l1-2e-5 [--data .carry/gcide]
     python3 bench/model.py --modes generate [--gen-batches 1,16] [--prompt-len 128]
-        [--new-tokens 64] [--gen-cache static|dynamic] [--out DIR --append]
+        [--new-tokens 64] [--gen-cache static|dynamic|compiled] [--out DIR --append]
 """
 import argparse
 import json

@@ -110,8 +110,8 @@ def agreement(model, swap, step):
     swap.use("twell")
     if step.cache == "compiled":
         got = step("twell")
-        eager = generate_kwargs(step.new_tokens, "static")
-        _, l0 = mean_l0(model, lambda: step.model.generate(step.prompt, attention_mask=step.mask, **eager))
+        eager = Generate(step.model, step.prompt, step.new_tokens, "static", say=step.say)
+        _, l0 = mean_l0(model, eager)
     else:
         got, l0 = mean_l0(model, lambda: step("twell"))
     where = first_divergence(got, ref)
