@@ -39,8 +39,8 @@ model.generate() of the same model, both MLPs in turn, greedy, a prompt of --pro
 (the first of each input row, rows repeated to the batch) and exactly --new-tokens new tokens (no
 EOS), with a static KV cache (--gen-cache; dynamic where this transformers has no static one;
 compiled: transformers' torch.compile of the decoding step, CUDA graphs), for each batch of
---gen-batches. One whole generate() call is timed (at least one warm-up of each); tokens/s and energy count the new tokens. Agreement: identical_tokens (the two models'
-greedy ids equal) and first_divergence; bf16 rounding can flip a near-tie, so a difference is
+--gen-batches. One whole generate() call is timed (at least one warm-up of each); tokens/s and
+energy count the new tokens. Agreement: identical_tokens (the two models' greedy ids equal) and first_divergence; bf16 rounding can flip a near-tie, so a difference is
 reported, never failed, with the dense logit margin between the two tokens there beside the
 largest logit change of the exact split model at that point (first_divergence.rounding: the
 margin is within it). The density is over every token the FFNs saw in one twell generate.
