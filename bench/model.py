@@ -35,15 +35,16 @@ device's total-energy counter read (after a synchronisation) around each block; 
 spends less; the paper's 6.51 / 7.85 mJ is 0.83). idle_power_w: the GPU's mean power over ~1 s sampled, idle, before the first case.
 
 Generate (--modes generate; the default modes are inference,training): Hugging Face
-model.generate() of the same model, both MLPs in turn, greedy, a prompt of --prompt-len tokens
-(the first of each input row, rows repeated to the batch) and exactly --new-tokens new tokens (no
-EOS), with a static KV cache (--gen-cache; dynamic where this transformers has no static one;
-compiled: transformers' torch.compile of the decoding step, CUDA graphs), for each batch of
---gen-batches. One whole generate() call is timed (at least one warm-up of each); tokens/s and
-energy count the new tokens. Agreement: identical_tokens (the two models' greedy ids equal) and first_divergence; bf16 rounding can flip a near-tie, so a difference is
-reported, never failed, with the dense logit margin between the two tokens there beside the
-largest logit change of the exact split model at that point (first_divergence.rounding: the
-margin is within it). The density is over every token the FFNs saw in one twell generate.
+model.generate() of the same model, both MLPs in turn, greedy, a prompt of --prompt-len tokens (the
+first of each input row, rows repeated to the batch) and exactly --new-tokens new tokens (no EOS),
+with a static KV cache (--gen-cache; dynamic where this transformers has no static one; compiled:
+transformers' torch.compile of the decoding step, CUDA graphs), for each batch of --gen-batches.
+One whole generate() call is timed (at least one warm-up of each); tokens/s and energy count the
+new tokens. Agreement: identical_tokens (the two models' greedy ids equal) and first_divergence;
+bf16 rounding can flip a near-tie, so a difference is reported, never failed, with the dense logit
+margin between the two tokens there beside the largest logit change of the exact split model at
+that point (first_divergence.rounding: the margin is within it). The density is over every token
+the FFNs saw in one twell generate.
 
 --checkpoint PATH (a checkpoint.pt of python -m twell.train or its run folder, or a Hugging Face
 model folder) times that trained model instead: its own shape and weights, no calibration (the
