@@ -46,14 +46,14 @@ __device__ __forceinline__ int64_t exclusive_scan(int64_t v, ScanShared& sm, int
 
 // The CTA-wide sum of v, valid in thread 0 (kWarps = the CTA's warps); every thread must call it.
 template <typename F, int kWarps>
-__device__ __forceinline__ F cta_sum(F v, F (&warp_sums)[kWarps]) {
+__device__ __forceinline__ F cta_sum(F v, F (&warp_totals)[kWarps]) {
   v = warp_sum(v);
-  if (threadIdx.x % kWarpSize == 0) warp_sums[threadIdx.x / kWarpSize] = v;
+  if (threadIdx.x % kWarpSize == 0) warp_totals[threadIdx.x / kWarpSize] = v;
   __syncthreads();
   F total = 0;
   if (threadIdx.x == 0)
-    for (int w = 0; w < kWarps; ++w) total += warp_sums[w];
-  __syncthreads();  // warp_sums may be rewritten by the caller's next call
+    for (int w = 0; w < kWarps; ++w) total += warp_totals[w];
+  __syncthreads();  // warp_totals may be rewritten by the caller's next call
   return total;
 }
 

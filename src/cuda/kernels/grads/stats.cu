@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(kThreads)
     routed_l1_kernel(const T* __restrict__ hidden, int64_t n, const int32_t* __restrict__ routed_rows,
                      const int32_t* __restrict__ num_routed, float* __restrict__ row_l1) {
   chain_entry();
-  __shared__ float warp_sums[kWarps];
+  __shared__ float warp_totals[kWarps];
   const int64_t routed = *num_routed;
   const int64_t vectors = n / kVecElems;
   for (int64_t s = blockIdx.x; s < routed; s += gridDim.x) {
@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < kVecElems; ++e) sum += fabsf(h[e]);
     }
-    const float total = cta_sum(sum, warp_sums);
+    const float total = cta_sum(sum, warp_totals);
     if (threadIdx.x == 0) row_l1[row] = total;
   }
 }
@@ -51,10 +51,10 @@ __global__ void __launch_bounds__(kThreads)
     stats_kernel(const float* __restrict__ sums, int64_t count, int64_t rows,
                  const unsigned long long* __restrict__ active, float* __restrict__ stats) {
   chain_entry();
-  __shared__ double warp_sums[kWarps];
+  __shared__ double warp_totals[kWarps];
   double sum = 0.0;
   for (int64_t r = threadIdx.x; r < count; r += kThreads) sum += double(sums[r]);
-  const double total = cta_sum(sum, warp_sums);
+  const double total = cta_sum(sum, warp_totals);
   if (threadIdx.x == 0) {
     stats[0] = float(double(*active) / double(rows));
     stats[1] = float(total / double(rows));
