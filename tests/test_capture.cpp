@@ -161,6 +161,17 @@ TEST(Capture, LayersLoadAndRunExactlyOnTheCpu) {
   }
 }
 
+// `twell bench --from DIR` on the CPU, one warm-up and one timed run per layer.
+bench::Options captured_suite(const std::string& suite, const TempDir& d) {
+  bench::Options o;
+  o.suite = suite;
+  o.backend = "cpu";
+  o.from_dir = d.path();
+  o.warmup = 1;
+  o.reps = 1;
+  return o;
+}
+
 // `twell bench --from` times a training step per captured layer: the rows name their layer, carry
 // the capture's density, and twell's step agrees with the dense one.
 TEST(Capture, TrainingSuiteRunsEveryLayer) {
@@ -171,12 +182,7 @@ TEST(Capture, TrainingSuiteRunsEveryLayer) {
                                           0.02, 64, seed(720 + i)}));
     write_layer(d, i, made.back());
   }
-  bench::Options o;
-  o.suite = "real_training";
-  o.backend = "cpu";
-  o.from_dir = d.path();
-  o.warmup = 1;
-  o.reps = 1;
+  bench::Options o = captured_suite("real_training", d);
   std::ostringstream progress;
   std::vector<std::string> errors;
   const auto rows = bench::run_training(o, progress, &errors);
@@ -206,12 +212,7 @@ TEST(Capture, InferenceSuiteRunsEveryLayer) {
                                                 0.02, 64, seed(730 + i)});
     write_layer(d, i, p);
   }
-  bench::Options o;
-  o.suite = "real";
-  o.backend = "cpu";
-  o.from_dir = d.path();
-  o.warmup = 1;
-  o.reps = 1;
+  const bench::Options o = captured_suite("real", d);
   std::ostringstream progress;
   const std::vector<bench::Row> rows = bench::run(o, progress);
   ASSERT_EQ(rows.size(), 2u);
