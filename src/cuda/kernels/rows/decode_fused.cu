@@ -1,31 +1,43 @@
-// Decoding in one kernel (M <= FusedDecodeConfig::kMaxRows tokens, N <= its kMaxIntermediate):
-// the gate, the up dots and the down rows of the active neurons, spread over every SM, with one
-// grid barrier between the last two. A cooperative launch of as many CTAs as fit on the device, so
-// every CTA is resident and the barrier never waits on one that has not started.
-//   gate:    the grid's warps take W1's rows round robin (row n: warp n mod warps). A lane holds 8
-//            columns of the row per 16-byte load, kUnroll loads in flight, and reads the M tokens'
-//            x through L1 (every warp of the SM reads the same x). pre[m] = <x[m], W1[n]>, fp32,
-//            summed over the warp (butterfly). Token m lists n when pre is not <= 0: a NaN lists,
-//            as it reaches y in the dense FFN; gated, -Inf lists too, with g = relu(-Inf) = 0, so
-//            that 0 * <x, Wu[n]> gives the dense product's NaN where x's row holds an Inf.
-//            The listing warp reads Wu[n] at once: h[m, n] = g * <x[m], Wu[n]> (gated) or g
-//            (plain) into an fp32 [M, N] array, and lane m sets bit n of token m's bitmap (an
-//            atomicOr: the set does not depend on the order). Lane 0 adds the warp's entries to
-//            the run's active total (dispatch).
-//   barrier: every CTA arrives at an integer counter (zeroed with the run's counters) and waits
-//            until all have. The active total is then complete: CTA 0 writes the run's counters.
+// Decoding in one kernel (M <= FusedDecodeConfig::kMaxRows tokens): the gate, the up dots and the
+// down rows of the active neurons, one CTA per SM, with one grid barrier before the down rows. A
+// cooperative launch, so every CTA is resident and the barrier never waits on one that has not
+// started. Nothing is zeroed before the launch: every word the kernel reads, it wrote in this run.
+//   gate:    CTA b owns W1's rows [b R, (b + 1) R), R = cta_rows, in groups of 16 rows (the mma's
+//            m). A stage is one group's 16 rows x 512 columns (16 KB), streamed by cp.async into a
+//            ring of kSlots stages, kSlots - 1 in flight (no registers held by the loads). Warp w
+//            takes columns [32 w, 32 w + 32) of every stage: two m16n8k16 mma per 8-token tile,
+//            A = the staged W1 rows, B = x. The lane's 8 columns of a row are one 16-byte vector,
+//            read whole (k16 step one takes the first four of them, step two the last four: the
+//            same order for A and B, so the dot product is unchanged); x's vectors for all of the
+//            warp's columns sit in registers for the whole gate (tiles x parts <= kXVectors).
+//            Staged rows of odd index have their 16-byte units swapped in halves of 128 bytes, so
+//            the two rows a quarter-warp reads fall on distinct banks. After a group's last stage
+//            the 16 warps' fp32 partial tiles are added in warp order in shared memory: pre[m, n].
+//            Token m lists n when pre is not <= 0: a NaN lists, as it reaches y in the dense FFN;
+//            gated, -Inf lists too, with g = relu(-Inf) = 0, so that 0 * <x, Wu[n]> gives the
+//            dense product's NaN where x's row holds an Inf. g goes to an fp32 [M, N] array h, the
+//            bit to the CTA's bitmap (token m, its rows), and the bitmap to global memory whole.
+//   up:      gated: the CTA's listed rows dealt to warps by rank; h[m, n] = g * <x[m], Wu[n]>
+//            for each token m listing n (lanes over K, kUnroll loads in flight, fp32, butterfly).
+//   barrier: cooperative_groups' grid sync. The last CTA then adds up the bitmaps' popcounts: the
+//            run's active total (dispatch) and counters.
 //   down:    work item (token m, slice of S columns of K); S is the host's slice_cols, the
 //            narrowest multiple of 8 (a power of two) that leaves every CTA at most one item. The
-//            CTA turns token m's bitmap into its ascending list of neurons in shared memory
-//            (popcounts, a CTA scan). Thread (entry lane j of J, vector v of the slice) adds
-//            h[m, n] * Wd[n, v's 8 columns] over the entries j, j + J, ... in order, kEntryUnroll
-//            rows in flight, fp32; a column's J partial sums are added in entry-lane order and y
-//            is rounded once.
+//            CTA turns token m's bitmaps (CTA order, then bit order: ascending n) into its list of
+//            neurons in shared memory (popcounts, a CTA scan). Thread (entry lane j of J, vector v
+//            of the slice) adds h[m, n] * Wd[n, v's 8 columns] over the entries j, j + J, ... in
+//            order, kEntryUnroll rows in flight, fp32; a column's J partial sums are added in
+//            entry-lane order and y is rounded once.
 // No float atomics and no order that depends on timing: reruns are bit-identical.
+#include <cooperative_groups.h>
+
+#include <algorithm>
 #include <string>
 
+#include "cuda/kernels/common/cp_async.cuh"
 #include "cuda/kernels/common/element.cuh"
 #include "cuda/kernels/common/launch.cuh"
+#include "cuda/kernels/common/mma.cuh"
 #include "cuda/kernels/common/scan.cuh"
 #include "cuda/kernels/common/warp.cuh"
 #include "cuda/kernels/inference.hpp"
@@ -38,14 +50,33 @@ namespace {
 
 using Cfg = FusedDecodeConfig;
 constexpr int kWarps = Cfg::kThreads / kWarpSize;
+constexpr int kWarpCols = 32;                              // a warp's columns of a stage: 4 lanes x 8
+constexpr int kUnits = Cfg::kStageCols / kVecElems;        // 16-byte units of a staged row
+constexpr int kStageElems = Cfg::kGroupRows * Cfg::kStageCols;
 constexpr int64_t kStepCols = int64_t(kWarpSize) * kVecElems;  // a warp's columns per 16-byte load
 constexpr int kBitsPerWord = 32;
-// The down slice's partial sums: J lanes x S columns = kThreads vectors of 8, whatever S is.
-constexpr int kPartialFloats = Cfg::kThreads * kVecElems;
+constexpr int kMaxWords = (Cfg::kMaxCtaRows + kBitsPerWord - 1) / kBitsPerWord;  // per CTA and token
+constexpr int kPartialFloats = Cfg::kThreads * kVecElems;  // the down slice's J x S partial sums
+static_assert(kWarps * kWarpCols == Cfg::kStageCols, "the warps split a stage's columns");
+static_assert(Cfg::kGroupRows == 16 && Cfg::kTileTokens == 8, "one m16n8k16 tile per group and 8 tokens");
+static_assert(Cfg::kMaxRows <= 2 * Cfg::kTileTokens && Cfg::kXVectors % 2 == 0, "one or two token tiles");
 static_assert(Cfg::kMaxIntermediate <= 65536, "neuron indices fit the uint16 list");
-static_assert(Cfg::kWordsPerThread * kBitsPerWord * Cfg::kThreads >= Cfg::kMaxIntermediate,
-              "a token's bitmap fits the CTA's threads");
 static_assert(Cfg::kMaxSliceCols / kVecElems <= Cfg::kThreads, "a slice's vectors fit the CTA");
+
+// Dynamic shared memory: the ring, the warps' partial tiles, the CTA's bitmaps. After the barrier
+// the ring's bytes hold a token's list and the down slice's partial sums.
+template <int kTiles>
+struct Smem {
+  static constexpr size_t ring = size_t(Cfg::kSlots) * kStageElems * 2;  // 16-bit elements
+  static constexpr size_t red = size_t(kWarps) * kTiles * kWarpSize * 4 * sizeof(float);
+  static constexpr size_t bits = size_t(Cfg::kMaxRows) * kMaxWords * sizeof(uint32_t);
+  static constexpr size_t list = size_t(Cfg::kMaxIntermediate) * sizeof(uint16_t);
+  static constexpr size_t bytes = ring + red + bits;
+  static_assert(list + kPartialFloats * sizeof(float) <= ring, "the list and partials fit the ring");
+};
+
+// Where unit u of staged row r sits: odd rows swap the halves of each 128-byte block.
+__device__ __forceinline__ int staged_unit(int r, int u) { return u ^ ((r & 1) << 2); }
 
 // acc[m] = <x[m], w> over K (a multiple of 8): the lane's 8 columns per load, kUnroll loads of w
 // in flight, x through L1; fp32, summed over the warp in every lane.
@@ -78,72 +109,162 @@ __device__ __forceinline__ void row_dots(const T* x, const T* w, int64_t k, int 
   warp_sums(acc);
 }
 
-// gate: the warp's rows of W1, each listed row's h and bitmap bit written at once.
-template <typename T, FfnKind kKind, int kRows>
-__device__ __forceinline__ void gate_rows(const FusedDecodeArgs& a, int64_t words) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int64_t warps = int64_t(gridDim.x) * kWarps;
-  const T* x = static_cast<const T*>(a.x);
-  const T* w1 = static_cast<const T*>(a.first);
-  const T* up = static_cast<const T*>(a.up);
-  unsigned long long listed = 0;
-  for (int64_t n = int64_t(blockIdx.x) * kWarps + threadIdx.x / kWarpSize; n < a.n; n += warps) {
-    float pre[kRows];
-    row_dots<T, kRows>(x, w1 + n * a.k, a.k, lane, pre);
-    bool active[kRows];
-    bool any = false;
-#pragma unroll
-    for (int m = 0; m < kRows; ++m) {
-      const bool zero_times_u = kKind == FfnKind::gated && pre[m] == -INFINITY;
-      active[m] = !(pre[m] <= 0.0f) || zero_times_u;
-      if (zero_times_u) pre[m] = 0.0f;
-      any = any || active[m];
-    }
-    if (!any) continue;  // the same in every lane
-    float h[kRows];
-    if constexpr (kKind == FfnKind::gated) {
-      row_dots<T, kRows>(x, up + n * a.k, a.k, lane, h);
-#pragma unroll
-      for (int m = 0; m < kRows; ++m) h[m] *= pre[m];
-    } else {
-#pragma unroll
-      for (int m = 0; m < kRows; ++m) h[m] = pre[m];
-    }
-#pragma unroll
-    for (int m = 0; m < kRows; ++m) {
-      if (lane == m && active[m]) {
-        a.h[m * a.n + n] = h[m];
-        atomicOr(a.bitmap + m * words + n / kBitsPerWord, 1u << (n % kBitsPerWord));
+// The CTA's W1 rows [r0, r1) as stages: stage s = group s / parts, columns of part s % parts.
+template <typename T>
+struct Stages {
+  const T* w1;
+  int64_t k, r0, r1;
+  int parts;
+  int64_t count;  // groups x parts
+  T* ring;
+
+  // Stage s into ring slot s mod kSlots: one commit group per thread, empty past the last stage so
+  // that every thread counts the same groups. Units past K or past the CTA's rows are zero-filled.
+  __device__ __forceinline__ void issue(int64_t s) const {
+    if (s < count) {
+      const int64_t first = r0 + s / parts * Cfg::kGroupRows;
+      const int64_t col0 = s % parts * int64_t(Cfg::kStageCols);
+      T* slot = ring + s % Cfg::kSlots * kStageElems;
+      for (int c = threadIdx.x; c < Cfg::kGroupRows * kUnits; c += Cfg::kThreads) {
+        const int row = c / kUnits, unit = c % kUnits;
+        const int64_t r = first + row, col = col0 + int64_t(unit) * kVecElems;
+        const bool valid = r < r1 && col < k;
+        cp_async_16(slot + row * Cfg::kStageCols + staged_unit(row, unit) * kVecElems, valid ? w1 + r * k + col : w1,
+                    valid);
       }
-      listed += active[m] ? 1 : 0;
+    }
+    cp_async_commit();
+  }
+};
+
+// gate: the CTA's rows on the tensor cores; the listed (token, row) pairs' g into h and their bits
+// into `bits` ([kMaxRows][kMaxWords], bit = row - r0).
+template <typename T, FfnKind kKind, int kTiles>
+__device__ __forceinline__ void gate(const FusedDecodeArgs& a, const FusedDecodeShape& sh, T* ring, float* red,
+                                     uint32_t* bits) {
+  constexpr int kParts = Cfg::kXVectors / kTiles;
+  constexpr int kTokens = kTiles * Cfg::kTileTokens;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int g = lane / 4, q = lane % 4;
+  const T* x = static_cast<const T*>(a.x);
+  Stages<T> st;
+  st.w1 = static_cast<const T*>(a.first);
+  st.k = a.k;
+  st.r0 = int64_t(blockIdx.x) * sh.cta_rows;
+  st.r1 = st.r0 + sh.cta_rows < a.n ? st.r0 + sh.cta_rows : a.n;
+  st.parts = int((a.k + Cfg::kStageCols - 1) / Cfg::kStageCols);  // <= kParts (fused_decode_setup)
+  const int64_t groups = st.r1 > st.r0 ? (st.r1 - st.r0 + Cfg::kGroupRows - 1) / Cfg::kGroupRows : 0;
+  st.count = groups * st.parts;
+  st.ring = ring;
+  for (int i = threadIdx.x; i < Cfg::kMaxRows * kMaxWords; i += Cfg::kThreads) bits[i] = 0;
+  for (int s = 0; s < Cfg::kSlots - 1; ++s) st.issue(s);
+
+  // B: token t * 8 + g's 8 columns p * kStageCols + 32 w + 8 q, for every part p and tile t.
+  uint4 xv[kParts][kTiles];
+#pragma unroll
+  for (int p = 0; p < kParts; ++p)
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      const int64_t col = int64_t(p) * Cfg::kStageCols + warp * kWarpCols + q * kVecElems;
+      const int64_t m = t * Cfg::kTileTokens + g;
+      xv[p][t] = p < st.parts && m < a.rows && col < a.k ? load_readonly(x + m * a.k + col) : uint4{};
+    }
+  // A: rows g and g + 8 (the same parity) of the stage, the lane's unit of the warp's columns.
+  const int a_lo = g * Cfg::kStageCols + staged_unit(g, warp * (kWarpCols / kVecElems) + q) * kVecElems;
+  const int a_hi = a_lo + 8 * Cfg::kStageCols;
+
+  for (int64_t group = 0; group < groups; ++group) {
+    float acc[kTiles][4] = {};
+#pragma unroll
+    for (int p = 0; p < kParts; ++p) {
+      if (p >= st.parts) break;
+      const int64_t s = group * st.parts + p;
+      cp_async_wait<Cfg::kSlots - 2>();
+      __syncthreads();             // stage s landed for every thread; slot s - 1 is read by all
+      st.issue(s + Cfg::kSlots - 1);  // into slot s - 1
+      const T* slot = ring + s % Cfg::kSlots * kStageElems;
+      const uint4 lo = *reinterpret_cast<const uint4*>(slot + a_lo);
+      const uint4 hi = *reinterpret_cast<const uint4*>(slot + a_hi);
+      const uint32_t first[4] = {lo.x, hi.x, lo.y, hi.y};
+      const uint32_t second[4] = {lo.z, hi.z, lo.w, hi.w};
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+        mma_16816<T>(acc[t], first, xv[p][t].x, xv[p][t].y);
+        mma_16816<T>(acc[t], second, xv[p][t].z, xv[p][t].w);
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t)
+      *reinterpret_cast<float4*>(red + ((warp * kTiles + t) * kWarpSize + lane) * 4) =
+          make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+    __syncthreads();  // the next writes of red follow the next stage's barrier
+    if (threadIdx.x < Cfg::kGroupRows * kTokens) {
+      const int row = threadIdx.x / kTokens, m = threadIdx.x % kTokens;
+      const int t = m / Cfg::kTileTokens, col = m % Cfg::kTileTokens;
+      // c[(row / 8) * 2 + col % 2] of lane (row % 8) * 4 + col / 2 (the mma's C fragment)
+      const int at = t * kWarpSize * 4 + ((row % 8) * 4 + col / 2) * 4 + (row / 8) * 2 + col % 2;
+      float pre = 0.0f;
+      for (int w = 0; w < kWarps; ++w) pre += red[w * kTiles * kWarpSize * 4 + at];
+      const int local = int(group) * Cfg::kGroupRows + row;
+      const int64_t n = st.r0 + local;
+      const bool zero_times_u = kKind == FfnKind::gated && pre == -INFINITY;
+      if (m < a.rows && n < st.r1 && (!(pre <= 0.0f) || zero_times_u)) {
+        a.h[m * a.n + n] = zero_times_u ? 0.0f : pre;
+        atomicOr(bits + m * kMaxWords + local / kBitsPerWord, 1u << (local % kBitsPerWord));
+      }
     }
   }
-  if (lane == 0 && listed != 0) atomicAdd(a.active, listed);
+  cp_async_wait<0>();
+  __syncthreads();  // the bitmaps and g are complete; the ring is free
 }
 
-// Every CTA arrives, then waits for the rest; what any CTA wrote before is visible after (the
-// down phase reads h and the bitmap from L2). The wait polls with relaxed loads, which leave L1
-// alone (an acquiring load invalidates the SM's L1, where CTAs still in the gate keep x), and
-// fences once.
-__device__ __forceinline__ void grid_barrier(uint32_t* arrivals) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(arrivals, 1u);
-    uint32_t seen = 0;
-    for (;;) {
-      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrivals) : "memory");
-      if (seen >= gridDim.x) break;
-      __nanosleep(32);
+// up (gated): h[m, n] = g * <x[m], Wu[n]> for the CTA's listed pairs, rows dealt to warps by rank.
+template <typename T>
+__device__ __forceinline__ void up_dots(const FusedDecodeArgs& a, const FusedDecodeShape& sh, const uint32_t* bits) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const T* x = static_cast<const T*>(a.x);
+  const T* up = static_cast<const T*>(a.up);
+  const int64_t r0 = int64_t(blockIdx.x) * sh.cta_rows;
+  int rank = 0;
+  for (int word = 0; word < sh.words; ++word) {
+    uint32_t any = 0;
+    for (int64_t m = 0; m < a.rows; ++m) any |= bits[m * kMaxWords + word];
+    for (uint32_t left = any; left != 0; left &= left - 1, ++rank) {
+      if (rank % kWarps != warp) continue;
+      const int bit = __ffs(int(left)) - 1;
+      const int64_t n = r0 + word * kBitsPerWord + bit;
+      for (int64_t m = 0; m < a.rows; ++m) {
+        if ((bits[m * kMaxWords + word] >> bit & 1u) == 0) continue;
+        float dot[1];
+        row_dots<T, 1>(x + m * a.k, up + n * a.k, a.k, lane, dot);
+        if (lane == 0) a.h[m * a.n + n] *= dot[0];
+      }
     }
-    __threadfence();
   }
-  __syncthreads();
+}
+
+// After the barrier, in one CTA: the run's active total (every token's bitmaps) and counters.
+__device__ __forceinline__ void write_counters(const FusedDecodeArgs& a, const FusedDecodeShape& sh,
+                                               scan::ScanShared& sm) {
+  const int64_t words = a.rows * int64_t(gridDim.x) * sh.words;
+  int64_t mine = 0;
+  for (int64_t w = threadIdx.x; w < words; w += Cfg::kThreads) mine += __popc(__ldcg(a.bitmap + w));
+  int64_t total = 0;
+  (void)scan::exclusive_scan(mine, sm, total);
+  if (threadIdx.x == 0) {
+    *a.active = static_cast<unsigned long long>(total);
+    if (a.counters != nullptr) {
+      a.counters[0] = 0;  // the decode path routes no row
+      a.counters[1] = total;
+    }
+  }
+  __syncthreads();  // sm is reused by the down items
 }
 
 // down: token m's listed neurons, ascending, into list[0, total); returns total. Every thread.
-__device__ __forceinline__ int64_t token_list(const FusedDecodeArgs& a, int64_t m, int64_t words, uint16_t* list,
-                                              scan::ScanShared& sm) {
+__device__ __forceinline__ int64_t token_list(const FusedDecodeArgs& a, const FusedDecodeShape& sh, int64_t m,
+                                              uint16_t* list, scan::ScanShared& sm) {
+  const int64_t words = int64_t(gridDim.x) * sh.words;              // <= kMaxTokenWords
   const int64_t per = (words + Cfg::kThreads - 1) / Cfg::kThreads;  // <= kWordsPerThread
   const int64_t first = int64_t(threadIdx.x) * per;
   uint32_t mine[Cfg::kWordsPerThread];
@@ -157,9 +278,11 @@ __device__ __forceinline__ int64_t token_list(const FusedDecodeArgs& a, int64_t 
   int64_t total = 0;
   int64_t at = scan::exclusive_scan(count, sm, total);
 #pragma unroll
-  for (int i = 0; i < Cfg::kWordsPerThread; ++i)
-    for (uint32_t b = mine[i]; b != 0; b &= b - 1)
-      list[at++] = uint16_t((first + i) * kBitsPerWord + __ffs(int(b)) - 1);
+  for (int i = 0; i < Cfg::kWordsPerThread; ++i) {
+    const int64_t w = first + i;
+    const int64_t base = w / sh.words * sh.cta_rows + w % sh.words * kBitsPerWord;  // CTA's row, word's bit 0
+    for (uint32_t b = mine[i]; b != 0; b &= b - 1) list[at++] = uint16_t(base + __ffs(int(b)) - 1);
+  }
   __syncthreads();
   return total;
 }
@@ -210,50 +333,38 @@ __device__ __forceinline__ void down_slice(const FusedDecodeArgs& a, int64_t m, 
   __syncthreads();  // list and partials are rewritten by the CTA's next item
 }
 
-template <typename T, FfnKind kKind, int kRows>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtasPerSm) fused_decode_kernel(FusedDecodeArgs a,
-                                                                                         int slice_cols) {
-  extern __shared__ uint16_t list[];  // [N]: a token's listed neurons
-  __shared__ float partials[kPartialFloats];
+template <typename T, FfnKind kKind, int kTiles>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) fused_decode_kernel(FusedDecodeArgs a, FusedDecodeShape sh) {
+  using S = Smem<kTiles>;
+  extern __shared__ __align__(16) unsigned char smem[];
   __shared__ scan::ScanShared scan_shared;
+  uint32_t* bits = reinterpret_cast<uint32_t*>(smem + S::ring + S::red);
   chain_entry();
-  const int64_t words = (a.n + kBitsPerWord - 1) / kBitsPerWord;
-  gate_rows<T, kKind, kRows>(a, words);
-  grid_barrier(a.arrivals);
-  if (a.counters != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
-    a.counters[0] = 0;  // the decode path routes no row
-    a.counters[1] = int64_t(*static_cast<volatile unsigned long long*>(a.active));
+  gate<T, kKind, kTiles>(a, sh, reinterpret_cast<T*>(smem), reinterpret_cast<float*>(smem + S::ring), bits);
+  for (int i = threadIdx.x; i < a.rows * sh.words; i += Cfg::kThreads) {
+    const int m = i / sh.words, word = i % sh.words;
+    a.bitmap[(int64_t(m) * gridDim.x + blockIdx.x) * sh.words + word] = bits[m * kMaxWords + word];
   }
-  const int64_t slices = (a.k + slice_cols - 1) / slice_cols;
-  for (int64_t item = blockIdx.x; item < kRows * slices; item += gridDim.x) {
+  if constexpr (kKind == FfnKind::gated) up_dots<T>(a, sh, bits);
+  cooperative_groups::this_grid().sync();
+
+  const int64_t slices = (a.k + sh.slice_cols - 1) / sh.slice_cols;
+  if (blockIdx.x == gridDim.x - 1) write_counters(a, sh, scan_shared);
+  auto* list = reinterpret_cast<uint16_t*>(smem);
+  auto* partials = reinterpret_cast<float*>(smem + S::list);
+  for (int64_t item = blockIdx.x; item < a.rows * slices; item += gridDim.x) {
     const int64_t m = item / slices;
-    const int64_t total = token_list(a, m, words, list, scan_shared);
-    down_slice<T>(a, m, item % slices, slice_cols, list, total, partials);
+    const int64_t total = token_list(a, sh, m, list, scan_shared);
+    down_slice<T>(a, m, item % slices, sh.slice_cols, list, total, partials);
   }
 }
 
 using Kernel = FusedDecodeKernel;
 
-template <typename T, int kRows>
+template <typename T, int kTiles>
 Kernel kernel_for(FfnKind kind) {
-  return kind == FfnKind::gated ? fused_decode_kernel<T, FfnKind::gated, kRows>
-                                : fused_decode_kernel<T, FfnKind::plain, kRows>;
-}
-
-Kernel fused_kernel(FfnKind kind, DType dtype, int64_t rows, const char* op) {
-  static_assert(Cfg::kMaxRows == 4, "one instantiation per M");
-  Kernel k = nullptr;
-  with_element_type(dtype, op, [&](auto t) {
-    using T = decltype(t);
-    switch (rows) {
-      case 1: k = kernel_for<T, 1>(kind); break;
-      case 2: k = kernel_for<T, 2>(kind); break;
-      case 3: k = kernel_for<T, 3>(kind); break;
-      case 4: k = kernel_for<T, 4>(kind); break;
-      default: throw Error(op, "x", "1 to 4 rows (fused decode kernel)", std::to_string(rows));
-    }
-  });
-  return k;
+  return kind == FfnKind::gated ? fused_decode_kernel<T, FfnKind::gated, kTiles>
+                                : fused_decode_kernel<T, FfnKind::plain, kTiles>;
 }
 
 }  // namespace
@@ -262,30 +373,41 @@ FusedDecodeLaunch fused_decode_setup(FfnKind kind, DType dtype, int64_t rows, in
                                      const DeviceInfo& dev) {
   const char* op = "InferencePlan";
   FusedDecodeLaunch l;
-  if (rows < 1 || rows > Cfg::kMaxRows || n > Cfg::kMaxIntermediate) return l;
-  const Kernel kernel = fused_kernel(kind, dtype, rows, op);
-  // The kernel's limit, not this plan's need: the attribute belongs to the kernel, which plans of
-  // other N share.
-  constexpr size_t kMostSmem = size_t(Cfg::kMaxIntermediate) * sizeof(uint16_t);
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMostSmem)), op,
-             "fused decode kernel's shared memory");
-  const size_t smem = (size_t(n) * sizeof(uint16_t) + 15) / 16 * 16;
+  if (rows < 1 || rows > Cfg::kMaxRows || n > Cfg::kMaxIntermediate || dev.sm_count < 1) return l;
+  const int tiles = rows <= Cfg::kTileTokens ? 1 : 2;
+  const int64_t parts = (k + Cfg::kStageCols - 1) / Cfg::kStageCols;
+  const int64_t cta_rows = (n + dev.sm_count - 1) / dev.sm_count;
+  const int64_t words = (cta_rows + kBitsPerWord - 1) / kBitsPerWord;
+  if (parts * tiles > Cfg::kXVectors || cta_rows > Cfg::kMaxCtaRows || dev.sm_count * words > Cfg::kMaxTokenWords)
+    return l;
+  Kernel kernel = nullptr;
+  with_element_type(dtype, op, [&](auto t) {
+    using T = decltype(t);
+    kernel = tiles == 1 ? kernel_for<T, 1>(kind) : kernel_for<T, 2>(kind);
+  });
+  const size_t smem = tiles == 1 ? Smem<1>::bytes : Smem<2>::bytes;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess) {
+    (void)cudaGetLastError();  // more shared memory than the device gives a CTA: the two-kernel path
+    return l;
+  }
   int per_sm = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, smem), op,
              "fused decode kernel's occupancy");
   if (per_sm < 1) return l;
   l.kernel = kernel;
-  l.ctas = per_sm * dev.sm_count;
-  l.smem = smem;
+  l.ctas = dev.sm_count;
+  l.shape.cta_rows = int(cta_rows);
+  l.shape.words = int(words);
   int s = Cfg::kSliceCols;
   while (s < Cfg::kMaxSliceCols && rows * ((k + s - 1) / s) > l.ctas) s *= 2;
-  l.slice_cols = s;
+  l.shape.slice_cols = s;
+  l.smem = smem;
   return l;
 }
 
 bool launch_fused_decode(const FusedDecodeArgs& a, const FusedDecodeLaunch& l, cudaStream_t s) {
   const cudaError_t status =
-      launch_cooperative(l.kernel, dim3(unsigned(l.ctas)), dim3(Cfg::kThreads), l.smem, s, a, l.slice_cols);
+      launch_cooperative(l.kernel, dim3(unsigned(l.ctas)), dim3(Cfg::kThreads), l.smem, s, a, l.shape);
   if (status == cudaErrorCooperativeLaunchTooLarge) {
     (void)cudaGetLastError();  // a configuration error, not sticky: cleared, nothing was enqueued
     return false;
