@@ -75,6 +75,16 @@ struct Smem {
   static_assert(list + kPartialFloats * sizeof(float) <= ring, "the list and partials fit the ring");
 };
 
+// Asks for `bytes` (a multiple of 16) at p to be brought into L2, without waiting.
+__device__ __forceinline__ void prefetch_l2(const void* p, int64_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(uint32_t(bytes)) : "memory");
+#else
+  for (int64_t at = 0; at < bytes; at += 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + at) : "memory");
+#endif
+}
+
 // Where unit u of staged row r sits: odd rows swap the halves of each 128-byte block.
 __device__ __forceinline__ int staged_unit(int r, int u) { return u ^ ((r & 1) << 2); }
 
@@ -211,6 +221,10 @@ __device__ __forceinline__ void gate(const FusedDecodeArgs& a, const FusedDecode
       if (m < a.rows && n < st.r1 && (!(pre <= 0.0f) || zero_times_u)) {
         a.h[m * a.n + n] = zero_times_u ? 0.0f : pre;
         atomicOr(bits + m * kMaxWords + local / kBitsPerWord, 1u << (local % kBitsPerWord));
+        // The rows the up dot and the down rows will read, on their way to L2 while the gate goes on.
+        const int64_t row_bytes = a.k * int64_t(sizeof(T));
+        if constexpr (kKind == FfnKind::gated) prefetch_l2(static_cast<const T*>(a.up) + n * a.k, row_bytes);
+        prefetch_l2(static_cast<const T*>(a.down) + n * a.k, row_bytes);
       }
     }
   }
