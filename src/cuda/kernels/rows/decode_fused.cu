@@ -32,6 +32,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/kernels/common/cp_async.cuh"
@@ -354,13 +355,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fused_decode_kernel(FusedDec
   __shared__ scan::ScanShared scan_shared;
   uint32_t* bits = reinterpret_cast<uint32_t*>(smem + S::ring + S::red);
   chain_entry();
+  if (sh.probe_stop == 4) return;
   gate<T, kKind, kTiles>(a, sh, reinterpret_cast<T*>(smem), reinterpret_cast<float*>(smem + S::ring), bits);
   for (int i = threadIdx.x; i < a.rows * sh.words; i += Cfg::kThreads) {
     const int m = i / sh.words, word = i % sh.words;
     a.bitmap[(int64_t(m) * gridDim.x + blockIdx.x) * sh.words + word] = bits[m * kMaxWords + word];
   }
+  if (sh.probe_stop == 1) return;
   if constexpr (kKind == FfnKind::gated) up_dots<T>(a, sh, bits);
+  if (sh.probe_stop == 2) return;
   cooperative_groups::this_grid().sync();
+  if (sh.probe_stop == 3) return;
 
   const int64_t slices = (a.k + sh.slice_cols - 1) / sh.slice_cols;
   if (blockIdx.x == gridDim.x - 1) write_counters(a, sh, scan_shared);
@@ -415,6 +420,7 @@ FusedDecodeLaunch fused_decode_setup(FfnKind kind, DType dtype, int64_t rows, in
   int s = Cfg::kSliceCols;
   while (s < Cfg::kMaxSliceCols && rows * ((k + s - 1) / s) > l.ctas) s *= 2;
   l.shape.slice_cols = s;
+  if (const char* e = getenv("TWELL_DECODE_PROBE_STOP")) l.shape.probe_stop = atoi(e);
   l.smem = smem;
   return l;
 }
