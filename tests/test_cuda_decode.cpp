@@ -87,14 +87,14 @@ std::vector<DecodeCase> decode_cases() {
   out.push_back({FfnKind::gated, DType::f16, Pattern::uniform, 0.01, 16, 4096, 1048});
   out.push_back({FfnKind::gated, DType::bf16, Pattern::heavy_tailed, 0.01, 12, 8192, 520});
   // The fused decode kernel's limits: N at its list capacity and one vector past it; K at x's
-  // registers (8 parts of 512 columns for one token tile, 4 for two) and one vector past; K at the
-  // backend's largest.
+  // shared memory (8 parts of 1024 columns for one token tile, 4 for two) and one vector past; K at
+  // the backend's largest.
   out.push_back({FfnKind::gated, DType::bf16, Pattern::uniform, 0.01, 2, 264, 32768});
   out.push_back({FfnKind::plain, DType::bf16, Pattern::edge_rows, 0.01, 1, 264, 32776});
-  out.push_back({FfnKind::gated, DType::bf16, Pattern::heavy_tailed, 0.01, 8, 4096, 1000});
-  out.push_back({FfnKind::plain, DType::f16, Pattern::uniform, 0.01, 7, 4104, 1000});
-  out.push_back({FfnKind::gated, DType::f16, Pattern::edge_rows, 0.01, 16, 2048, 2056});
-  out.push_back({FfnKind::gated, DType::bf16, Pattern::uniform, 0.01, 9, 2056, 1000});
+  out.push_back({FfnKind::gated, DType::bf16, Pattern::heavy_tailed, 0.01, 8, 8192, 1000});
+  out.push_back({FfnKind::plain, DType::f16, Pattern::uniform, 0.01, 7, 8200, 1000});
+  out.push_back({FfnKind::gated, DType::f16, Pattern::edge_rows, 0.01, 16, 4096, 2056});
+  out.push_back({FfnKind::gated, DType::bf16, Pattern::uniform, 0.01, 9, 4104, 1000});
   out.push_back({FfnKind::gated, DType::f16, Pattern::heavy_tailed, 0.01, 4, 16384, 520});
   return out;
 }

@@ -139,19 +139,18 @@ struct DecodeConfig {
 };
 
 // The single-kernel decode path (decode_fused.cu) for M <= kMaxRows: one CTA per SM owns a
-// contiguous run of W1's rows, streams them into a shared-memory ring by cp.async and takes the gate
-// on the tensor cores (x in registers); the up dots of its active rows; one grid barrier; then the
-// down rows of the active neurons per column slice. A cooperative launch of one CTA per SM.
+// contiguous run of W1's rows and takes their gate on the tensor cores (W1 straight from global
+// memory into registers, x in shared memory); the up dots of its active rows; one grid barrier; then
+// the down rows of the active neurons per column slice. A cooperative launch of one CTA per SM.
 struct FusedDecodeConfig {
   static constexpr int64_t kMaxRows = 16;   // tokens per call: one or two mma tiles of kTileTokens
   static constexpr int kTileTokens = 8;     // the mma tile's n: tokens
   static constexpr int kThreads = 512;      // per CTA, one CTA per SM
   static constexpr int kGroupRows = 16;     // W1 rows per mma tile (its m)
-  static constexpr int kStageCols = 512;    // a stage: kGroupRows rows x kStageCols columns; each
-                                            // warp takes 32 of them (two k16 steps)
-  static constexpr int kSlots = 12;         // stages in the ring (16 KB each at 16-bit)
-  static constexpr int kXVectors = 8;       // x's 16-byte vectors a lane holds: tiles x parts,
-                                            // parts = ceil(K / kStageCols)
+  static constexpr int kPartCols = 1024;    // a chunk: kGroupRows rows x kPartCols columns; each
+                                            // warp takes 64 of them (four k16 steps)
+  static constexpr int kDepth = 3;          // chunks in flight per warp (16 bytes x 4 per lane each)
+  static constexpr int kMaxXParts = 8;      // x in shared memory: token tiles x parts of K at most
   static constexpr int kMaxCtaRows = 256;   // W1 rows per CTA (ceil(N / SMs))
   static constexpr int kUnroll = 8;         // up dots: 16-byte loads of a Wu row in flight per lane
   static constexpr int kSliceCols = 8;      // the narrowest down slice: one vector per entry

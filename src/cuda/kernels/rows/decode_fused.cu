@@ -3,16 +3,14 @@
 // cooperative launch, so every CTA is resident and the barrier never waits on one that has not
 // started. Nothing is zeroed before the launch: every word the kernel reads, it wrote in this run.
 //   gate:    CTA b owns W1's rows [b R, (b + 1) R), R = cta_rows, in groups of 16 rows (the mma's
-//            m). A stage is one group's 16 rows x 512 columns (16 KB), streamed by cp.async into a
-//            ring of kSlots stages, kSlots - 1 in flight (no registers held by the loads). Warp w
-//            takes columns [32 w, 32 w + 32) of every stage: two m16n8k16 mma per 8-token tile,
-//            A = the staged W1 rows, B = x. The lane's 8 columns of a row are one 16-byte vector,
-//            read whole (k16 step one takes the first four of them, step two the last four: the
-//            same order for A and B, so the dot product is unchanged); x's vectors for all of the
-//            warp's columns sit in registers for the whole gate (tiles x parts <= kXVectors).
-//            Staged rows of odd index have their 16-byte units swapped in halves of 128 bytes, so
-//            the two rows a quarter-warp reads fall on distinct banks. After a group's last stage
-//            the 16 warps' fp32 partial tiles are added in warp order in shared memory: pre[m, n].
+//            m). x sits in shared memory (8 or 16 token rows, zero past M and K). A chunk is one
+//            group's 16 rows x kPartCols columns; warp w takes columns [64 w, 64 w + 64) of every
+//            chunk, lane (g, q) = (lane / 4, lane % 4) loading 32 bytes of rows g and g + 8 straight
+//            from global memory into registers, kDepth chunks in flight. Four m16n8k16 mma per
+//            8-token tile and chunk, A = those W1 rows, B = x: the lane's 16 columns are read whole
+//            and dealt to the k16 steps four at a time (the same order for A and B, so the dot
+//            product is unchanged). After a group's last chunk the 16 warps' fp32 partial tiles
+//            (shared memory, two buffers) are added in warp order: pre[m, n].
 //            Token m lists n when pre is not <= 0: a NaN lists, as it reaches y in the dense FFN;
 //            gated, -Inf lists too, with g = relu(-Inf) = 0, so that 0 * <x, Wu[n]> gives the
 //            dense product's NaN where x's row holds an Inf. g goes to an fp32 [M, N] array h, the
@@ -35,7 +33,6 @@
 #include <cstdlib>
 #include <string>
 
-#include "cuda/kernels/common/cp_async.cuh"
 #include "cuda/kernels/common/element.cuh"
 #include "cuda/kernels/common/launch.cuh"
 #include "cuda/kernels/common/mma.cuh"
@@ -51,29 +48,34 @@ namespace {
 
 using Cfg = FusedDecodeConfig;
 constexpr int kWarps = Cfg::kThreads / kWarpSize;
-constexpr int kWarpCols = 32;                              // a warp's columns of a stage: 4 lanes x 8
-constexpr int kUnits = Cfg::kStageCols / kVecElems;        // 16-byte units of a staged row
-constexpr int kStageElems = Cfg::kGroupRows * Cfg::kStageCols;
+constexpr int kWarpCols = 64;  // a warp's columns of a chunk: 4 lanes x 16
 constexpr int64_t kStepCols = int64_t(kWarpSize) * kVecElems;  // a warp's columns per 16-byte load
 constexpr int kBitsPerWord = 32;
 constexpr int kMaxWords = (Cfg::kMaxCtaRows + kBitsPerWord - 1) / kBitsPerWord;  // per CTA and token
 constexpr int kPartialFloats = Cfg::kThreads * kVecElems;  // the down slice's J x S partial sums
-static_assert(kWarps * kWarpCols == Cfg::kStageCols, "the warps split a stage's columns");
+static_assert(kWarps * kWarpCols == Cfg::kPartCols, "the warps split a chunk's columns");
 static_assert(Cfg::kGroupRows == 16 && Cfg::kTileTokens == 8, "one m16n8k16 tile per group and 8 tokens");
-static_assert(Cfg::kMaxRows <= 2 * Cfg::kTileTokens && Cfg::kXVectors % 2 == 0, "one or two token tiles");
+static_assert(Cfg::kMaxRows <= 2 * Cfg::kTileTokens && Cfg::kMaxXParts % 2 == 0, "one or two token tiles");
 static_assert(Cfg::kMaxIntermediate <= 65536, "neuron indices fit the uint16 list");
 static_assert(Cfg::kMaxSliceCols / kVecElems <= Cfg::kThreads, "a slice's vectors fit the CTA");
 
-// Dynamic shared memory: the ring, the warps' partial tiles, the CTA's bitmaps. After the barrier
-// the ring's bytes hold a token's list and the down slice's partial sums.
+// Dynamic shared memory: x (row stride xs_ld), the warps' partial tiles (two buffers), the CTA's
+// bitmaps. After the barrier x's bytes hold a token's list and the down slice's partial sums.
 template <int kTiles>
 struct Smem {
-  static constexpr size_t ring = size_t(Cfg::kSlots) * kStageElems * 2;  // 16-bit elements
-  static constexpr size_t red = size_t(kWarps) * kTiles * kWarpSize * 4 * sizeof(float);
+  static constexpr int kTokens = kTiles * Cfg::kTileTokens;
+  static constexpr size_t red = 2 * size_t(kWarps) * kTiles * kWarpSize * 4 * sizeof(float);
   static constexpr size_t bits = size_t(Cfg::kMaxRows) * kMaxWords * sizeof(uint32_t);
-  static constexpr size_t list = size_t(Cfg::kMaxIntermediate) * sizeof(uint16_t);
-  static constexpr size_t bytes = ring + red + bits;
-  static_assert(list + kPartialFloats * sizeof(float) <= ring, "the list and partials fit the ring");
+  static constexpr size_t down = size_t(Cfg::kMaxIntermediate) * sizeof(uint16_t) + kPartialFloats * sizeof(float);
+  static constexpr size_t list = size_t(Cfg::kMaxIntermediate) * sizeof(uint16_t);  // the partials' offset
+  // x's row stride in elements for `parts` parts of K: one 16-byte vector of padding, so that the
+  // rows g and g + 1 a quarter-warp reads fall on distinct banks.
+  static __host__ __device__ int64_t xs_ld(int64_t parts) { return parts * Cfg::kPartCols + kVecElems; }
+  static __host__ __device__ size_t front(int64_t parts) {  // x, then (after the barrier) the down state
+    const size_t x = size_t(kTokens) * size_t(xs_ld(parts)) * 2;
+    return ((x > down ? x : down) + 15) / 16 * 16;
+  }
+  static __host__ __device__ size_t bytes(int64_t parts) { return front(parts) + red + bits; }
 };
 
 // Asks for `bytes` (a multiple of 16) at p to be brought into L2, without waiting.
@@ -85,9 +87,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int64_t bytes) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + at) : "memory");
 #endif
 }
-
-// Where unit u of staged row r sits: odd rows swap the halves of each 128-byte block.
-__device__ __forceinline__ int staged_unit(int r, int u) { return u ^ ((r & 1) << 2); }
 
 // acc[m] = <x[m], w> over K (a multiple of 8): the lane's 8 columns per load, kUnroll loads of w
 // in flight, x through L1; fp32, summed over the warp in every lane.
@@ -120,117 +119,105 @@ __device__ __forceinline__ void row_dots(const T* x, const T* w, int64_t k, int 
   warp_sums(acc);
 }
 
-// The CTA's W1 rows [r0, r1) as stages: stage s = group s / parts, columns of part s % parts.
-template <typename T>
-struct Stages {
-  const T* w1;
-  int64_t k, r0, r1;
-  int parts;
-  int64_t count;  // groups x parts
-  T* ring;
-
-  // Stage s into ring slot s mod kSlots: one commit group per thread, empty past the last stage so
-  // that every thread counts the same groups. Units past K or past the CTA's rows are zero-filled.
-  __device__ __forceinline__ void issue(int64_t s) const {
-    if (s < count) {
-      const int64_t first = r0 + s / parts * Cfg::kGroupRows;
-      const int64_t col0 = s % parts * int64_t(Cfg::kStageCols);
-      T* slot = ring + s % Cfg::kSlots * kStageElems;
-      for (int c = threadIdx.x; c < Cfg::kGroupRows * kUnits; c += Cfg::kThreads) {
-        const int row = c / kUnits, unit = c % kUnits;
-        const int64_t r = first + row, col = col0 + int64_t(unit) * kVecElems;
-        const bool valid = r < r1 && col < k;
-        cp_async_16(slot + row * Cfg::kStageCols + staged_unit(row, unit) * kVecElems, valid ? w1 + r * k + col : w1,
-                    valid);
-      }
-    }
-    cp_async_commit();
-  }
+// The lane's part of a chunk: rows g and g + 8 of the group, 16 columns each (two vectors).
+struct Chunk {
+  uint4 lo[2], hi[2];
 };
 
 // gate: the CTA's rows on the tensor cores; the listed (token, row) pairs' g into h and their bits
 // into `bits` ([kMaxRows][kMaxWords], bit = row - r0).
 template <typename T, FfnKind kKind, int kTiles>
-__device__ __forceinline__ void gate(const FusedDecodeArgs& a, const FusedDecodeShape& sh, T* ring, float* red,
+__device__ __forceinline__ void gate(const FusedDecodeArgs& a, const FusedDecodeShape& sh, T* xs, float* red,
                                      uint32_t* bits) {
-  constexpr int kParts = Cfg::kXVectors / kTiles;
   constexpr int kTokens = kTiles * Cfg::kTileTokens;
+  constexpr int kD = Cfg::kDepth;
+  constexpr int kRed = kWarps * kTiles * kWarpSize * 4;  // floats per partial-tile buffer
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int g = lane / 4, q = lane % 4;
   const T* x = static_cast<const T*>(a.x);
-  Stages<T> st;
-  st.w1 = static_cast<const T*>(a.first);
-  st.k = a.k;
-  st.r0 = int64_t(blockIdx.x) * sh.cta_rows;
-  st.r1 = st.r0 + sh.cta_rows < a.n ? st.r0 + sh.cta_rows : a.n;
-  st.parts = int((a.k + Cfg::kStageCols - 1) / Cfg::kStageCols);  // <= kParts (fused_decode_setup)
-  const int64_t groups = st.r1 > st.r0 ? (st.r1 - st.r0 + Cfg::kGroupRows - 1) / Cfg::kGroupRows : 0;
-  st.count = groups * st.parts;
-  st.ring = ring;
+  const T* w1 = static_cast<const T*>(a.first);
+  const int64_t r0 = int64_t(blockIdx.x) * sh.cta_rows;
+  const int64_t r1 = r0 + sh.cta_rows < a.n ? r0 + sh.cta_rows : a.n;
+  const int64_t parts = (a.k + Cfg::kPartCols - 1) / Cfg::kPartCols;  // tiles x parts <= kMaxXParts
+  const int64_t groups = r1 > r0 ? (r1 - r0 + Cfg::kGroupRows - 1) / Cfg::kGroupRows : 0;
+  const int64_t chunks = groups * parts;
+  const int64_t ld = Smem<kTiles>::xs_ld(parts);
+  const int64_t row_vecs = parts * Cfg::kPartCols / kVecElems;
+  for (int64_t i = threadIdx.x; i < kTokens * row_vecs; i += Cfg::kThreads) {
+    const int64_t m = i / row_vecs, col = i % row_vecs * kVecElems;
+    *reinterpret_cast<uint4*>(xs + m * ld + col) = m < a.rows && col < a.k ? load_readonly(x + m * a.k + col) : uint4{};
+  }
   for (int i = threadIdx.x; i < Cfg::kMaxRows * kMaxWords; i += Cfg::kThreads) bits[i] = 0;
-  for (int s = 0; s < Cfg::kSlots - 1; ++s) st.issue(s);
+  __syncthreads();
 
-  // B: token t * 8 + g's 8 columns p * kStageCols + 32 w + 8 q, for every part p and tile t.
-  uint4 xv[kParts][kTiles];
+  // Chunk c: group c / parts, part c % parts; zeros past the CTA's rows and past K.
+  const auto load = [&](int64_t c, Chunk& v) {
+    if (c >= chunks) return;
+    const int64_t lo = r0 + c / parts * Cfg::kGroupRows + g, hi = lo + 8;
+    const int64_t col = c % parts * Cfg::kPartCols + warp * kWarpCols + q * 16;
 #pragma unroll
-  for (int p = 0; p < kParts; ++p)
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      const int64_t col = int64_t(p) * Cfg::kStageCols + warp * kWarpCols + q * kVecElems;
-      const int64_t m = t * Cfg::kTileTokens + g;
-      xv[p][t] = p < st.parts && m < a.rows && col < a.k ? load_readonly(x + m * a.k + col) : uint4{};
+    for (int h = 0; h < 2; ++h) {
+      const bool in_k = col + h * kVecElems < a.k;
+      v.lo[h] = in_k && lo < r1 ? load_readonly(w1 + lo * a.k + col + h * kVecElems) : uint4{};
+      v.hi[h] = in_k && hi < r1 ? load_readonly(w1 + hi * a.k + col + h * kVecElems) : uint4{};
     }
-  // A: rows g and g + 8 (the same parity) of the stage, the lane's unit of the warp's columns.
-  const int a_lo = g * Cfg::kStageCols + staged_unit(g, warp * (kWarpCols / kVecElems) + q) * kVecElems;
-  const int a_hi = a_lo + 8 * Cfg::kStageCols;
-
-  for (int64_t group = 0; group < groups; ++group) {
-    float acc[kTiles][4] = {};
+  };
+  Chunk buf[kD];
 #pragma unroll
-    for (int p = 0; p < kParts; ++p) {
-      if (p >= st.parts) break;
-      const int64_t s = group * st.parts + p;
-      cp_async_wait<Cfg::kSlots - 2>();
-      __syncthreads();             // stage s landed for every thread; slot s - 1 is read by all
-      st.issue(s + Cfg::kSlots - 1);  // into slot s - 1
-      const T* slot = ring + s % Cfg::kSlots * kStageElems;
-      const uint4 lo = *reinterpret_cast<const uint4*>(slot + a_lo);
-      const uint4 hi = *reinterpret_cast<const uint4*>(slot + a_hi);
-      const uint32_t first[4] = {lo.x, hi.x, lo.y, hi.y};
-      const uint32_t second[4] = {lo.z, hi.z, lo.w, hi.w};
+  for (int d = 0; d < kD - 1; ++d) load(d, buf[d]);
+  float acc[kTiles][4] = {};
+  for (int64_t c0 = 0; c0 < chunks; c0 += kD) {
+#pragma unroll
+    for (int i = 0; i < kD; ++i) {
+      const int64_t c = c0 + i;
+      load(c + kD - 1, buf[(i + kD - 1) % kD]);
+      if (c >= chunks) break;  // the same in every thread
+      const Chunk& v = buf[i];
+      const T* xrow = xs + g * ld + c % parts * Cfg::kPartCols + warp * kWarpCols + q * 16;
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
-        mma_16816<T>(acc[t], first, xv[p][t].x, xv[p][t].y);
-        mma_16816<T>(acc[t], second, xv[p][t].z, xv[p][t].w);
-      }
-    }
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t)
-      *reinterpret_cast<float4*>(red + ((warp * kTiles + t) * kWarpSize + lane) * 4) =
-          make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
-    __syncthreads();  // the next writes of red follow the next stage's barrier
-    if (threadIdx.x < Cfg::kGroupRows * kTokens) {
-      const int row = threadIdx.x / kTokens, m = threadIdx.x % kTokens;
-      const int t = m / Cfg::kTileTokens, col = m % Cfg::kTileTokens;
-      // c[(row / 8) * 2 + col % 2] of lane (row % 8) * 4 + col / 2 (the mma's C fragment)
-      const int at = t * kWarpSize * 4 + ((row % 8) * 4 + col / 2) * 4 + (row / 8) * 2 + col % 2;
-      float pre = 0.0f;
-      for (int w = 0; w < kWarps; ++w) pre += red[w * kTiles * kWarpSize * 4 + at];
-      const int local = int(group) * Cfg::kGroupRows + row;
-      const int64_t n = st.r0 + local;
-      const bool zero_times_u = kKind == FfnKind::gated && pre == -INFINITY;
-      if (m < a.rows && n < st.r1 && (!(pre <= 0.0f) || zero_times_u)) {
-        a.h[m * a.n + n] = zero_times_u ? 0.0f : pre;
-        atomicOr(bits + m * kMaxWords + local / kBitsPerWord, 1u << (local % kBitsPerWord));
-        // The rows the up dot and the down rows will read, on their way to L2 while the gate goes on.
-        const int64_t row_bytes = a.k * int64_t(sizeof(T));
-        if constexpr (kKind == FfnKind::gated) prefetch_l2(static_cast<const T*>(a.up) + n * a.k, row_bytes);
-        prefetch_l2(static_cast<const T*>(a.down) + n * a.k, row_bytes);
+        for (int h = 0; h < 2; ++h) {
+          const uint4 b = *reinterpret_cast<const uint4*>(xrow + t * Cfg::kTileTokens * ld + h * kVecElems);
+          const uint32_t first[4] = {v.lo[h].x, v.hi[h].x, v.lo[h].y, v.hi[h].y};
+          const uint32_t second[4] = {v.lo[h].z, v.hi[h].z, v.lo[h].w, v.hi[h].w};
+          mma_16816<T>(acc[t], first, b.x, b.y);
+          mma_16816<T>(acc[t], second, b.z, b.w);
+        }
+      }
+      if (c % parts != parts - 1) continue;
+      // The group is done: its partial tiles, summed over the warps in warp order.
+      const int64_t group = c / parts;
+      float* part = red + group % 2 * kRed;  // the other buffer's readers finish before the next barrier
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+        *reinterpret_cast<float4*>(part + ((warp * kTiles + t) * kWarpSize + lane) * 4) =
+            make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+        acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+      }
+      __syncthreads();
+      if (threadIdx.x < Cfg::kGroupRows * kTokens) {
+        const int row = threadIdx.x / kTokens, m = threadIdx.x % kTokens;
+        const int t = m / Cfg::kTileTokens, col = m % Cfg::kTileTokens;
+        // c[(row / 8) * 2 + col % 2] of lane (row % 8) * 4 + col / 2 (the mma's C fragment)
+        const int at = t * kWarpSize * 4 + ((row % 8) * 4 + col / 2) * 4 + (row / 8) * 2 + col % 2;
+        float pre = 0.0f;
+        for (int w = 0; w < kWarps; ++w) pre += part[w * kTiles * kWarpSize * 4 + at];
+        const int local = int(group) * Cfg::kGroupRows + row;
+        const int64_t n = r0 + local;
+        const bool zero_times_u = kKind == FfnKind::gated && pre == -INFINITY;
+        if (m < a.rows && n < r1 && (!(pre <= 0.0f) || zero_times_u)) {
+          a.h[m * a.n + n] = zero_times_u ? 0.0f : pre;
+          atomicOr(bits + m * kMaxWords + local / kBitsPerWord, 1u << (local % kBitsPerWord));
+          // The rows the up dot and the down rows will read, on their way to L2 while the gate goes on.
+          const int64_t row_bytes = a.k * int64_t(sizeof(T));
+          if constexpr (kKind == FfnKind::gated) prefetch_l2(static_cast<const T*>(a.up) + n * a.k, row_bytes);
+          prefetch_l2(static_cast<const T*>(a.down) + n * a.k, row_bytes);
+        }
       }
     }
   }
-  cp_async_wait<0>();
-  __syncthreads();  // the bitmaps and g are complete; the ring is free
+  __syncthreads();  // the bitmaps and g are complete; x's bytes are free
 }
 
 // up (gated): h[m, n] = g * <x[m], Wu[n]> for the CTA's listed pairs, rows dealt to warps by rank.
@@ -353,10 +340,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fused_decode_kernel(FusedDec
   using S = Smem<kTiles>;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ scan::ScanShared scan_shared;
-  uint32_t* bits = reinterpret_cast<uint32_t*>(smem + S::ring + S::red);
+  const size_t front = S::front((a.k + Cfg::kPartCols - 1) / Cfg::kPartCols);
+  auto* red = reinterpret_cast<float*>(smem + front);
+  auto* bits = reinterpret_cast<uint32_t*>(smem + front + S::red);
   chain_entry();
   if (sh.probe_stop == 4) return;
-  gate<T, kKind, kTiles>(a, sh, reinterpret_cast<T*>(smem), reinterpret_cast<float*>(smem + S::ring), bits);
+  gate<T, kKind, kTiles>(a, sh, reinterpret_cast<T*>(smem), red, bits);
   for (int i = threadIdx.x; i < a.rows * sh.words; i += Cfg::kThreads) {
     const int m = i / sh.words, word = i % sh.words;
     a.bitmap[(int64_t(m) * gridDim.x + blockIdx.x) * sh.words + word] = bits[m * kMaxWords + word];
@@ -394,18 +383,20 @@ FusedDecodeLaunch fused_decode_setup(FfnKind kind, DType dtype, int64_t rows, in
   FusedDecodeLaunch l;
   if (rows < 1 || rows > Cfg::kMaxRows || n > Cfg::kMaxIntermediate || dev.sm_count < 1) return l;
   const int tiles = rows <= Cfg::kTileTokens ? 1 : 2;
-  const int64_t parts = (k + Cfg::kStageCols - 1) / Cfg::kStageCols;
+  const int64_t parts = (k + Cfg::kPartCols - 1) / Cfg::kPartCols;
   const int64_t cta_rows = (n + dev.sm_count - 1) / dev.sm_count;
   const int64_t words = (cta_rows + kBitsPerWord - 1) / kBitsPerWord;
-  if (parts * tiles > Cfg::kXVectors || cta_rows > Cfg::kMaxCtaRows || dev.sm_count * words > Cfg::kMaxTokenWords)
+  if (parts * tiles > Cfg::kMaxXParts || cta_rows > Cfg::kMaxCtaRows || dev.sm_count * words > Cfg::kMaxTokenWords)
     return l;
   Kernel kernel = nullptr;
   with_element_type(dtype, op, [&](auto t) {
     using T = decltype(t);
     kernel = tiles == 1 ? kernel_for<T, 1>(kind) : kernel_for<T, 2>(kind);
   });
-  const size_t smem = tiles == 1 ? Smem<1>::bytes : Smem<2>::bytes;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess) {
+  // The attribute belongs to the kernel, which plans of other K share: its largest need.
+  const size_t most = tiles == 1 ? Smem<1>::bytes(Cfg::kMaxXParts) : Smem<2>::bytes(Cfg::kMaxXParts / 2);
+  const size_t smem = tiles == 1 ? Smem<1>::bytes(parts) : Smem<2>::bytes(parts);
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)) != cudaSuccess) {
     (void)cudaGetLastError();  // more shared memory than the device gives a CTA: the two-kernel path
     return l;
   }
