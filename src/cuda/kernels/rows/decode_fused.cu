@@ -143,13 +143,6 @@ __device__ __forceinline__ void gate(const FusedDecodeArgs& a, const FusedDecode
   const int64_t chunks = groups * parts;
   const int64_t ld = Smem<kTiles>::xs_ld(parts);
   const int64_t row_vecs = parts * Cfg::kPartCols / kVecElems;
-  for (int64_t i = threadIdx.x; i < kTokens * row_vecs; i += Cfg::kThreads) {
-    const int64_t m = i / row_vecs, col = i % row_vecs * kVecElems;
-    *reinterpret_cast<uint4*>(xs + m * ld + col) = m < a.rows && col < a.k ? load_readonly(x + m * a.k + col) : uint4{};
-  }
-  for (int i = threadIdx.x; i < Cfg::kMaxRows * kMaxWords; i += Cfg::kThreads) bits[i] = 0;
-  __syncthreads();
-
   // Chunk c: group c / parts, part c % parts; zeros past the CTA's rows and past K.
   const auto load = [&](int64_t c, Chunk& v) {
     if (c >= chunks) return;
@@ -164,7 +157,13 @@ __device__ __forceinline__ void gate(const FusedDecodeArgs& a, const FusedDecode
   };
   Chunk buf[kD];
 #pragma unroll
-  for (int d = 0; d < kD - 1; ++d) load(d, buf[d]);
+  for (int d = 0; d < kD - 1; ++d) load(d, buf[d]);  // in flight while x is staged
+  for (int64_t i = threadIdx.x; i < kTokens * row_vecs; i += Cfg::kThreads) {
+    const int64_t m = i / row_vecs, col = i % row_vecs * kVecElems;
+    *reinterpret_cast<uint4*>(xs + m * ld + col) = m < a.rows && col < a.k ? load_readonly(x + m * a.k + col) : uint4{};
+  }
+  for (int i = threadIdx.x; i < Cfg::kMaxRows * kMaxWords; i += Cfg::kThreads) bits[i] = 0;
+  __syncthreads();
   float acc[kTiles][4] = {};
   for (int64_t c0 = 0; c0 < chunks; c0 += kD) {
 #pragma unroll
