@@ -33,6 +33,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "cuda/kernels/common/cp_async.cuh"
 #include "cuda/kernels/common/element.cuh"
 #include "cuda/kernels/common/launch.cuh"
 #include "cuda/kernels/common/mma.cuh"
@@ -88,12 +89,11 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int64_t bytes) {
 #endif
 }
 
-// acc[m] = <x[m], w> over K (a multiple of 8): the lane's 8 columns per load, kUnroll loads of w
-// in flight, x through L1; fp32, summed over the warp in every lane.
-template <typename T, int kRows>
-__device__ __forceinline__ void row_dots(const T* x, const T* w, int64_t k, int lane, float (&acc)[kRows]) {
-#pragma unroll
-  for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
+// <x, w> over K (a multiple of 8), x in shared memory: the lane's 8 columns per 16-byte load,
+// kUnroll loads of w in flight; fp32, summed over the warp (the same in every lane).
+template <typename T>
+__device__ __forceinline__ float up_dot(const T* x, const T* w, int64_t k, int lane) {
+  float acc = 0.0f;
   for (int64_t base = int64_t(lane) * kVecElems; base < k; base += Cfg::kUnroll * kStepCols) {
     uint4 wv[Cfg::kUnroll];
 #pragma unroll
@@ -105,18 +105,14 @@ __device__ __forceinline__ void row_dots(const T* x, const T* w, int64_t k, int 
     for (int u = 0; u < Cfg::kUnroll; ++u) {
       const int64_t col = base + u * kStepCols;
       if (col >= k) break;
-      float wf[kVecElems];
+      float wf[kVecElems], xf[kVecElems];
       unpack8<T>(wv[u], wf);
+      unpack8<T>(*reinterpret_cast<const uint4*>(x + col), xf);
 #pragma unroll
-      for (int m = 0; m < kRows; ++m) {
-        float xf[kVecElems];
-        unpack8<T>(load_readonly(x + m * k + col), xf);
-#pragma unroll
-        for (int i = 0; i < kVecElems; ++i) acc[m] = fmaf(xf[i], wf[i], acc[m]);
-      }
+      for (int i = 0; i < kVecElems; ++i) acc = fmaf(xf[i], wf[i], acc);
     }
   }
-  warp_sums(acc);
+  return warp_sum(acc);
 }
 
 // The lane's part of a chunk: rows g and g + 8 of the group, 16 columns each (two vectors).
@@ -158,11 +154,14 @@ __device__ __forceinline__ void gate(const FusedDecodeArgs& a, const FusedDecode
   Chunk buf[kD];
 #pragma unroll
   for (int d = 0; d < kD - 1; ++d) load(d, buf[d]);  // in flight while x is staged
-  for (int64_t i = threadIdx.x; i < kTokens * row_vecs; i += Cfg::kThreads) {
+  for (int64_t i = threadIdx.x; i < kTokens * row_vecs; i += Cfg::kThreads) {  // all of it in flight at once
     const int64_t m = i / row_vecs, col = i % row_vecs * kVecElems;
-    *reinterpret_cast<uint4*>(xs + m * ld + col) = m < a.rows && col < a.k ? load_readonly(x + m * a.k + col) : uint4{};
+    const bool valid = m < a.rows && col < a.k;
+    cp_async_16(xs + m * ld + col, valid ? x + m * a.k + col : x, valid);
   }
+  cp_async_commit();
   for (int i = threadIdx.x; i < Cfg::kMaxRows * kMaxWords; i += Cfg::kThreads) bits[i] = 0;
+  cp_async_wait<0>();
   __syncthreads();
   float acc[kTiles][4] = {};
   for (int64_t c0 = 0; c0 < chunks; c0 += kD) {
@@ -219,29 +218,24 @@ __device__ __forceinline__ void gate(const FusedDecodeArgs& a, const FusedDecode
   __syncthreads();  // the bitmaps and g are complete; x's bytes are free
 }
 
-// up (gated): h[m, n] = g * <x[m], Wu[n]> for the CTA's listed pairs, rows dealt to warps by rank.
-template <typename T>
-__device__ __forceinline__ void up_dots(const FusedDecodeArgs& a, const FusedDecodeShape& sh, const uint32_t* bits) {
+// up (gated): h[m, n] = g * <x[m], Wu[n]> for the CTA's listed pairs (token m, row n), dealt to
+// warps by rank; x from shared memory (still staged).
+template <typename T, int kTiles>
+__device__ __forceinline__ void up_dots(const FusedDecodeArgs& a, const FusedDecodeShape& sh, const T* xs,
+                                        const uint32_t* bits) {
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const T* x = static_cast<const T*>(a.x);
   const T* up = static_cast<const T*>(a.up);
   const int64_t r0 = int64_t(blockIdx.x) * sh.cta_rows;
+  const int64_t ld = Smem<kTiles>::xs_ld((a.k + Cfg::kPartCols - 1) / Cfg::kPartCols);
   int rank = 0;
-  for (int word = 0; word < sh.words; ++word) {
-    uint32_t any = 0;
-    for (int64_t m = 0; m < a.rows; ++m) any |= bits[m * kMaxWords + word];
-    for (uint32_t left = any; left != 0; left &= left - 1, ++rank) {
-      if (rank % kWarps != warp) continue;
-      const int bit = __ffs(int(left)) - 1;
-      const int64_t n = r0 + word * kBitsPerWord + bit;
-      for (int64_t m = 0; m < a.rows; ++m) {
-        if ((bits[m * kMaxWords + word] >> bit & 1u) == 0) continue;
-        float dot[1];
-        row_dots<T, 1>(x + m * a.k, up + n * a.k, a.k, lane, dot);
-        if (lane == 0) a.h[m * a.n + n] *= dot[0];
+  for (int64_t m = 0; m < a.rows; ++m)
+    for (int word = 0; word < sh.words; ++word)
+      for (uint32_t left = bits[m * kMaxWords + word]; left != 0; left &= left - 1, ++rank) {
+        if (rank % kWarps != warp) continue;
+        const int64_t n = r0 + word * kBitsPerWord + __ffs(int(left)) - 1;
+        const float dot = up_dot<T>(xs + m * ld, up + n * a.k, a.k, lane);
+        if (lane == 0) a.h[m * a.n + n] *= dot;
       }
-    }
-  }
 }
 
 // After the barrier, in one CTA: the run's active total (every token's bitmaps) and counters.
@@ -326,9 +320,22 @@ __device__ __forceinline__ void down_slice(const FusedDecodeArgs& a, int64_t m, 
   const int64_t c = slice * slice_cols + threadIdx.x;
   if (threadIdx.x < slice_cols && c < a.k) {
     // Lanes past the entries hold zeros: the sum stops at the last lane that took one.
+    // Four chains (lanes j mod 4) in lane order, then added pairwise: a fixed order, a quarter of
+    // the dependent adds.
     const int used = total < lanes ? int(total) : lanes;
-    float sum = 0.0f;
-    for (int jj = 0; jj < used; ++jj) sum += partials[jj * slice_cols + threadIdx.x];
+    const float* p = partials + threadIdx.x;
+    float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
+    int jj = 0;
+    for (; jj + 4 <= used; jj += 4) {
+      c0 += p[jj * slice_cols];
+      c1 += p[(jj + 1) * slice_cols];
+      c2 += p[(jj + 2) * slice_cols];
+      c3 += p[(jj + 3) * slice_cols];
+    }
+    if (jj < used) c0 += p[jj * slice_cols];
+    if (jj + 1 < used) c1 += p[(jj + 1) * slice_cols];
+    if (jj + 2 < used) c2 += p[(jj + 2) * slice_cols];
+    const float sum = (c0 + c1) + (c2 + c3);
     static_cast<T*>(a.y)[m * a.k + c] = Elem<T>::from_float(sum);
   }
   __syncthreads();  // list and partials are rewritten by the CTA's next item
@@ -350,7 +357,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fused_decode_kernel(FusedDec
     a.bitmap[(int64_t(m) * gridDim.x + blockIdx.x) * sh.words + word] = bits[m * kMaxWords + word];
   }
   if (sh.probe_stop == 1) return;
-  if constexpr (kKind == FfnKind::gated) up_dots<T>(a, sh, bits);
+  if constexpr (kKind == FfnKind::gated) up_dots<T, kTiles>(a, sh, reinterpret_cast<const T*>(smem), bits);
   if (sh.probe_stop == 2) return;
   cooperative_groups::this_grid().sync();
   if (sh.probe_stop == 3) return;
