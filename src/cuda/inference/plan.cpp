@@ -59,7 +59,7 @@ class CudaInference final : public detail::InferenceBackend {
 
   size_t workspace_bytes(int64_t rows) const override {
     check_rows(rows, "InferencePlan::workspace_bytes");
-    return layout(rows).bytes;
+    return workspace_layout(dims_, rows, paths_for(options_.dispatch)).bytes;
   }
 
   void* own_workspace(size_t bytes, Stream stream) override {
@@ -128,10 +128,6 @@ class CudaInference final : public detail::InferenceBackend {
   void zero_control(const Buffers& b, cudaStream_t s) {
     check_cuda(cudaMemsetAsync(b.base + b.layout.control, 0, b.layout.control_bytes, s), kRunOp, "run counters");
   }
-  WorkspaceLayout layout(int64_t rows) const {
-    const int fused_ctas = rows >= 1 && rows <= FusedDecodeConfig::kMaxRows ? fused_decode_[size_t(rows)].ctas : 0;
-    return workspace_layout(dims_, rows, paths_for(options_.dispatch), fused_ctas);
-  }
   bool fused_decode_for(int64_t rows) const {
     return rows <= FusedDecodeConfig::kMaxRows && fused_decode_[size_t(rows)].ctas > 0;
   }
@@ -183,7 +179,7 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
   const DispatchCalibration::Choice choice = choose(rows, capturing);
   const bool dense = choice.dense;
   Buffers b;
-  b.layout = layout(rows);
+  b.layout = workspace_layout(dims_, rows, paths_for(options_.dispatch));
   b.base = aligned_base(workspace);
   b.control = reinterpret_cast<RunCounters*>(b.base + b.layout.control);
   b.lt = b.base + b.layout.lt;
@@ -302,7 +298,6 @@ bool CudaInference::run_fused_decode(const InferenceArgs& args, int64_t rows, co
   f.first = first_weight();
   f.h = reinterpret_cast<float*>(b.base + b.layout.decode_h);
   f.bitmap = reinterpret_cast<uint32_t*>(b.base + b.layout.decode_bitmap);
-  f.partial = reinterpret_cast<float*>(b.base + b.layout.decode_partial);
   f.counters = static_cast<int64_t*>(args.counters.data);
   if (launch_fused_decode(f, fused_decode_[size_t(rows)], s)) return true;
   fused_decode_[size_t(rows)].ctas = 0;  // refused (fewer SMs than at setup): two kernels from now on

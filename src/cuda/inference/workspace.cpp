@@ -27,7 +27,7 @@ Paths paths_for(Dispatch d) {
   return Paths::either;
 }
 
-WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths, int fused_ctas) {
+WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths) {
   WorkspaceLayout l;
   if (rows == 0) return l;
   const size_t m = size_t(rows);
@@ -61,8 +61,6 @@ WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths
     l.decode_partials = take(size_t(DecodeConfig::kMaxSplitRows) * size_t(d.k) * sizeof(float));
     if (rows <= FusedDecodeConfig::kMaxRows)
       l.decode_bitmap = take(m * size_t(FusedDecodeConfig::kMaxTokenWords) * sizeof(uint32_t));
-    if (rows <= FusedDecodeConfig::kMaxPartialRows)
-      l.decode_partial = take(size_t(fused_ctas) * m * size_t(d.k) * sizeof(float));
     end = std::max(end, at);
   } else if (paths != Paths::dense) {
     at = shared;

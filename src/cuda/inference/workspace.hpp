@@ -41,11 +41,9 @@ struct WorkspaceLayout {
   size_t decode_h = 0;         // [M, chunks, kChunk] f32 (the fused kernel's h: [M, N])
   size_t decode_partials = 0;  // [kMaxSplitRows, K] f32
   size_t decode_bitmap = 0;    // fused decode path: [M, FusedDecodeConfig::kMaxTokenWords] uint32
-  size_t decode_partial = 0;   // fused decode path, M <= kMaxPartialRows: [fused_ctas, M, K] f32
   size_t bytes = 0;        // 0 when M = 0 (a run of no rows touches nothing)
 };
-// fused_ctas: the fused decode kernel's grid for this M (0 where it does not run).
-WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths, int fused_ctas = 0);
+WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths);
 
 // The workspace pointer rounded up to WorkspaceLayout::kAlign.
 char* aligned_base(void* workspace);

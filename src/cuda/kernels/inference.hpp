@@ -266,7 +266,6 @@ struct FusedDecodeArgs : DecodeProblem {
   const void* first = nullptr;  // W1 [N, K]: the gate weight (gated) or the up weight (plain)
   float* h = nullptr;
   uint32_t* bitmap = nullptr;
-  float* partial = nullptr;     // M <= FusedDecodeConfig::kMaxPartialRows: [ctas, M, K] fp32
   int64_t* counters = nullptr;  // optional: {0, active} written after the barrier (InferenceArgs)
 };
 // How the grid splits the problem (fused_decode_setup).

@@ -15,23 +15,17 @@
 //            gated, -Inf lists too, with g = relu(-Inf) = 0, so that 0 * <x, Wu[n]> gives the
 //            dense product's NaN where x's row holds an Inf. g goes to an fp32 [M, N] array h, the
 //            bit to the CTA's bitmap (token m, its rows), and the bitmap to global memory whole.
-//   up:      gated: the CTA's listed (token, row) pairs dealt to warps by rank; h[m, n] =
-//            g * <x[m], Wu[n]> (x from shared memory, lanes over K, kUnroll loads of Wu[n] in
-//            flight, fp32, butterfly). The gate asked for the Wu and Wd rows of every listed pair
-//            to be brought into L2 as it found them.
-//   partial: M <= kMaxPartialRows: every CTA writes partial[CTA, m, :] = sum over its listed rows n
-//            of token m, ascending, of h[m, n] Wd[n, :] (fp32; zeros where it lists none), so that
-//            after the barrier nothing waits on a bitmap.
+//   up:      gated: the CTA's listed rows dealt to warps by rank; h[m, n] = g * <x[m], Wu[n]>
+//            for each token m listing n (lanes over K, kUnroll loads in flight, fp32, butterfly).
 //   barrier: cooperative_groups' grid sync. The last CTA then adds up the bitmaps' popcounts: the
 //            run's active total (dispatch) and counters.
 //   down:    work item (token m, slice of S columns of K); S is the host's slice_cols, the
-//            narrowest multiple of 8 (a power of two) that leaves every CTA at most one item.
-//            M <= kMaxPartialRows: thread (lane j of J, column v) adds the partial rows of CTAs
-//            j, j + J, ... in order. Larger M: the CTA turns token m's bitmaps (CTA order, then bit
-//            order: ascending n) into its list of neurons in shared memory (popcounts, a CTA
-//            scan); thread (entry lane j of J, vector v of the slice) adds h[m, n] * Wd[n, v's 8
-//            columns] over the entries j, j + J, ... in order, kEntryUnroll rows in flight, fp32.
-//            Either way a column's J sums are added in a fixed order and y is rounded once.
+//            narrowest multiple of 8 (a power of two) that leaves every CTA at most one item. The
+//            CTA turns token m's bitmaps (CTA order, then bit order: ascending n) into its list of
+//            neurons in shared memory (popcounts, a CTA scan). Thread (entry lane j of J, vector v
+//            of the slice) adds h[m, n] * Wd[n, v's 8 columns] over the entries j, j + J, ... in
+//            order, kEntryUnroll rows in flight, fp32; a column's J partial sums are added in
+//            entry-lane order and y is rounded once.
 // No float atomics and no order that depends on timing: reruns are bit-identical.
 #include <cooperative_groups.h>
 
@@ -244,33 +238,6 @@ __device__ __forceinline__ void up_dots(const FusedDecodeArgs& a, const FusedDec
       }
 }
 
-// Before the barrier, M <= kMaxPartialRows: the CTA's partial rows, partial[CTA][m][:] =
-// sum over its listed rows n of token m (in ascending n) of h[m, n] Wd[n, :], fp32; zeros for a
-// token it lists nothing for. Thread: 8 columns of one token.
-template <typename T>
-__device__ __forceinline__ void write_partials(const FusedDecodeArgs& a, const FusedDecodeShape& sh,
-                                               const uint32_t* bits) {
-  const T* down = static_cast<const T*>(a.down);
-  const int64_t r0 = int64_t(blockIdx.x) * sh.cta_rows;
-  const int64_t vecs = a.k / kVecElems;
-  for (int64_t i = threadIdx.x; i < a.rows * vecs; i += Cfg::kThreads) {
-    const int64_t m = i / vecs, col = i % vecs * kVecElems;
-    float acc[kVecElems] = {};
-    for (int word = 0; word < sh.words; ++word)
-      for (uint32_t left = bits[m * kMaxWords + word]; left != 0; left &= left - 1) {
-        const int64_t n = r0 + word * kBitsPerWord + __ffs(int(left)) - 1;
-        const float h = __ldcg(a.h + m * a.n + n);
-        float wf[kVecElems];
-        unpack8<T>(load_readonly(down + n * a.k + col), wf);
-#pragma unroll
-        for (int e = 0; e < kVecElems; ++e) acc[e] = fmaf(h, wf[e], acc[e]);
-      }
-    float4* out = reinterpret_cast<float4*>(a.partial + (int64_t(blockIdx.x) * a.rows + m) * a.k + col);
-    out[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    out[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-  }
-}
-
 // After the barrier, in one CTA: the run's active total (every token's bitmaps) and counters.
 __device__ __forceinline__ void write_counters(const FusedDecodeArgs& a, const FusedDecodeShape& sh,
                                                scan::ScanShared& sm) {
@@ -315,31 +282,6 @@ __device__ __forceinline__ int64_t token_list(const FusedDecodeArgs& a, const Fu
   return total;
 }
 
-// down: y[m, slice] rounded once from the J x S floats of `partials` ([lane][column], J lanes used):
-// per column four chains (lanes j mod 4) in lane order, then added pairwise (a fixed order, a quarter
-// of the dependent adds). Ends with the CTA's barrier: `partials` is rewritten by its next item.
-template <typename T>
-__device__ __forceinline__ void write_columns(const FusedDecodeArgs& a, int64_t m, int64_t slice, int slice_cols,
-                                              const float* partials, int used) {
-  const int64_t c = slice * slice_cols + threadIdx.x;
-  if (threadIdx.x < slice_cols && c < a.k) {
-    const float* p = partials + threadIdx.x;
-    float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
-    int j = 0;
-    for (; j + 4 <= used; j += 4) {
-      c0 += p[j * slice_cols];
-      c1 += p[(j + 1) * slice_cols];
-      c2 += p[(j + 2) * slice_cols];
-      c3 += p[(j + 3) * slice_cols];
-    }
-    if (j < used) c0 += p[j * slice_cols];
-    if (j + 1 < used) c1 += p[(j + 1) * slice_cols];
-    if (j + 2 < used) c2 += p[(j + 2) * slice_cols];
-    static_cast<T*>(a.y)[m * a.k + c] = Elem<T>::from_float((c0 + c1) + (c2 + c3));
-  }
-  __syncthreads();
-}
-
 // down: y[m, slice] from the list; `partials` holds J x S floats.
 template <typename T>
 __device__ __forceinline__ void down_slice(const FusedDecodeArgs& a, int64_t m, int64_t slice, int slice_cols,
@@ -375,26 +317,28 @@ __device__ __forceinline__ void down_slice(const FusedDecodeArgs& a, int64_t m, 
 #pragma unroll
   for (int i = 0; i < kVecElems; ++i) partials[j * slice_cols + v * kVecElems + i] = acc[i];
   __syncthreads();
-  // Lanes past the entries hold zeros: the sum stops at the last lane that took one.
-  write_columns<T>(a, m, slice, slice_cols, partials, total < lanes ? int(total) : lanes);
-}
-
-// down, M <= kMaxPartialRows: y[m, slice] = the sum of every CTA's partial row (CTA c: lanes j of J
-// take CTAs j, j + J, ... in order, J x S floats into `partials`, then write_columns).
-template <typename T>
-__device__ __forceinline__ void sum_partials(const FusedDecodeArgs& a, int64_t m, int64_t slice, int slice_cols,
-                                             float* partials) {
-  const int lanes = Cfg::kThreads / slice_cols;
-  const int v = threadIdx.x % slice_cols, j = threadIdx.x / slice_cols;
-  const int64_t col = slice * slice_cols + v;
-  float acc = 0.0f;
-  if (col < a.k) {
-#pragma unroll 4
-    for (int64_t c = j; c < gridDim.x; c += lanes) acc += __ldcg(a.partial + (c * a.rows + m) * a.k + col);
+  const int64_t c = slice * slice_cols + threadIdx.x;
+  if (threadIdx.x < slice_cols && c < a.k) {
+    // Lanes past the entries hold zeros: the sum stops at the last lane that took one.
+    // Four chains (lanes j mod 4) in lane order, then added pairwise: a fixed order, a quarter of
+    // the dependent adds.
+    const int used = total < lanes ? int(total) : lanes;
+    const float* p = partials + threadIdx.x;
+    float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
+    int jj = 0;
+    for (; jj + 4 <= used; jj += 4) {
+      c0 += p[jj * slice_cols];
+      c1 += p[(jj + 1) * slice_cols];
+      c2 += p[(jj + 2) * slice_cols];
+      c3 += p[(jj + 3) * slice_cols];
+    }
+    if (jj < used) c0 += p[jj * slice_cols];
+    if (jj + 1 < used) c1 += p[(jj + 1) * slice_cols];
+    if (jj + 2 < used) c2 += p[(jj + 2) * slice_cols];
+    const float sum = (c0 + c1) + (c2 + c3);
+    static_cast<T*>(a.y)[m * a.k + c] = Elem<T>::from_float(sum);
   }
-  partials[j * slice_cols + v] = acc;
-  __syncthreads();
-  write_columns<T>(a, m, slice, slice_cols, partials, lanes);
+  __syncthreads();  // list and partials are rewritten by the CTA's next item
 }
 
 template <typename T, FfnKind kKind, int kTiles>
@@ -414,11 +358,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fused_decode_kernel(FusedDec
   }
   if (sh.probe_stop == 1) return;
   if constexpr (kKind == FfnKind::gated) up_dots<T, kTiles>(a, sh, reinterpret_cast<const T*>(smem), bits);
-  const bool partial_rows = a.rows <= Cfg::kMaxPartialRows;
-  if (partial_rows) {
-    __syncthreads();  // h of the CTA's pairs written
-    write_partials<T>(a, sh, bits);
-  }
   if (sh.probe_stop == 2) return;
   cooperative_groups::this_grid().sync();
   if (sh.probe_stop == 3) return;
@@ -429,12 +368,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fused_decode_kernel(FusedDec
   auto* partials = reinterpret_cast<float*>(smem + S::list);
   for (int64_t item = blockIdx.x; item < a.rows * slices; item += gridDim.x) {
     const int64_t m = item / slices;
-    if (partial_rows) {
-      sum_partials<T>(a, m, item % slices, sh.slice_cols, partials);
-    } else {
-      const int64_t total = token_list(a, sh, m, list, scan_shared);
-      down_slice<T>(a, m, item % slices, sh.slice_cols, list, total, partials);
-    }
+    const int64_t total = token_list(a, sh, m, list, scan_shared);
+    down_slice<T>(a, m, item % slices, sh.slice_cols, list, total, partials);
   }
 }
 
