@@ -273,7 +273,6 @@ struct FusedDecodeShape {
   int cta_rows = 0;    // W1 rows per CTA, contiguous: CTA b owns [b cta_rows, (b + 1) cta_rows)
   int words = 0;       // bitmap words per CTA and token: ceil(cta_rows / 32)
   int slice_cols = 0;  // columns of K per down work item
-  int up_slots = 0;    // gated: the CTA's first up_slots pairs have their Wu row in shared memory
   int probe_stop = 0;  // LAB PROBE
   int probe_nopf = 0;  // LAB PROBE
 };

@@ -152,7 +152,6 @@ struct FusedDecodeConfig {
   static constexpr int kDepth = 3;          // chunks in flight per warp (16 bytes x 4 per lane each)
   static constexpr int kMaxXParts = 8;      // x in shared memory: token tiles x parts of K at most
   static constexpr int kMaxCtaRows = 256;   // W1 rows per CTA (ceil(N / SMs))
-  static constexpr int kMaxUpSlots = 32;    // Wu rows a CTA copies into shared memory during the gate
   static constexpr int kUnroll = 8;         // up dots: 16-byte loads of a Wu row in flight per lane
   static constexpr int kSliceCols = 8;      // the narrowest down slice: one vector per entry
   static constexpr int kMaxSliceCols = 256; // the widest: 32 vectors per entry, 16 entries a round

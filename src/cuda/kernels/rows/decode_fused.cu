@@ -60,8 +60,6 @@ static_assert(Cfg::kMaxRows <= 2 * Cfg::kTileTokens && Cfg::kMaxXParts % 2 == 0,
 static_assert(Cfg::kMaxIntermediate <= 65536, "neuron indices fit the uint16 list");
 static_assert(Cfg::kMaxSliceCols / kVecElems <= Cfg::kThreads, "a slice's vectors fit the CTA");
 
-constexpr size_t kStaticSmem = 1024;  // what the kernel declares statically (the scan's), rounded up
-
 // Dynamic shared memory: x (row stride xs_ld), the warps' partial tiles (two buffers), the CTA's
 // bitmaps. After the barrier x's bytes hold a token's list and the down slice's partial sums.
 template <int kTiles>
@@ -78,7 +76,6 @@ struct Smem {
     const size_t x = size_t(kTokens) * size_t(xs_ld(parts)) * 2;
     return ((x > down ? x : down) + 15) / 16 * 16;
   }
-  // Then the Wu slots (16-byte aligned: bits is a multiple of 16 bytes).
   static __host__ __device__ size_t bytes(int64_t parts) { return front(parts) + red + bits; }
 };
 
@@ -102,7 +99,7 @@ __device__ __forceinline__ float up_dot(const T* x, const T* w, int64_t k, int l
 #pragma unroll
     for (int u = 0; u < Cfg::kUnroll; ++u) {
       const int64_t col = base + u * kStepCols;
-      wv[u] = col < k ? *reinterpret_cast<const uint4*>(w + col) : uint4{};  // a slot or global memory
+      wv[u] = col < k ? load_readonly(w + col) : uint4{};
     }
 #pragma unroll
     for (int u = 0; u < Cfg::kUnroll; ++u) {
@@ -123,22 +120,11 @@ struct Chunk {
   uint4 lo[2], hi[2];
 };
 
-// The CTA's listed (token, row) pairs of group `group` (rows [16 group, 16 group + 16) of the CTA:
-// half of bitmap word group / 2) in (token, row) order, f(rank, m, local row) for each, ranks
-// counted on from `rank`. Every thread walks the same bits: ranks agree across the CTA.
-template <typename F>
-__device__ __forceinline__ void group_pairs(const uint32_t* bits, int64_t rows, int64_t group, int& rank, F&& f) {
-  const int word = int(group) / 2, shift = int(group) % 2 * Cfg::kGroupRows;
-  for (int64_t m = 0; m < rows; ++m)
-    for (uint32_t left = bits[m * kMaxWords + word] >> shift & 0xffffu; left != 0; left &= left - 1, ++rank)
-      f(rank, m, int(group) * Cfg::kGroupRows + __ffs(int(left)) - 1);
-}
-
 // gate: the CTA's rows on the tensor cores; the listed (token, row) pairs' g into h and their bits
 // into `bits` ([kMaxRows][kMaxWords], bit = row - r0).
 template <typename T, FfnKind kKind, int kTiles>
 __device__ __forceinline__ void gate(const FusedDecodeArgs& a, const FusedDecodeShape& sh, T* xs, float* red,
-                                     uint32_t* bits, T* slots) {
+                                     uint32_t* bits) {
   constexpr int kTokens = kTiles * Cfg::kTileTokens;
   constexpr int kD = Cfg::kDepth;
   constexpr int kRed = kWarps * kTiles * kWarpSize * 4;  // floats per partial-tile buffer
@@ -165,7 +151,6 @@ __device__ __forceinline__ void gate(const FusedDecodeArgs& a, const FusedDecode
       v.hi[h] = in_k && hi < r1 ? load_readonly(w1 + hi * a.k + col + h * kVecElems) : uint4{};
     }
   };
-  int slot_rank = 0;  // the CTA's pairs so far (group_pairs)
   Chunk buf[kD];
 #pragma unroll
   for (int d = 0; d < kD - 1; ++d) load(d, buf[d]);  // in flight while x is staged
@@ -229,44 +214,29 @@ __device__ __forceinline__ void gate(const FusedDecodeArgs& a, const FusedDecode
           if (pf) prefetch_l2(static_cast<const T*>(a.down) + n * a.k, row_bytes);
         }
       }
-      if constexpr (kKind == FfnKind::gated) {
-        // The group's pairs' Wu rows into their shared-memory slots (the first sh.up_slots pairs of
-        // the CTA), by cp.async while the gate goes on; a warp copies the pairs of its ranks.
-        __syncthreads();  // the group's bits
-        const T* up = static_cast<const T*>(a.up);
-        group_pairs(bits, a.rows, group, slot_rank, [&](int rank, int64_t, int local) {
-          if (rank >= sh.up_slots || rank % kWarps != warp) return;
-          const T* from = up + (r0 + local) * a.k;
-          for (int64_t col = int64_t(lane) * kVecElems; col < a.k; col += kStepCols)
-            cp_async_16(slots + rank * a.k + col, from + col, true);
-        });
-        cp_async_commit();
-      }
     }
   }
-  cp_async_wait<0>();
-  __syncthreads();  // the bitmaps, g and the slots are complete
+  __syncthreads();  // the bitmaps and g are complete; x's bytes are free
 }
 
 // up (gated): h[m, n] = g * <x[m], Wu[n]> for the CTA's listed pairs (token m, row n), dealt to
-// warps by rank; x from shared memory (still staged), Wu[n] from its slot or global memory.
+// warps by rank; x from shared memory (still staged).
 template <typename T, int kTiles>
 __device__ __forceinline__ void up_dots(const FusedDecodeArgs& a, const FusedDecodeShape& sh, const T* xs,
-                                        const uint32_t* bits, const T* slots) {
+                                        const uint32_t* bits) {
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const T* up = static_cast<const T*>(a.up);
   const int64_t r0 = int64_t(blockIdx.x) * sh.cta_rows;
   const int64_t ld = Smem<kTiles>::xs_ld((a.k + Cfg::kPartCols - 1) / Cfg::kPartCols);
-  const int64_t groups = (sh.cta_rows + Cfg::kGroupRows - 1) / Cfg::kGroupRows;
   int rank = 0;
-  for (int64_t group = 0; group < groups; ++group)
-    group_pairs(bits, a.rows, group, rank, [&](int r, int64_t m, int local) {
-      if (r % kWarps != warp) return;
-      const int64_t n = r0 + local;
-      const T* w = r < sh.up_slots ? slots + int64_t(r) * a.k : up + n * a.k;
-      const float dot = up_dot<T>(xs + m * ld, w, a.k, lane);
-      if (lane == 0) a.h[m * a.n + n] *= dot;
-    });
+  for (int64_t m = 0; m < a.rows; ++m)
+    for (int word = 0; word < sh.words; ++word)
+      for (uint32_t left = bits[m * kMaxWords + word]; left != 0; left &= left - 1, ++rank) {
+        if (rank % kWarps != warp) continue;
+        const int64_t n = r0 + word * kBitsPerWord + __ffs(int(left)) - 1;
+        const float dot = up_dot<T>(xs + m * ld, up + n * a.k, a.k, lane);
+        if (lane == 0) a.h[m * a.n + n] *= dot;
+      }
 }
 
 // After the barrier, in one CTA: the run's active total (every token's bitmaps) and counters.
@@ -380,16 +350,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fused_decode_kernel(FusedDec
   const size_t front = S::front((a.k + Cfg::kPartCols - 1) / Cfg::kPartCols);
   auto* red = reinterpret_cast<float*>(smem + front);
   auto* bits = reinterpret_cast<uint32_t*>(smem + front + S::red);
-  auto* slots = reinterpret_cast<T*>(smem + front + S::red + S::bits);
   chain_entry();
   if (sh.probe_stop == 4) return;
-  gate<T, kKind, kTiles>(a, sh, reinterpret_cast<T*>(smem), red, bits, slots);
+  gate<T, kKind, kTiles>(a, sh, reinterpret_cast<T*>(smem), red, bits);
   for (int i = threadIdx.x; i < a.rows * sh.words; i += Cfg::kThreads) {
     const int m = i / sh.words, word = i % sh.words;
     a.bitmap[(int64_t(m) * gridDim.x + blockIdx.x) * sh.words + word] = bits[m * kMaxWords + word];
   }
   if (sh.probe_stop == 1) return;
-  if constexpr (kKind == FfnKind::gated) up_dots<T, kTiles>(a, sh, reinterpret_cast<const T*>(smem), bits, slots);
+  if constexpr (kKind == FfnKind::gated) up_dots<T, kTiles>(a, sh, reinterpret_cast<const T*>(smem), bits);
   if (sh.probe_stop == 2) return;
   cooperative_groups::this_grid().sync();
   if (sh.probe_stop == 3) return;
@@ -432,19 +401,10 @@ FusedDecodeLaunch fused_decode_setup(FfnKind kind, DType dtype, int64_t rows, in
     using T = decltype(t);
     kernel = tiles == 1 ? kernel_for<T, 1>(kind) : kernel_for<T, 2>(kind);
   });
-  // The attribute belongs to the kernel, which plans of other K share: all the device allows. What
-  // x, the partial tiles and the bitmaps leave of it holds Wu slots (gated; at most kMaxUpSlots).
-  int optin = 0;
-  check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.index), op,
-             "cudaDevAttrMaxSharedMemoryPerBlockOptin");
-  const size_t fixed = tiles == 1 ? Smem<1>::bytes(parts) : Smem<2>::bytes(parts);
-  const size_t room = size_t(optin) > fixed + kStaticSmem ? size_t(optin) - fixed - kStaticSmem : 0;
-  const size_t row_bytes = size_t(k) * dtype_size(dtype);
-  const int64_t slots = kind == FfnKind::gated ? std::min<int64_t>(Cfg::kMaxUpSlots, int64_t(room / row_bytes)) : 0;
-  const size_t smem = fixed + size_t(slots) * row_bytes;
-  if (smem + kStaticSmem > size_t(optin) ||
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin - int(kStaticSmem)) !=
-          cudaSuccess) {
+  // The attribute belongs to the kernel, which plans of other K share: its largest need.
+  const size_t most = tiles == 1 ? Smem<1>::bytes(Cfg::kMaxXParts) : Smem<2>::bytes(Cfg::kMaxXParts / 2);
+  const size_t smem = tiles == 1 ? Smem<1>::bytes(parts) : Smem<2>::bytes(parts);
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)) != cudaSuccess) {
     (void)cudaGetLastError();  // more shared memory than the device gives a CTA: the two-kernel path
     return l;
   }
@@ -456,7 +416,6 @@ FusedDecodeLaunch fused_decode_setup(FfnKind kind, DType dtype, int64_t rows, in
   l.ctas = dev.sm_count;
   l.shape.cta_rows = int(cta_rows);
   l.shape.words = int(words);
-  l.shape.up_slots = int(slots);
   int s = Cfg::kSliceCols;
   while (s < Cfg::kMaxSliceCols && rows * ((k + s - 1) / s) > l.ctas) s *= 2;
   l.shape.slice_cols = s;
