@@ -273,8 +273,6 @@ struct FusedDecodeShape {
   int cta_rows = 0;    // W1 rows per CTA, contiguous: CTA b owns [b cta_rows, (b + 1) cta_rows)
   int words = 0;       // bitmap words per CTA and token: ceil(cta_rows / 32)
   int slice_cols = 0;  // columns of K per down work item
-  int probe_stop = 0;  // LAB PROBE
-  int probe_nopf = 0;  // LAB PROBE
 };
 using FusedDecodeKernel = void (*)(FusedDecodeArgs, FusedDecodeShape);
 // The grid of one M on one device: ctas = 0 when the kernel does not take it (then the two-kernel

@@ -30,7 +30,6 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "cuda/kernels/common/cp_async.cuh"
@@ -205,13 +204,12 @@ __device__ __forceinline__ void gate(const FusedDecodeArgs& a, const FusedDecode
         const int64_t n = r0 + local;
         const bool zero_times_u = kKind == FfnKind::gated && pre == -INFINITY;
         if (m < a.rows && n < r1 && (!(pre <= 0.0f) || zero_times_u)) {
-          const bool pf = sh.probe_nopf == 0;
           a.h[m * a.n + n] = zero_times_u ? 0.0f : pre;
           atomicOr(bits + m * kMaxWords + local / kBitsPerWord, 1u << (local % kBitsPerWord));
           // The rows the up dot and the down rows will read, on their way to L2 while the gate goes on.
           const int64_t row_bytes = a.k * int64_t(sizeof(T));
-          if constexpr (kKind == FfnKind::gated) if (pf) prefetch_l2(static_cast<const T*>(a.up) + n * a.k, row_bytes);
-          if (pf) prefetch_l2(static_cast<const T*>(a.down) + n * a.k, row_bytes);
+          if constexpr (kKind == FfnKind::gated) prefetch_l2(static_cast<const T*>(a.up) + n * a.k, row_bytes);
+          prefetch_l2(static_cast<const T*>(a.down) + n * a.k, row_bytes);
         }
       }
     }
@@ -351,17 +349,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fused_decode_kernel(FusedDec
   auto* red = reinterpret_cast<float*>(smem + front);
   auto* bits = reinterpret_cast<uint32_t*>(smem + front + S::red);
   chain_entry();
-  if (sh.probe_stop == 4) return;
   gate<T, kKind, kTiles>(a, sh, reinterpret_cast<T*>(smem), red, bits);
   for (int i = threadIdx.x; i < a.rows * sh.words; i += Cfg::kThreads) {
     const int m = i / sh.words, word = i % sh.words;
     a.bitmap[(int64_t(m) * gridDim.x + blockIdx.x) * sh.words + word] = bits[m * kMaxWords + word];
   }
-  if (sh.probe_stop == 1) return;
   if constexpr (kKind == FfnKind::gated) up_dots<T, kTiles>(a, sh, reinterpret_cast<const T*>(smem), bits);
-  if (sh.probe_stop == 2) return;
   cooperative_groups::this_grid().sync();
-  if (sh.probe_stop == 3) return;
 
   const int64_t slices = (a.k + sh.slice_cols - 1) / sh.slice_cols;
   if (blockIdx.x == gridDim.x - 1) write_counters(a, sh, scan_shared);
@@ -370,7 +364,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fused_decode_kernel(FusedDec
   for (int64_t item = blockIdx.x; item < a.rows * slices; item += gridDim.x) {
     const int64_t m = item / slices;
     const int64_t total = token_list(a, sh, m, list, scan_shared);
-    if (sh.probe_stop == 5) continue;
     down_slice<T>(a, m, item % slices, sh.slice_cols, list, total, partials);
   }
 }
@@ -419,8 +412,6 @@ FusedDecodeLaunch fused_decode_setup(FfnKind kind, DType dtype, int64_t rows, in
   int s = Cfg::kSliceCols;
   while (s < Cfg::kMaxSliceCols && rows * ((k + s - 1) / s) > l.ctas) s *= 2;
   l.shape.slice_cols = s;
-  if (const char* e = getenv("TWELL_DECODE_PROBE_STOP")) l.shape.probe_stop = atoi(e);
-  if (const char* e = getenv("TWELL_DECODE_PROBE_NOPF")) l.shape.probe_nopf = atoi(e);
   l.smem = smem;
   return l;
 }
