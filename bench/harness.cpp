@@ -166,7 +166,9 @@ std::vector<Row> run(const Options& o, std::ostream& progress) {
   runner->configure(o.plan, o.dispatch);
   runner->replay_graphs(o.suite == "decode");
   const int warmup = o.warmup_runs(), reps = o.timed_reps();
-  const Cases cases(o, o.from_dir.empty() ? suite_cases(o.suite, cuda, o.custom) : std::vector<ProblemSpec>());
+  std::vector<ProblemSpec> specs;
+  if (o.from_dir.empty()) specs = o.one_case ? std::vector<ProblemSpec>{o.custom} : suite_cases(o.suite, cuda, o.custom);
+  const Cases cases(o, std::move(specs));
   std::vector<Row> rows;
   for (size_t i = 0; i < cases.size(); ++i) {
     testing::Problem p = cases.load(i);

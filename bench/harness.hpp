@@ -52,7 +52,7 @@ struct Options {
   bool check = true;
   std::string out_dir;            // empty: bench/results/<device slug>/ under the source tree
   testing::ProblemSpec custom;    // the case of suite "custom"
-  bool training_custom = false;   // suite "training" runs `custom` (gated) instead of its cases
+  bool one_case = false;  // suite "training" (gated) or "decode" runs `custom` instead of its cases
   InferenceOptions plan;          // the inference plans' options (dispatch set per job)
   Dispatch dispatch = Dispatch::automatic;  // the twell job's (inference and training)
 };

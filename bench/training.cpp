@@ -169,7 +169,7 @@ std::vector<TrainingRow> run_training(const Options& o, std::ostream& progress,
   std::unique_ptr<TrainingRunner> runner = cuda ? make_cuda_training_runner() : make_cpu_training_runner();
   runner->configure(o.dispatch);
   std::vector<ProblemSpec> specs = training_cases(cuda);
-  if (o.training_custom) {
+  if (o.one_case) {
     ProblemSpec c = o.custom;
     c.seed = 4321;
     specs = {c};

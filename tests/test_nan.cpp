@@ -454,8 +454,8 @@ TEST_P(NanCudaTraining, MatchesDense) {
   check_training(d, out, true, cuda_name({c, 0}) + " " + s.describe());
 }
 
-// M = 97: past the decode path's rows (M <= 64, inference only: M = 3 on the fused decode kernel,
-// 9 and 33 on the two-kernel one). K = 256: the
+// M = 97: past the decode path's rows (M <= 64, inference only: M = 3 and 9 on the fused decode
+// kernel, one and two token tiles; 33 on the two-kernel one). K = 256: the
 // warp-per-row kernels (routed rows of moderate length read from G); K = 72: the CTA-per-row
 // kernels (every routed row to the backup). Capacity = tile: no row overflows, so only the
 // non-finite rule routes the faulty rows. The fused gate kernel runs on sm_90a devices only

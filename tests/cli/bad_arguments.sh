@@ -44,7 +44,7 @@ expect "--from runs the real suite" bench --no-write --from /nonexistent --suite
 expect "--rows applies to --from" bench --no-write --rows 4
 expect "--rows: expected an integer in 1..16777216, got '0'" bench --no-write --from /nonexistent --rows 0
 expect "--suite: expected default | cpu | inference |" bench --no-write --suite foo --m 4
-expect "--m describes a custom case: use it with --suite custom or training" bench --no-write --suite cpu --m 4
+expect "--m describes a custom case: use it with --suite custom, training or decode" bench --no-write --suite cpu --m 4
 expect "--backend: expected auto | cpu | cuda, got 'foo'" bench --no-write --backend foo
 expect "--pattern: expected uniform, heavy_tailed" bench --no-write --pattern foo
 expect "--kind: expected gated | plain, got 'x'" bench --no-write --kind x

@@ -41,8 +41,8 @@ bench options:
                     layer<i>.x/gate/up/down.npy) with the model's own weights and activations;
                     inference rows (real.json) and training steps (real_training.json, dy random)
   --rows N          --from: the first N rows of each layer's x (default: all)
-  --m M --k K --n N shape of a custom case (implies --suite custom; with --suite training:
-                    one training case of these parameters, gated, instead of the suite's)
+  --m M --k K --n N shape of a custom case (implies --suite custom; with --suite training or
+                    decode: one case of these parameters, timed as that suite times its own)
   --density D       mean fraction of active neurons of a custom case (default 0.005)
   --pattern P       uniform | heavy_tailed | edge_rows | all_zero | all_dense (default heavy_tailed)
   --dtype T         float32 | bfloat16 | float16   (default: float32 on CPU, bfloat16 on CUDA)
@@ -242,17 +242,18 @@ BenchRequest parse_bench(const std::vector<std::string>& a) {
     }
   }
   if (!custom_flag.empty()) {
-    if (suite_set && o.suite != "custom" && o.suite != "training")
-      usage_error(custom_flag + " describes a custom case: use it with --suite custom or training "
+    if (suite_set && o.suite != "custom" && o.suite != "training" && o.suite != "decode")
+      usage_error(custom_flag + " describes a custom case: use it with --suite custom, training or decode "
                   "(or without --suite), not with --suite " + o.suite);
-    if (o.suite == "training") {
-      if (o.custom.kind != twell::FfnKind::gated) usage_error("the training suite runs gated FFNs only");
-      o.training_custom = true;  // one training case of these parameters instead of the suite
+    if (o.suite == "training" || o.suite == "decode") {
+      if (o.suite == "training" && o.custom.kind != twell::FfnKind::gated)
+        usage_error("the training suite runs gated FFNs only");
+      o.one_case = true;  // one case of these parameters instead of the suite
     } else {
       o.suite = "custom";
     }
   }
-  if (o.suite == "custom" || o.training_custom) check_case_fits(o.custom);
+  if (o.suite == "custom" || o.one_case) check_case_fits(o.custom);
   if (!o.from_dir.empty()) {
     if (suite_set && o.suite != "real") usage_error("--from runs the real suite: use it without --suite " + o.suite);
     if (!custom_flag.empty()) usage_error("--from takes its shapes from the capture: drop " + custom_flag);

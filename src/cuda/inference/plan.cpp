@@ -5,8 +5,9 @@
 //           routed rows
 //   decode (the sparse path of M <= DecodeConfig::kMaxRows): G (cuBLASLt) ->
 //           active lists and up dots per (token, neuron chunk) -> down axpys per column slice;
-//           up to FusedDecodeConfig::kMaxRows rows (GateKernel::automatic) one cooperative kernel:
-//           gate GEMV with the up dots of the active rows -> grid barrier -> down rows
+//           up to FusedDecodeConfig::kMaxRows rows (GateKernel::automatic) one cooperative kernel,
+//           with nothing zeroed before it: gate (tensor cores, W1 streamed through shared memory)
+//           -> up dots of the active rows -> grid barrier -> down rows
 //   dense:  G (cuBLASLt) [-> U = x Wu^T] -> h = relu(G) [* U] -> y = h Wd (cuBLASLt)
 // W1 is the gate weight (gated) or the up weight (plain). docs/kernels.md has the reasoning.
 // The ReLU is twell's own (relu in element.cuh: NaN stays NaN), never cuBLASLt's epilogue; a row
@@ -123,9 +124,18 @@ class CudaInference final : public detail::InferenceBackend {
                          b.hidden),
              s, b.lt);
   }
+  // The run's counters (and the decode path's arrivals) zeroed: every path but the fused decode kernel.
+  void zero_control(const Buffers& b, cudaStream_t s) {
+    check_cuda(cudaMemsetAsync(b.base + b.layout.control, 0, b.layout.control_bytes, s), kRunOp, "run counters");
+  }
+  bool fused_decode_for(int64_t rows) const {
+    return rows <= FusedDecodeConfig::kMaxRows && fused_decode_[size_t(rows)].ctas > 0;
+  }
   void run_sparse(const InferenceArgs& args, int64_t rows, const Buffers& b, bool capturing, cudaStream_t s);
-  // Returns whether it wrote args.counters (the fused kernel does).
-  bool run_decode(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s);
+  // False when the device refused the cooperative grid (nothing enqueued; the plan stops trying).
+  bool run_fused_decode(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s);
+  void run_decode(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s);
+  DecodeProblem decode_problem(const InferenceArgs& args, int64_t rows, const Buffers& b) const;
   void run_dense(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s);
 
   FfnWeights weights_;
@@ -176,15 +186,16 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
   b.hidden = b.base + b.layout.hidden;
   // The run's work on a stream; `in_graph`: inside a capture (the caller's or a graph trial's).
   const auto enqueue = [&](cudaStream_t on, bool in_graph) {
-    check_cuda(cudaMemsetAsync(b.control, 0, b.layout.control_bytes, on), kRunOp, "run counters");
-    bool counted = false;  // the path wrote `counters` itself
+    // The fused decode kernel zeroes nothing beforehand and writes the run's counters itself.
+    if (!dense && fused_decode_for(rows) && run_fused_decode(args, rows, b, on)) return;
+    zero_control(b, on);
     if (dense)
       run_dense(args, rows, b, on);
     else if (rows <= DecodeConfig::kMaxRows)
-      counted = run_decode(args, rows, b, on);
+      run_decode(args, rows, b, on);
     else
       run_sparse(args, rows, b, in_graph, on);
-    if (counters != nullptr && !counted) launch_write_counters(b.control, counters, on);
+    if (counters != nullptr) launch_write_counters(b.control, counters, on);
   };
   // Eager runs under automatic dispatch: the count probed, trials timed as they run or as a graph.
   const bool calibrate = !capturing && options_.dispatch == Dispatch::automatic;
@@ -281,7 +292,33 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
   routed_capacity_.record(backup_count, rows, capturing, s);
 }
 
-bool CudaInference::run_decode(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s) {
+bool CudaInference::run_fused_decode(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s) {
+  FusedDecodeArgs f;
+  static_cast<DecodeProblem&>(f) = decode_problem(args, rows, b);
+  f.first = first_weight();
+  f.h = reinterpret_cast<float*>(b.base + b.layout.decode_h);
+  f.bitmap = reinterpret_cast<uint32_t*>(b.base + b.layout.decode_bitmap);
+  f.counters = static_cast<int64_t*>(args.counters.data);
+  if (launch_fused_decode(f, fused_decode_[size_t(rows)], s)) return true;
+  fused_decode_[size_t(rows)].ctas = 0;  // refused (fewer SMs than at setup): two kernels from now on
+  return false;
+}
+
+void CudaInference::run_decode(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s) {
+  run_gate(args, rows, b, s);
+  DecodeArgs d;
+  static_cast<DecodeProblem&>(d) = decode_problem(args, rows, b);
+  d.hidden = b.hidden;
+  d.chunks = DecodeConfig::chunks(dims_.n);
+  d.counts = reinterpret_cast<int32_t*>(b.base + b.layout.decode_counts);
+  d.neurons = reinterpret_cast<int32_t*>(b.base + b.layout.decode_neurons);
+  d.h = reinterpret_cast<float*>(b.base + b.layout.decode_h);
+  d.partials = reinterpret_cast<float*>(b.base + b.layout.decode_partials);
+  d.arrivals = reinterpret_cast<int32_t*>(b.base + b.layout.decode_arrivals);
+  launch_decode(d, device_, s);
+}
+
+DecodeProblem CudaInference::decode_problem(const InferenceArgs& args, int64_t rows, const Buffers& b) const {
   DecodeProblem p;
   p.kind = dims_.kind;
   p.dtype = dims_.dtype;
@@ -293,29 +330,7 @@ bool CudaInference::run_decode(const InferenceArgs& args, int64_t rows, const Bu
   p.k = dims_.k;
   p.n = dims_.n;
   p.active = &b.control->active;
-  if (rows <= FusedDecodeConfig::kMaxRows && fused_decode_[size_t(rows)].ctas > 0) {
-    FusedDecodeArgs f;
-    static_cast<DecodeProblem&>(f) = p;
-    f.first = first_weight();
-    f.h = reinterpret_cast<float*>(b.base + b.layout.decode_h);
-    f.bitmap = reinterpret_cast<uint32_t*>(b.base + b.layout.decode_bitmap);
-    f.arrivals = reinterpret_cast<uint32_t*>(b.base + b.layout.decode_arrivals);
-    f.counters = static_cast<int64_t*>(args.counters.data);
-    if (launch_fused_decode(f, fused_decode_[size_t(rows)], s)) return true;
-    fused_decode_[size_t(rows)].ctas = 0;  // refused (fewer SMs than at setup): two kernels from now on
-  }
-  run_gate(args, rows, b, s);
-  DecodeArgs d;
-  static_cast<DecodeProblem&>(d) = p;
-  d.hidden = b.hidden;
-  d.chunks = DecodeConfig::chunks(dims_.n);
-  d.counts = reinterpret_cast<int32_t*>(b.base + b.layout.decode_counts);
-  d.neurons = reinterpret_cast<int32_t*>(b.base + b.layout.decode_neurons);
-  d.h = reinterpret_cast<float*>(b.base + b.layout.decode_h);
-  d.partials = reinterpret_cast<float*>(b.base + b.layout.decode_partials);
-  d.arrivals = reinterpret_cast<int32_t*>(b.base + b.layout.decode_arrivals);
-  launch_decode(d, device_, s);
-  return false;
+  return p;
 }
 
 void CudaInference::run_dense(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s) {

@@ -43,8 +43,6 @@ WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths
   l.ready = take(size_t(gate_ready_blocks(rows)) * sizeof(int32_t));
   const bool decode = paths != Paths::dense && rows <= DecodeConfig::kMaxRows;
   if (decode) l.decode_arrivals = take(m * size_t(DecodeConfig::slices(d.k)) * sizeof(int32_t));
-  if (decode && rows <= FusedDecodeConfig::kMaxRows)
-    l.decode_bitmap = take(m * size_t((d.n + 31) / 32) * sizeof(uint32_t));
   l.control_bytes = at - l.control;
   l.lt = take(LtConfig::kWorkspaceBytes);
   l.hidden = take(m * size_t(d.n) * es);
@@ -61,6 +59,8 @@ WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths
     l.decode_neurons = take(entries * DecodeConfig::kChunk * sizeof(int32_t));
     l.decode_h = take(entries * DecodeConfig::kChunk * sizeof(float));
     l.decode_partials = take(size_t(DecodeConfig::kMaxSplitRows) * size_t(d.k) * sizeof(float));
+    if (rows <= FusedDecodeConfig::kMaxRows)
+      l.decode_bitmap = take(m * size_t(FusedDecodeConfig::kMaxTokenWords) * sizeof(uint32_t));
     end = std::max(end, at);
   } else if (paths != Paths::dense) {
     at = shared;

@@ -20,9 +20,7 @@ struct WorkspaceLayout {
   size_t control = 0;      // RunCounters
   size_t ready = 0;        // the overlapped gate's row-block counters [gate_ready_blocks] int32;
                            // right after control: one memset zeroes both (control_bytes)
-  size_t decode_arrivals = 0;  // decode path: axpys arrivals [M, slices] int32 (the fused kernel's
-                               // barrier: the first word), zeroed with control
-  size_t decode_bitmap = 0;    // fused decode path: [M, ceil(N / 32)] uint32, zeroed with control
+  size_t decode_arrivals = 0;  // decode path: axpys arrivals [M, slices] int32, zeroed with control
   size_t control_bytes = 0;
   size_t lt = 0;           // cuBLASLt scratch
   size_t hidden = 0;       // G [M, N]; becomes h for dense gated rows and routed gated rows
@@ -42,6 +40,7 @@ struct WorkspaceLayout {
   size_t decode_neurons = 0;   // [M, chunks, kChunk] int32
   size_t decode_h = 0;         // [M, chunks, kChunk] f32 (the fused kernel's h: [M, N])
   size_t decode_partials = 0;  // [kMaxSplitRows, K] f32
+  size_t decode_bitmap = 0;    // fused decode path: [M, FusedDecodeConfig::kMaxTokenWords] uint32
   size_t bytes = 0;        // 0 when M = 0 (a run of no rows touches nothing)
 };
 WorkspaceLayout workspace_layout(const ProblemDims& d, int64_t rows, Paths paths);

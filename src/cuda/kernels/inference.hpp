@@ -259,24 +259,29 @@ DecodeGrid decode_grid(int64_t rows, int64_t k, const DeviceInfo& dev);
 void launch_decode(const DecodeArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
 // decode_fused.cu: the whole decode path in one cooperative kernel for M <= FusedDecodeConfig::kMaxRows
-// and N <= its kMaxIntermediate (GateKernel::automatic). h: [M, N] fp32 (only listed entries are
-// written or read); bitmap: [M, ceil(N / 32)] uint32 and arrivals: one uint32, both zero before the
-// launch (arrivals: the first word of the two-kernel path's arrival counters).
+// (GateKernel::automatic; the shapes fused_decode_setup takes). h: [M, N] fp32 (only listed entries
+// are written or read); bitmap: [M, ctas, words] uint32, every word written by the kernel. Nothing
+// needs zeroing before the launch: the kernel writes *active and counters itself.
 struct FusedDecodeArgs : DecodeProblem {
   const void* first = nullptr;  // W1 [N, K]: the gate weight (gated) or the up weight (plain)
   float* h = nullptr;
   uint32_t* bitmap = nullptr;
-  uint32_t* arrivals = nullptr;
   int64_t* counters = nullptr;  // optional: {0, active} written after the barrier (InferenceArgs)
 };
+// How the grid splits the problem (fused_decode_setup).
+struct FusedDecodeShape {
+  int cta_rows = 0;    // W1 rows per CTA, contiguous: CTA b owns [b cta_rows, (b + 1) cta_rows)
+  int words = 0;       // bitmap words per CTA and token: ceil(cta_rows / 32)
+  int slice_cols = 0;  // columns of K per down work item
+};
+using FusedDecodeKernel = void (*)(FusedDecodeArgs, FusedDecodeShape);
 // The grid of one M on one device: ctas = 0 when the kernel does not take it (then the two-kernel
 // decode path runs).
-using FusedDecodeKernel = void (*)(FusedDecodeArgs, int);
 struct FusedDecodeLaunch {
   FusedDecodeKernel kernel = nullptr;  // the instantiation for the plan's kind, dtype and M
-  int ctas = 0;        // every CTA that fits on the device at once
-  int slice_cols = 0;  // columns of K per down work item
-  size_t smem = 0;     // dynamic shared memory: the token's list
+  int ctas = 0;                        // one per SM
+  FusedDecodeShape shape;
+  size_t smem = 0;                     // dynamic shared memory
 };
 // Once per plan and M (on the plan's device): sets the kernel's shared-memory limit and sizes its grid.
 FusedDecodeLaunch fused_decode_setup(FfnKind kind, DType dtype, int64_t rows, int64_t k, int64_t n,

@@ -138,20 +138,27 @@ struct DecodeConfig {
   static int64_t slices(int64_t k) { return (k + kSliceCols - 1) / kSliceCols; }
 };
 
-// The single-kernel decode path (decode_fused.cu) for M <= kMaxRows: the gate as a GEMV over all
-// SMs (a warp per weight row), the up dots of the active rows beside it, one grid barrier, then the
-// down rows of the active neurons per column slice. A cooperative launch of every CTA that fits.
+// The single-kernel decode path (decode_fused.cu) for M <= kMaxRows: one CTA per SM owns a
+// contiguous run of W1's rows and takes their gate on the tensor cores (W1 straight from global
+// memory into registers, x in shared memory); the up dots of its active rows; one grid barrier; then
+// the down rows of the active neurons per column slice. A cooperative launch of one CTA per SM.
 struct FusedDecodeConfig {
-  static constexpr int64_t kMaxRows = 4;     // tokens per call; the kernel is instantiated per M
-  static constexpr int kThreads = 256;       // per CTA
-  static constexpr int kMinCtasPerSm = 2;    // launch bound: registers for two CTAs at least
-  static constexpr int kUnroll = 8;          // 16-byte loads of a weight row in flight per lane
-  static constexpr int kSliceCols = 8;       // the narrowest down slice: one vector per entry
-  static constexpr int kMaxSliceCols = 256;  // the widest: 32 vectors per entry, 8 entries a round
-  static constexpr int kEntryUnroll = 4;     // down rows in flight per thread
-  static constexpr int64_t kMaxIntermediate = 32768;  // N: the token's list (uint16) and its bitmap
-                                                      // words (4 a thread) fit the CTA
-  static constexpr int kWordsPerThread = int(kMaxIntermediate / 32 / kThreads);
+  static constexpr int64_t kMaxRows = 16;   // tokens per call: one or two mma tiles of kTileTokens
+  static constexpr int kTileTokens = 8;     // the mma tile's n: tokens
+  static constexpr int kThreads = 512;      // per CTA, one CTA per SM
+  static constexpr int kGroupRows = 16;     // W1 rows per mma tile (its m)
+  static constexpr int kPartCols = 1024;    // a chunk: kGroupRows rows x kPartCols columns; each
+                                            // warp takes 64 of them (four k16 steps)
+  static constexpr int kDepth = 3;          // chunks in flight per warp (16 bytes x 4 per lane each)
+  static constexpr int kMaxXParts = 8;      // x in shared memory: token tiles x parts of K at most
+  static constexpr int kMaxCtaRows = 256;   // W1 rows per CTA (ceil(N / SMs))
+  static constexpr int kUnroll = 8;         // up dots: 16-byte loads of a Wu row in flight per lane
+  static constexpr int kSliceCols = 8;      // the narrowest down slice: one vector per entry
+  static constexpr int kMaxSliceCols = 256; // the widest: 32 vectors per entry, 16 entries a round
+  static constexpr int kEntryUnroll = 4;    // down rows in flight per thread
+  static constexpr int64_t kMaxIntermediate = 32768;  // N: a token's list of neurons is uint16
+  static constexpr int kWordsPerThread = 4;           // a token's bitmap words per thread (down)
+  static constexpr int kMaxTokenWords = kWordsPerThread * kThreads;  // SMs x words per CTA
 };
 
 // Dispatch's trials (calibration.hpp). Up to kGraphTimedRows rows a trial runs as a private CUDA

@@ -17,11 +17,11 @@
 //         shared memory through ldmatrix (transposed for A stored [depth][rows], B stored [depth][cols]).
 //   thread: cp.async copies of 16-byte vectors of the A and B slices (double-buffered).
 #include <algorithm>
-#include <type_traits>
 
 #include "cuda/kernels/common/cp_async.cuh"
 #include "cuda/kernels/common/element.cuh"
 #include "cuda/kernels/common/launch.cuh"
+#include "cuda/kernels/common/mma.cuh"
 #include "cuda/kernels/common/warp.cuh"
 #include "cuda/kernels/inference.hpp"
 #include "cuda/kernels/training.hpp"
@@ -64,21 +64,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) 
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(at));
-}
-
-// c += a b for one m16n8k16 tile: a row-major 16 x 16, b 16 x 8 (k-pairs per column), fp32 c.
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>)
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  else
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 enum class ALayout : uint8_t {
