@@ -2,7 +2,7 @@
 // M from 1 to 17 and around the decode limit and past it (where the TwELL path takes over), every
 // activation pattern, both kinds and 16-bit dtypes, K and N that are not multiples of the column
 // slice or the neuron chunk; the LLM shape at 0.5%; bit-identical reruns (entries split over
-// several CTAs per column slice); counters; up to M = 16 both the fused kernel and the two-kernel
+// several CTAs per column slice); counters; up to M = 32 both the fused kernel and the two-kernel
 // path (GateKernel::portable), and the fused kernel's N and K limits. Graph capture: CudaGraph (test_cuda_inference.cpp).
 #include "common.hpp"
 
@@ -87,14 +87,16 @@ std::vector<DecodeCase> decode_cases() {
   out.push_back({FfnKind::gated, DType::f16, Pattern::uniform, 0.01, 16, 4096, 1048});
   out.push_back({FfnKind::gated, DType::bf16, Pattern::heavy_tailed, 0.01, 12, 8192, 520});
   // The fused decode kernel's limits: N at its list capacity and one vector past it; K at x's
-  // shared memory (8 parts of 1024 columns for one token tile, 4 for two) and one vector past; K at
-  // the backend's largest.
+  // shared memory (8 parts of 1024 columns for one token tile, 4 for two, 2 for four) and one
+  // vector past; K at the backend's largest.
   out.push_back({FfnKind::gated, DType::bf16, Pattern::uniform, 0.01, 2, 264, 32768});
   out.push_back({FfnKind::plain, DType::bf16, Pattern::edge_rows, 0.01, 1, 264, 32776});
   out.push_back({FfnKind::gated, DType::bf16, Pattern::heavy_tailed, 0.01, 8, 8192, 1000});
   out.push_back({FfnKind::plain, DType::f16, Pattern::uniform, 0.01, 7, 8200, 1000});
   out.push_back({FfnKind::gated, DType::f16, Pattern::edge_rows, 0.01, 16, 4096, 2056});
   out.push_back({FfnKind::gated, DType::bf16, Pattern::uniform, 0.01, 9, 4104, 1000});
+  out.push_back({FfnKind::gated, DType::bf16, Pattern::edge_rows, 0.01, 32, 2048, 1000});
+  out.push_back({FfnKind::plain, DType::f16, Pattern::heavy_tailed, 0.01, 24, 2056, 1000});
   out.push_back({FfnKind::gated, DType::f16, Pattern::heavy_tailed, 0.01, 4, 16384, 520});
   return out;
 }

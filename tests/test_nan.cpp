@@ -454,8 +454,8 @@ TEST_P(NanCudaTraining, MatchesDense) {
   check_training(d, out, true, cuda_name({c, 0}) + " " + s.describe());
 }
 
-// M = 97: past the decode path's rows (M <= 64, inference only: M = 3 and 9 on the fused decode
-// kernel, one and two token tiles; 33 on the two-kernel one). K = 256: the
+// M = 97: past the decode path's rows (M <= 64, inference only: M = 3, 9 and 20 on the fused
+// decode kernel, one, two and four token tiles; 33 on the two-kernel one). K = 256: the
 // warp-per-row kernels (routed rows of moderate length read from G); K = 72: the CTA-per-row
 // kernels (every routed row to the backup). Capacity = tile: no row overflows, so only the
 // non-finite rule routes the faulty rows. The fused gate kernel runs on sm_90a devices only
@@ -475,7 +475,7 @@ std::vector<CudaCase> cuda_cases(bool training) {
           out.push_back({kind, dt, f, Dispatch::force_dense, GateKernel::automatic, 128, 16, kM, k, kN});
           if (training) continue;
           out.push_back({kind, dt, f, Dispatch::automatic, GateKernel::automatic, 128, 16, kM, k, kN});
-          for (int64_t decode_m : {int64_t(3), int64_t(9), int64_t(33)})
+          for (int64_t decode_m : {int64_t(3), int64_t(9), int64_t(20), int64_t(33)})
             out.push_back(
                 {kind, dt, f, Dispatch::force_sparse, GateKernel::automatic, 128, 16, decode_m, k, kN});
         }

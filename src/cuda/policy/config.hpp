@@ -143,7 +143,7 @@ struct DecodeConfig {
 // memory into registers, x in shared memory); the up dots of its active rows; one grid barrier; then
 // the down rows of the active neurons per column slice. A cooperative launch of one CTA per SM.
 struct FusedDecodeConfig {
-  static constexpr int64_t kMaxRows = 16;   // tokens per call: one or two mma tiles of kTileTokens
+  static constexpr int64_t kMaxRows = 32;   // tokens per call: one, two or four mma tiles of kTileTokens
   static constexpr int kTileTokens = 8;     // the mma tile's n: tokens
   static constexpr int kThreads = 512;      // per CTA, one CTA per SM
   static constexpr int kGroupRows = 16;     // W1 rows per mma tile (its m)

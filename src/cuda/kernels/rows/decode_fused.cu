@@ -3,7 +3,7 @@
 // cooperative launch, so every CTA is resident and the barrier never waits on one that has not
 // started. Nothing is zeroed before the launch: every word the kernel reads, it wrote in this run.
 //   gate:    CTA b owns W1's rows [b R, (b + 1) R), R = cta_rows, in groups of 16 rows (the mma's
-//            m). x sits in shared memory (8 or 16 token rows, zero past M and K). A chunk is one
+//            m). x sits in shared memory (8, 16 or 32 token rows, zero past M and K). A chunk is one
 //            group's 16 rows x kPartCols columns; warp w takes columns [64 w, 64 w + 64) of every
 //            chunk, lane (g, q) = (lane / 4, lane % 4) loading 32 bytes of rows g and g + 8 straight
 //            from global memory into registers, kDepth chunks in flight. Four m16n8k16 mma per
@@ -55,7 +55,8 @@ constexpr int kMaxWords = (Cfg::kMaxCtaRows + kBitsPerWord - 1) / kBitsPerWord; 
 constexpr int kPartialFloats = Cfg::kThreads * kVecElems;  // the down slice's J x S partial sums
 static_assert(kWarps * kWarpCols == Cfg::kPartCols, "the warps split a chunk's columns");
 static_assert(Cfg::kGroupRows == 16 && Cfg::kTileTokens == 8, "one m16n8k16 tile per group and 8 tokens");
-static_assert(Cfg::kMaxRows <= 2 * Cfg::kTileTokens && Cfg::kMaxXParts % 2 == 0, "one or two token tiles");
+static_assert(Cfg::kMaxRows <= 4 * Cfg::kTileTokens && Cfg::kMaxXParts % 4 == 0, "one, two or four token tiles");
+static_assert(Cfg::kGroupRows * 4 * Cfg::kTileTokens <= Cfg::kThreads, "a thread per (row, token) of a group");
 static_assert(Cfg::kMaxIntermediate <= 65536, "neuron indices fit the uint16 list");
 static_assert(Cfg::kMaxSliceCols / kVecElems <= Cfg::kThreads, "a slice's vectors fit the CTA");
 
@@ -383,7 +384,7 @@ FusedDecodeLaunch fused_decode_setup(FfnKind kind, DType dtype, int64_t rows, in
   const char* op = "InferencePlan";
   FusedDecodeLaunch l;
   if (rows < 1 || rows > Cfg::kMaxRows || n > Cfg::kMaxIntermediate || dev.sm_count < 1) return l;
-  const int tiles = rows <= Cfg::kTileTokens ? 1 : 2;
+  const int tiles = rows <= Cfg::kTileTokens ? 1 : rows <= 2 * Cfg::kTileTokens ? 2 : 4;
   const int64_t parts = (k + Cfg::kPartCols - 1) / Cfg::kPartCols;
   const int64_t cta_rows = (n + dev.sm_count - 1) / dev.sm_count;
   const int64_t words = (cta_rows + kBitsPerWord - 1) / kBitsPerWord;
@@ -392,11 +393,14 @@ FusedDecodeLaunch fused_decode_setup(FfnKind kind, DType dtype, int64_t rows, in
   Kernel kernel = nullptr;
   with_element_type(dtype, op, [&](auto t) {
     using T = decltype(t);
-    kernel = tiles == 1 ? kernel_for<T, 1>(kind) : kernel_for<T, 2>(kind);
+    kernel = tiles == 1 ? kernel_for<T, 1>(kind) : tiles == 2 ? kernel_for<T, 2>(kind) : kernel_for<T, 4>(kind);
   });
   // The attribute belongs to the kernel, which plans of other K share: its largest need.
-  const size_t most = tiles == 1 ? Smem<1>::bytes(Cfg::kMaxXParts) : Smem<2>::bytes(Cfg::kMaxXParts / 2);
-  const size_t smem = tiles == 1 ? Smem<1>::bytes(parts) : Smem<2>::bytes(parts);
+  const auto bytes = [&](int64_t p) {
+    return tiles == 1 ? Smem<1>::bytes(p) : tiles == 2 ? Smem<2>::bytes(p) : Smem<4>::bytes(p);
+  };
+  const size_t most = bytes(Cfg::kMaxXParts / tiles);
+  const size_t smem = bytes(parts);
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)) != cudaSuccess) {
     (void)cudaGetLastError();  // more shared memory than the device gives a CTA: the two-kernel path
     return l;
