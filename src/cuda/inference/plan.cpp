@@ -6,7 +6,7 @@
 //   decode (the sparse path of M <= DecodeConfig::kMaxRows): G (cuBLASLt) ->
 //           active lists and up dots per (token, neuron chunk) -> down axpys per column slice;
 //           up to FusedDecodeConfig::kMaxRows rows (GateKernel::automatic) one cooperative kernel,
-//           with nothing zeroed before it: gate (tensor cores, W1 streamed through shared memory)
+//           with nothing zeroed before it: gate (tensor cores, W1 into registers, x in shared memory)
 //           -> up dots of the active rows -> grid barrier -> down rows
 //   dense:  G (cuBLASLt) [-> U = x Wu^T] -> h = relu(G) [* U] -> y = h Wd (cuBLASLt)
 // W1 is the gate weight (gated) or the up weight (plain). docs/kernels.md has the reasoning.

@@ -235,7 +235,8 @@ struct DecodeProblem {
   const void* down = nullptr;  // Wd [N, K]
   void* y = nullptr;           // [rows, K]
   int64_t rows = 0, k = 0, n = 0;
-  unsigned long long* active = nullptr;  // += the active entries (RunCounters::active)
+  unsigned long long* active = nullptr;  // the active entries (RunCounters::active): added to
+                                         // (two-kernel path) or written (fused kernel)
 };
 
 // decode.cu: the decode path's two kernels after the gate GEMM (G = x W1^T in `hidden`).

@@ -6,7 +6,7 @@
 //            m). x sits in shared memory (8, 16 or 32 token rows, zero past M and K). A chunk is one
 //            group's 16 rows x kPartCols columns; warp w takes columns [64 w, 64 w + 64) of every
 //            chunk, lane (g, q) = (lane / 4, lane % 4) loading 32 bytes of rows g and g + 8 straight
-//            from global memory into registers, kDepth chunks in flight. Four m16n8k16 mma per
+//            from global memory into registers, kDepth - 1 chunks ahead of the one in use. Four m16n8k16 mma per
 //            8-token tile and chunk, A = those W1 rows, B = x: the lane's 16 columns are read whole
 //            and dealt to the k16 steps four at a time (the same order for A and B, so the dot
 //            product is unchanged). After a group's last chunk the 16 warps' fp32 partial tiles
@@ -59,6 +59,8 @@ static_assert(Cfg::kMaxRows <= 4 * Cfg::kTileTokens && Cfg::kMaxXParts % 4 == 0,
 static_assert(Cfg::kGroupRows * 4 * Cfg::kTileTokens <= Cfg::kThreads, "a thread per (row, token) of a group");
 static_assert(Cfg::kMaxIntermediate <= 65536, "neuron indices fit the uint16 list");
 static_assert(Cfg::kMaxSliceCols / kVecElems <= Cfg::kThreads, "a slice's vectors fit the CTA");
+
+constexpr size_t kStaticSmemBytes = 1024;  // what the kernel declares statically (the scan's), rounded up
 
 // Dynamic shared memory: x (row stride xs_ld), the warps' partial tiles (two buffers), the CTA's
 // bitmaps. After the barrier x's bytes hold a token's list and the down slice's partial sums.
@@ -395,13 +397,19 @@ FusedDecodeLaunch fused_decode_setup(FfnKind kind, DType dtype, int64_t rows, in
     using T = decltype(t);
     kernel = tiles == 1 ? kernel_for<T, 1>(kind) : tiles == 2 ? kernel_for<T, 2>(kind) : kernel_for<T, 4>(kind);
   });
-  // The attribute belongs to the kernel, which plans of other K share: its largest need.
   const auto bytes = [&](int64_t p) {
     return tiles == 1 ? Smem<1>::bytes(p) : tiles == 2 ? Smem<2>::bytes(p) : Smem<4>::bytes(p);
   };
-  const size_t most = bytes(Cfg::kMaxXParts / tiles);
+  // The attribute belongs to the kernel, which plans of other K share: its largest need, or what
+  // the device allows a CTA where that is less.
+  int optin = 0;
+  check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.index), op,
+             "cudaDevAttrMaxSharedMemoryPerBlockOptin");
+  const size_t allowed = size_t(optin) > kStaticSmemBytes ? size_t(optin) - kStaticSmemBytes : 0;
+  const size_t most = std::min(bytes(Cfg::kMaxXParts / tiles), allowed);
   const size_t smem = bytes(parts);
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)) != cudaSuccess) {
+  if (smem > most ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)) != cudaSuccess) {
     (void)cudaGetLastError();  // more shared memory than the device gives a CTA: the two-kernel path
     return l;
   }
