@@ -15,8 +15,10 @@
 //            gated, -Inf lists too, with g = relu(-Inf) = 0, so that 0 * <x, Wu[n]> gives the
 //            dense product's NaN where x's row holds an Inf. g goes to an fp32 [M, N] array h, the
 //            bit to the CTA's bitmap (token m, its rows), and the bitmap to global memory whole.
-//   up:      gated: the CTA's listed rows dealt to warps by rank; h[m, n] = g * <x[m], Wu[n]>
-//            for each token m listing n (lanes over K, kUnroll loads in flight, fp32, butterfly).
+//            The Wu and Wd rows of each listed pair are asked into L2 as the gate finds them.
+//   up:      gated: the CTA's listed (token m, row n) pairs dealt to warps by rank; h[m, n] =
+//            g * <x[m], Wu[n]> (x from shared memory, lanes over K, kUnroll loads of Wu[n] in
+//            flight, fp32, butterfly).
 //   barrier: cooperative_groups' grid sync. The last CTA then adds up the bitmaps' popcounts: the
 //            run's active total (dispatch) and counters.
 //   down:    work item (token m, slice of S columns of K); S is the host's slice_cols, the
