@@ -1,0 +1,95 @@
+"""Where an eager generate() of bench/model.py's model spends its host time, dense against twell: a
+diagnostic, not a harness row. Builds the model as bench/model.py does (same arguments), then
+alternates one eager generate() (static cache) of each model --reps times, with Python's garbage
+collector on and then off. Per generate it prints the wall time, the host time inside the MLP
+modules (forward pre- and post-hooks, perf_counter) and the rest, per token.
+    python3 lab/probes/eager_generate_host.py [bench/model.py arguments] [--gen-batch B] [--reps R]
+"""
+import gc
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+import model as mb  # noqa: E402
+import model_generate  # noqa: E402
+
+
+def take(argv, name, default):
+    if name in argv:
+        i = argv.index(name)
+        value = argv[i + 1]
+        del argv[i:i + 2]
+        return int(value)
+    return default
+
+
+class MlpClock:
+    """Host seconds spent inside the model's MLP modules (whichever are in place)."""
+
+    def __init__(self, model):
+        self.model, self.handles, self.inside, self.start = model, [], 0.0, 0.0
+
+    def __enter__(self):
+        for block in self.model.model.layers:
+            self.handles.append(block.mlp.register_forward_pre_hook(self._pre))
+            self.handles.append(block.mlp.register_forward_hook(self._post))
+        return self
+
+    def _pre(self, module, inputs):
+        self.start = time.perf_counter()
+
+    def _post(self, module, inputs, output):
+        self.inside += time.perf_counter() - self.start
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+
+
+def main(argv):
+    argv = list(argv)
+    batch = take(argv, "--gen-batch", 1)
+    reps = take(argv, "--reps", 5)
+    args = mb.parse_args(argv + ["--modes", "generate", "--no-write"])
+    env, model, ids, densities = mb.setup(args)
+    swap = mb.set_density(args, model, None, densities[0], ids[:2])
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
+    prompt = model_generate.prompts(ids, batch, args.prompt_len)
+    step = model_generate.Generate(model, prompt, args.new_tokens, "static")
+    for which in ("dense", "twell"):
+        swap.use(which)
+        step(which)  # warm
+    for collector in ("gc on", "gc off"):
+        if collector == "gc off":
+            gc.collect()
+            gc.disable()
+        got = {"dense": [], "twell": []}
+        for _ in range(reps):
+            for which in ("dense", "twell"):
+                swap.use(which)
+                sync()
+                with MlpClock(model) as clock:
+                    start = time.perf_counter()
+                    step(which)
+                    sync()
+                    wall = time.perf_counter() - start
+                got[which].append((wall, clock.inside))
+        gc.enable()
+        for which, runs in got.items():
+            wall = statistics.median(w for w, _ in runs) / args.new_tokens * 1e3
+            mlp = statistics.median(m for _, m in runs) / args.new_tokens * 1e3
+            print(f"{collector}, {which}, batch {batch}: {wall:.2f} ms per token wall, MLP modules "
+                  f"{mlp:.2f} ms ({mlp / args.layers * 1e3:.1f} us per layer), rest {wall - mlp:.2f} ms",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
