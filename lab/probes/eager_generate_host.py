@@ -4,6 +4,10 @@ alternates one eager generate() (static cache) of each model --reps times, with 
 collector on and then off. Per generate it prints the wall time, the host time inside the MLP
 modules (forward pre- and post-hooks, perf_counter) and the rest, per token.
     python3 lab/probes/eager_generate_host.py [bench/model.py arguments] [--gen-batch B] [--reps R]
+        [--reuse workspace|all]
+--reuse: twell's eager calls take their workspace (or workspace, y and counters) from buffers kept
+per row count instead of three allocations per call (a probe of the allocator's share; y reused
+is safe here only because each layer's output is consumed before the next layer's MLP runs).
 """
 import gc
 import os
@@ -50,8 +54,35 @@ class MlpClock:
             h.remove()
 
 
+def reuse_buffers(what):
+    """Replaces the modules' eager run by one that keeps its buffers per (rows, plan workspace)."""
+    from twell.torch import _ops, _plans
+
+    kept = {}
+
+    def run(plan, x):
+        rows = x.shape[0]
+        nbytes = plan.workspace_bytes_for(rows)
+        key = (rows, x.shape[1], nbytes)
+        if key not in kept:
+            kept[key] = (x.new_empty(x.shape), x.new_empty(2, dtype=torch.int64),
+                         x.new_empty(max(nbytes, 1), dtype=torch.uint8))
+        y, counters, ws = kept[key]
+        if what != "all":
+            y, counters = x.new_empty(x.shape), x.new_empty(2, dtype=torch.int64)
+        plan.run_addresses(x.data_ptr(), y.data_ptr(), rows, counters.data_ptr(), ws.data_ptr(), nbytes,
+                           _plans.stream_of(x.device))
+        return y, counters
+
+    _ops.run_ffn_eager = run
+
+
 def main(argv):
     argv = list(argv)
+    if "--reuse" in argv:
+        i = argv.index("--reuse")
+        reuse_buffers(argv[i + 1])
+        del argv[i:i + 2]
     batch = take(argv, "--gen-batch", 1)
     reps = take(argv, "--reps", 5)
     args = mb.parse_args(argv + ["--modes", "generate", "--no-write"])
