@@ -482,6 +482,17 @@ def set_density(args, model, swap, density, calib_ids):
     return swap
 
 
+def frozen_setup(args):
+    """(env, model, ids, swap) for bench/op_graph.py and lab/probes: setup(), the gates calibrated
+    to the first of --densities, twell's modules in place, evaluation mode, no gradients."""
+    env, model, ids, densities = setup(args)
+    swap = set_density(args, model, None, densities[0], ids[:2])
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return env, model, ids, swap
+
+
 def case_tokens(args, mode, batch):
     return batch * (args.new_tokens if mode == "generate" else args.seq)
 

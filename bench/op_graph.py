@@ -174,14 +174,10 @@ def make_row(args, env, reps, result):
 
 def main(argv=None):
     ms, reps, args = options(sys.argv[1:] if argv is None else argv)
-    env, model, ids, densities = mb.setup(args)
+    env, model, ids, swap = mb.frozen_setup(args)
     if env.device.type != "cuda":
         print("op bench: needs a CUDA device (graph replays); nothing to do", flush=True)
         return 0
-    swap = mb.set_density(args, model, None, densities[0], ids[:2])
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
     rows = []
     for m in ms:
         rows.append(make_row(args, env, reps, run_m(args, swap, model, ids, m, reps)))

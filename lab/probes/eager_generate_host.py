@@ -86,11 +86,7 @@ def main(argv):
     batch = take(argv, "--gen-batch", 1)
     reps = take(argv, "--reps", 5)
     args = mb.parse_args(argv + ["--modes", "generate", "--no-write"])
-    env, model, ids, densities = mb.setup(args)
-    swap = mb.set_density(args, model, None, densities[0], ids[:2])
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+    env, model, ids, swap = mb.frozen_setup(args)
     sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
     prompt = model_generate.prompts(ids, batch, args.prompt_len)
     step = model_generate.Generate(model, prompt, args.new_tokens, "static")

@@ -32,11 +32,7 @@ def main(argv):
     m = int(argv[argv.index("--m") + 1]) if "--m" in argv else 16
     calls = int(argv[argv.index("--calls") + 1]) if "--calls" in argv else 200
     args = mb.parse_args(["--layers", "2", "--densities", "0.005", "--no-write", "--modes", "generate"])
-    env, model, ids, densities = mb.setup(args)
-    swap = mb.set_density(args, model, None, densities[0], ids[:2])
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+    env, model, ids, swap = mb.frozen_setup(args)
     with torch.no_grad():
         x = model.model.layers[0].post_attention_layernorm(model.model.embed_tokens(ids[:1, :m]))
     for which in ("dense", "twell"):

@@ -35,11 +35,7 @@ def main(argv):
         batch = int(argv[i + 1])
         argv = argv[:i] + argv[i + 2:]
     args = mb.parse_args(argv + ["--modes", "generate", "--no-write"])
-    env, model, ids, densities = mb.setup(args)
-    swap = mb.set_density(args, model, None, densities[0], ids[:2])
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+    env, model, ids, swap = mb.frozen_setup(args)
     prompt = model_generate.prompts(ids, batch, args.prompt_len)
     step = model_generate.Generate(model, prompt, args.new_tokens, args.gen_cache)
     for which in ("dense", "twell"):

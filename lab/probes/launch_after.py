@@ -41,11 +41,7 @@ def adds_us(call, small, ops, iters):
 def main(argv):
     m, ops, iters = arg(argv, "--m", 1), arg(argv, "--ops", 30), arg(argv, "--iters", 300)
     args = mb.parse_args(["--layers", "2", "--densities", "0.005", "--no-write"])
-    env, model, ids, densities = mb.setup(args)
-    swap = mb.set_density(args, model, None, densities[0], ids[:2])
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+    env, model, ids, swap = mb.frozen_setup(args)
     small = torch.zeros(64, device="cuda")
     with torch.no_grad():
         x = model.model.layers[0].post_attention_layernorm(model.model.embed_tokens(ids[:1, :m]))

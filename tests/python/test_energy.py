@@ -1,8 +1,6 @@
 """twell.energy without a GPU: None where NVML is missing or refuses; the arithmetic (counter
 delta over tokens, mean idle power) with a stand-in pynvml; bench/model.py's energy loop."""
 import argparse
-import importlib.util
-import os
 import sys
 
 import pytest
@@ -83,11 +81,9 @@ def test_counter_delta_per_token_and_idle_power():
 def _bench_module():
     pytest.importorskip("torch", reason="PyTorch is not installed")
     pytest.importorskip("transformers", reason="transformers is not installed")
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "model.py")
-    spec = importlib.util.spec_from_file_location("bench_model", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from bench_scripts import load
+
+    return load("model")
 
 
 def test_bench_energy_loop_arithmetic():

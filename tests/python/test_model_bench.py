@@ -1,6 +1,5 @@
 """bench/model.py runs end to end (a tiny Llama on the CPU) and writes its harness rows; its
 generate mode's rows and parts (prompts, first divergence, the static cache's fallback)."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,6 +9,8 @@ import pytest
 
 pytest.importorskip("torch", reason="PyTorch is not installed")
 pytest.importorskip("transformers", reason="transformers is not installed")
+
+from bench_scripts import load  # noqa: E402
 
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "model.py")
 TINY = ["--device", "cpu", "--layers", "2", "--hidden", "64", "--intermediate", "256", "--heads",
@@ -26,10 +27,7 @@ GENERATE_FIELDS = {
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_model", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("model")
 
 
 def _check_generate_row(r):

@@ -1,6 +1,5 @@
 """bench/op_graph.py: its options, the CPU run that has nothing to time, and (GPU) its rows: the
 torch op, the C++ plan and the dense MLP graph-replayed on a tiny Llama."""
-import importlib.util
 import json
 import math
 import os
@@ -11,8 +10,8 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 pytest.importorskip("transformers", reason="transformers is not installed")
 
 import twell  # noqa: E402
+from bench_scripts import load  # noqa: E402
 
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "op_graph.py")
 TINY = ["--layers", "2", "--hidden", "64", "--intermediate", "256", "--heads", "4", "--vocab", "128",
         "--batch", "2", "--seq", "32"]
 FIELDS = {"suite", "device", "dtype", "M", "K", "N", "layers", "density", "reps", "dense_us",
@@ -20,10 +19,7 @@ FIELDS = {"suite", "device", "dtype", "M", "K", "N", "layers", "density", "reps"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_op_graph", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("op_graph")
 
 
 def test_op_bench_options():
