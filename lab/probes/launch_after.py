@@ -3,8 +3,10 @@ dense MLP's (bench/model.py's model, first layer): a diagnostic, not a harness r
 generate() spends more host time outside the MLPs with twell's modules in place; this asks whether
 the launches that follow a twell call cost more. Per iteration: one MLP call (or none), then
 --ops small in-place adds; prints the adds' host microseconds per launch (median over the
-iterations). Run it with TWELL_NO_PDL=1 to take programmatic dependent launch out.
-    python3 lab/probes/launch_after.py [--m 1] [--ops 30] [--iters 300]
+iterations). Run it with TWELL_NO_PDL=1 to take programmatic dependent launch out; --small mm
+times a q_proj-sized matmul (cuBLAS through torch) instead of the adds; --dispatch picks twell's path.
+    python3 lab/probes/launch_after.py [--m 1] [--ops 30] [--iters 300] [--small add|mm]
+        [--dispatch auto|sparse|dense]
 """
 import os
 import statistics
@@ -22,13 +24,13 @@ def arg(argv, name, default):
 
 
 def adds_us(call, small, ops, iters):
-    """Median host microseconds per small launch after call()."""
+    """Median host microseconds per small launch (small(): one op) after call()."""
     per = []
     for i in range(iters + 20):
         call()
         start = time.perf_counter()
         for _ in range(ops):
-            small.add_(1.0)
+            small()
         t = (time.perf_counter() - start) / ops * 1e6
         if i >= 20:
             per.append(t)
@@ -40,12 +42,20 @@ def adds_us(call, small, ops, iters):
 
 def main(argv):
     m, ops, iters = arg(argv, "--m", 1), arg(argv, "--ops", 30), arg(argv, "--iters", 300)
-    args = mb.parse_args(["--layers", "2", "--densities", "0.005", "--no-write"])
+    kind = argv[argv.index("--small") + 1] if "--small" in argv else "add"
+    dispatch = argv[argv.index("--dispatch") + 1] if "--dispatch" in argv else "auto"
+    args = mb.parse_args(["--layers", "2", "--densities", "0.005", "--no-write", "--dispatch", dispatch])
     env, model, ids, swap = mb.frozen_setup(args)
-    small = torch.zeros(64, device="cuda")
+    if kind == "mm":
+        a = torch.randn(m, args.hidden, device="cuda", dtype=env.dtype)
+        w = torch.randn(args.hidden, args.hidden, device="cuda", dtype=env.dtype)
+        small = lambda: torch.nn.functional.linear(a, w)  # noqa: E731
+    else:
+        t = torch.zeros(64, device="cuda")
+        small = lambda: t.add_(1.0)  # noqa: E731
     with torch.no_grad():
         x = model.model.layers[0].post_attention_layernorm(model.model.embed_tokens(ids[:1, :m]))
-        print(f"M={m} TWELL_NO_PDL={os.environ.get('TWELL_NO_PDL', '')}: no call before: "
+        print(f"M={m} {kind} dispatch {dispatch} TWELL_NO_PDL={os.environ.get('TWELL_NO_PDL', '')}: no call before: "
               f"{adds_us(lambda: None, small, ops, iters):.2f} us per launch", flush=True)
         for rnd in range(2):
             for which in ("dense", "twell"):
@@ -53,7 +63,7 @@ def main(argv):
                 mlp = model.model.layers[0].mlp
                 for _ in range(20):
                     mlp(x)
-                print(f"M={m} round {rnd}: after a {which} MLP call: "
+                print(f"M={m} {kind} dispatch {dispatch} round {rnd}: after a {which} MLP call: "
                       f"{adds_us(lambda: mlp(x), small, ops, iters):.2f} us per launch", flush=True)
     return 0
 
