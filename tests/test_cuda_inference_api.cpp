@@ -270,7 +270,7 @@ TEST_P(CudaGraph, CaptureAndReplay) {
   // The fused decode kernel is the whole run: one node, nothing zeroed before it.
   const gpu::DeviceInfo dev = gpu::query_device(0, "test");
   if (spec.m <= gpu::FusedDecodeConfig::kMaxRows && GetParam().dispatch == Dispatch::force_sparse &&
-      gpu::fused_decode_setup(spec.kind, spec.dtype, spec.m, spec.k, spec.n, dev).ctas > 0)
+      gpu::fused_decode_setup(spec.kind, spec.dtype, spec.k, spec.n, dev)[size_t(spec.m)].ctas > 0)
     EXPECT_EQ(nodes, 1u) << "the fused decode path should capture one kernel";
   cudaGraphExec_t exec = nullptr;
   cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");

@@ -53,8 +53,7 @@ class CudaInference final : public detail::InferenceBackend {
     calibration_ = std::make_unique<DispatchCalibration>();
     order_ = std::make_unique<RunOrder>(kPlanOp);
     if (o.gate == GateKernel::automatic && o.dispatch != Dispatch::force_dense)
-      for (int64_t r = 1; r <= FusedDecodeConfig::kMaxRows; ++r)
-        fused_decode_[size_t(r)] = fused_decode_setup(dims_.kind, dims_.dtype, r, dims_.k, dims_.n, device_);
+      fused_decode_ = fused_decode_setup(dims_.kind, dims_.dtype, dims_.k, dims_.n, device_);
   }
 
   size_t workspace_bytes(int64_t rows) const override {
@@ -150,7 +149,7 @@ class CudaInference final : public detail::InferenceBackend {
   std::unique_ptr<RunOrder> order_;  // runs across streams; the plan's own workspace
   std::unique_ptr<GraphTrial> graph_trial_;  // dispatch's graph-timed trials (made on first use)
   // The fused decode kernel's grid per M (ctas = 0: the two-kernel decode path).
-  std::array<FusedDecodeLaunch, FusedDecodeConfig::kMaxRows + 1> fused_decode_{};
+  FusedDecodeLaunches fused_decode_{};
 };
 
 RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* workspace) {

@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 
 #include "cuda/policy/config.hpp"
@@ -284,9 +285,11 @@ struct FusedDecodeLaunch {
   FusedDecodeShape shape;
   size_t smem = 0;                     // dynamic shared memory
 };
-// Once per plan and M (on the plan's device): sets the kernel's shared-memory limit and sizes its grid.
-FusedDecodeLaunch fused_decode_setup(FfnKind kind, DType dtype, int64_t rows, int64_t k, int64_t n,
-                                     const DeviceInfo& dev);
+// Index: M (0 unused).
+using FusedDecodeLaunches = std::array<FusedDecodeLaunch, FusedDecodeConfig::kMaxRows + 1>;
+// Once per plan (on the plan's device): sets each token-tile kernel's shared-memory limit once and
+// sizes every M's grid.
+FusedDecodeLaunches fused_decode_setup(FfnKind kind, DType dtype, int64_t k, int64_t n, const DeviceInfo& dev);
 // False when the device cannot hold the grid at once now (nothing enqueued): run the two-kernel path.
 bool launch_fused_decode(const FusedDecodeArgs& a, const FusedDecodeLaunch& l, cudaStream_t s);
 

@@ -71,8 +71,8 @@ struct Smem {
   static constexpr int kTokens = kTiles * Cfg::kTileTokens;
   static constexpr size_t red = 2 * size_t(kWarps) * kTiles * kWarpSize * 4 * sizeof(float);
   static constexpr size_t bits = size_t(Cfg::kMaxRows) * kMaxWords * sizeof(uint32_t);
-  static constexpr size_t down = size_t(Cfg::kMaxIntermediate) * sizeof(uint16_t) + kPartialFloats * sizeof(float);
   static constexpr size_t list = size_t(Cfg::kMaxIntermediate) * sizeof(uint16_t);  // the partials' offset
+  static constexpr size_t down = list + kPartialFloats * sizeof(float);
   // x's row stride in elements for `parts` parts of K: one 16-byte vector of padding, so that the
   // rows g and g + 1 a quarter-warp reads fall on distinct banks.
   static __host__ __device__ int64_t xs_ld(int64_t parts) { return parts * Cfg::kPartCols + kVecElems; }
@@ -381,19 +381,16 @@ Kernel kernel_for(FfnKind kind) {
                                 : fused_decode_kernel<T, FfnKind::plain, kTiles>;
 }
 
-}  // namespace
+// One token-tile count's kernel for the plan's shape: kernel = nullptr where it does not fit.
+struct TileSetup {
+  Kernel kernel = nullptr;
+  size_t smem = 0;
+};
 
-FusedDecodeLaunch fused_decode_setup(FfnKind kind, DType dtype, int64_t rows, int64_t k, int64_t n,
-                                     const DeviceInfo& dev) {
+TileSetup tile_setup(FfnKind kind, DType dtype, int tiles, int64_t parts, const DeviceInfo& dev) {
   const char* op = "InferencePlan";
-  FusedDecodeLaunch l;
-  if (rows < 1 || rows > Cfg::kMaxRows || n > Cfg::kMaxIntermediate || dev.sm_count < 1) return l;
-  const int tiles = rows <= Cfg::kTileTokens ? 1 : rows <= 2 * Cfg::kTileTokens ? 2 : 4;
-  const int64_t parts = (k + Cfg::kPartCols - 1) / Cfg::kPartCols;
-  const int64_t cta_rows = (n + dev.sm_count - 1) / dev.sm_count;
-  const int64_t words = (cta_rows + kBitsPerWord - 1) / kBitsPerWord;
-  if (parts * tiles > Cfg::kMaxXParts || cta_rows > Cfg::kMaxCtaRows || dev.sm_count * words > Cfg::kMaxTokenWords)
-    return l;
+  TileSetup none;
+  if (parts * tiles > Cfg::kMaxXParts) return none;
   Kernel kernel = nullptr;
   with_element_type(dtype, op, [&](auto t) {
     using T = decltype(t);
@@ -413,21 +410,39 @@ FusedDecodeLaunch fused_decode_setup(FfnKind kind, DType dtype, int64_t rows, in
   if (smem > most ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)) != cudaSuccess) {
     (void)cudaGetLastError();  // more shared memory than the device gives a CTA: the two-kernel path
-    return l;
+    return none;
   }
   int per_sm = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, smem), op,
              "fused decode kernel's occupancy");
-  if (per_sm < 1) return l;
-  l.kernel = kernel;
-  l.ctas = dev.sm_count;
-  l.shape.cta_rows = int(cta_rows);
-  l.shape.words = int(words);
-  int s = Cfg::kSliceCols;
-  while (s < Cfg::kMaxSliceCols && rows * ((k + s - 1) / s) > l.ctas) s *= 2;
-  l.shape.slice_cols = s;
-  l.smem = smem;
-  return l;
+  return per_sm < 1 ? none : TileSetup{kernel, smem};
+}
+
+}  // namespace
+
+FusedDecodeLaunches fused_decode_setup(FfnKind kind, DType dtype, int64_t k, int64_t n, const DeviceInfo& dev) {
+  FusedDecodeLaunches out{};
+  if (n > Cfg::kMaxIntermediate || dev.sm_count < 1) return out;
+  const int64_t parts = (k + Cfg::kPartCols - 1) / Cfg::kPartCols;
+  const int64_t cta_rows = (n + dev.sm_count - 1) / dev.sm_count;
+  const int64_t words = (cta_rows + kBitsPerWord - 1) / kBitsPerWord;
+  if (cta_rows > Cfg::kMaxCtaRows || dev.sm_count * words > Cfg::kMaxTokenWords) return out;
+  const TileSetup by_tiles[3] = {tile_setup(kind, dtype, 1, parts, dev), tile_setup(kind, dtype, 2, parts, dev),
+                                 tile_setup(kind, dtype, 4, parts, dev)};
+  for (int64_t rows = 1; rows <= Cfg::kMaxRows; ++rows) {
+    const TileSetup& t = by_tiles[rows <= Cfg::kTileTokens ? 0 : rows <= 2 * Cfg::kTileTokens ? 1 : 2];
+    if (t.kernel == nullptr) continue;
+    FusedDecodeLaunch& l = out[size_t(rows)];
+    l.kernel = t.kernel;
+    l.ctas = dev.sm_count;
+    l.shape.cta_rows = int(cta_rows);
+    l.shape.words = int(words);
+    int s = Cfg::kSliceCols;
+    while (s < Cfg::kMaxSliceCols && rows * ((k + s - 1) / s) > l.ctas) s *= 2;
+    l.shape.slice_cols = s;
+    l.smem = t.smem;
+  }
+  return out;
 }
 
 bool launch_fused_decode(const FusedDecodeArgs& a, const FusedDecodeLaunch& l, cudaStream_t s) {
