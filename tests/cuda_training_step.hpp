@@ -56,6 +56,7 @@ struct DeviceStep {
   DeviceBuffer x, gate, up, down, dy, y, dx, dgate, dup, ddown, stats, l1, saved;
   DeviceBuffer pair, dpair;  // make_adjacent(): [Wg; Wu] and [dWg; dWu] in one buffer each
   DeviceBuffer workspace;    // a caller workspace where set (else the plan's own)
+  DeviceBuffer backward_workspace;  // backward's, where set (else `workspace`)
   TwellView view;
 
   DeviceStep(const ProblemSpec& spec, const TrainingOptions& o, L1From from, float tensor_value)
@@ -129,9 +130,10 @@ struct DeviceStep {
     return TensorView::matrix(b.get(), t, r, c, Device::cuda(0));
   }
   TensorView x_view() const { return mat(x, p.spec.dtype, p.spec.m, p.spec.k); }
-  TensorView workspace_view() const {
-    if (workspace.get() == nullptr) return {};
-    return TensorView::vector(workspace.get(), DType::u8, int64_t(workspace.bytes()), Device::cuda(0));
+  TensorView workspace_view(bool backward = false) const {
+    const DeviceBuffer& w = backward && backward_workspace.get() != nullptr ? backward_workspace : workspace;
+    if (w.get() == nullptr) return {};
+    return TensorView::vector(w.get(), DType::u8, int64_t(w.bytes()), Device::cuda(0));
   }
   TrainingForwardArgs forward_args() const {
     return {x_view(), mat(y, p.spec.dtype, p.spec.m, p.spec.k),
@@ -147,11 +149,12 @@ struct DeviceStep {
     a.dup = TensorView::matrix(dup_data(), DType::f32, s.n, s.k, Device::cuda(0));
     a.ddown = mat(ddown, DType::f32, s.n, s.k);
     if (l1_from == L1From::tensor) a.l1_coef = TensorView::vector(l1.get(), DType::f32, 1, Device::cuda(0));
-    a.workspace = workspace_view();
+    a.workspace = workspace_view(true);
     return a;
   }
   void poison_outputs() {
-    for (DeviceBuffer* b : {&y, &dx, &dgate, &dup, &ddown, &stats, &saved, &dpair, &workspace}) b->poison();
+    for (DeviceBuffer* b : {&y, &dx, &dgate, &dup, &ddown, &stats, &saved, &dpair, &workspace, &backward_workspace})
+      b->poison();
   }
   // Forward then backward on s, on the saved view v.
   void enqueue(const TwellView& v, cudaStream_t s) {

@@ -177,10 +177,11 @@ TEST(CudaTrainingApi, AdjacentGateAndUpMatchOracle) {
     }
 }
 
-// The workspace per saved form: at the LLM shape the compact form's (backward's routed rows in two
-// chunks) is below its unchunked routed-row buffers alone, either form's is at most the plan-wide
-// figure, the dense form's holds a copy of [Wg; Wu] only where Wu does not follow Wg; a step runs
-// in exactly its form's bytes, and one byte less raises.
+// The workspace per saved form and call: at the LLM shape the compact form's backward takes no
+// more than its column index's records and cuBLAS's share (the routed rows' buffers live in the
+// records' bytes, the positions in cuBLAS's), either form's is at most the plan-wide figure, the dense
+// form's holds a copy of [Wg; Wu] only where Wu does not follow Wg; each call runs in exactly its
+// bytes, and one byte less raises.
 TEST(CudaTrainingApi, WorkspacePerSavedForm) {
   TWELL_REQUIRE_DEVICE();
   const int64_t n = 5632, k = 2048, m = 16384;
@@ -192,6 +193,13 @@ TEST(CudaTrainingApi, WorkspacePerSavedForm) {
   const size_t dense = plan.workspace_bytes(m, SavedForm::dense);
   EXPECT_EQ(plan.workspace_bytes(m), std::max(compact, dense));
   EXPECT_LT(compact, size_t(3 * m * n) * es);  // [g | u | dh] for every row
+  const size_t slots = size_t(m) * size_t(n / 8);  // tile 256, capacity 32
+  // The records, then the cuBLAS share (32 MiB of scratch and 32 MiB of rows, in the positions'
+  // bytes) and the column index's small arrays.
+  EXPECT_LE(plan.workspace_bytes(m, SavedForm::compact, TrainingCall::backward),
+            slots * 16 + (size_t(72) << 20));
+  EXPECT_EQ(compact, std::max(plan.workspace_bytes(m, SavedForm::compact, TrainingCall::forward),
+                              plan.workspace_bytes(m, SavedForm::compact, TrainingCall::backward)));
   FfnWeights apart = w;  // Wu no longer after Wg
   std::swap(apart.up, apart.down);
   plan.set_weights(apart);
@@ -207,9 +215,16 @@ TEST(CudaTrainingApi, WorkspacePerSavedForm) {
     c.dispatch = form;
     DeviceStep d(spec_of(c, 1960), options_of(c), L1From::options, 0.0f);
     const SavedForm f = form == Dispatch::force_dense ? SavedForm::dense : SavedForm::compact;
-    d.workspace = DeviceBuffer(d.plan->workspace_bytes(c.m, f) - 1);
+    const size_t forward = d.plan->workspace_bytes(c.m, f, TrainingCall::forward);
+    const size_t backward = d.plan->workspace_bytes(c.m, f, TrainingCall::backward);
+    EXPECT_EQ(d.plan->workspace_bytes(c.m, f), std::max(forward, backward));
+    d.workspace = DeviceBuffer(forward - 1);
     expect_error([&] { d.plan->forward(d.forward_args(), d.view); }, "workspace");
-    d.workspace = DeviceBuffer(d.plan->workspace_bytes(c.m, f));
+    d.workspace = DeviceBuffer(forward);
+    d.plan->forward(d.forward_args(), d.view);
+    d.backward_workspace = DeviceBuffer(backward - 1);
+    expect_error([&] { d.plan->backward(d.backward_args(), d.x_view(), d.view); }, "workspace");
+    d.backward_workspace = DeviceBuffer(backward);
     expect_matches_oracle(d, run_step(d), form == Dispatch::force_dense ? "dense form" : "compact form");
   }
 }

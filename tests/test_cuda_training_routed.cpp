@@ -4,6 +4,7 @@
 
 #ifdef TWELL_WITH_CUDA
 #include "cuda_training_step.hpp"
+#include "cuda/training/workspace.hpp"
 #endif
 
 namespace twell::test {
@@ -99,12 +100,12 @@ TEST_P(CudaTrainingRoutedBlas, LearnedCublasShareMatchesOracle) {
   }
 }
 
-// Backward's routed rows in two chunks (RoutedChunkConfig: their dense rows for all M rows take
-// more than kMinBytes), in a caller workspace of exactly workspace_bytes(M, compact), poisoned
-// before every step. Uniform 2.5% at tile 64, capacity 4 routes about 60% of the rows: the first
-// chunk full, the second part-full, all on the kernels; the same data again with cuBLAS taking the
-// learned share (capped at the chunk: the first chunk all cuBLAS); every row routed (both chunks
-// full); a few rows routed (the second chunk empty). Deterministic: the first step, and a rerun
+// Backward's routed rows in chunks (RoutedChunkConfig: their dense rows for all M rows take more
+// than kMinBytes; at tile 64, capacity 4 six chunks gated, four plain), in a caller workspace of
+// exactly workspace_bytes(M, compact, call) for each call, poisoned before every step. Uniform 2.5% routes about 60% of the rows: the first chunks full, a later one part-full,
+// all on the kernels; the same data again with cuBLAS taking the learned share (capped at the
+// chunk: the first chunk all cuBLAS); every row routed (every chunk full); a few rows routed (the
+// last chunk empty). Deterministic: the first step, and a rerun
 // bit-identical to it. Not under TWELL_SMALL; scripts/gpu-check runs the gated case under memcheck.
 class CudaTrainingRoutedChunks : public ::testing::TestWithParam<DeterminismCase> {};
 
@@ -115,16 +116,19 @@ TEST_P(CudaTrainingRoutedChunks, MatchOracle) {
   const bool gated = k.kind == FfnKind::gated;
   const int64_t m = 2304, n = gated ? 2560 : 4096;
   ASSERT_GT(size_t(m * n) * dtype_size(k.dtype) * (gated ? 3 : 2), twell::gpu::RoutedChunkConfig::kMinBytes);
-  const int64_t chunk = (m / 2 + twell::gpu::RoutedChunkConfig::kRowMultiple - 1) /
-                        twell::gpu::RoutedChunkConfig::kRowMultiple * twell::gpu::RoutedChunkConfig::kRowMultiple;
+  const twell::gpu::ProblemDims dims{k.kind, k.dtype, 64, n, 64, 4};
+  const int64_t chunk = twell::gpu::routed_chunk_rows(dims, m);
+  EXPECT_EQ(chunk, gated ? 384 : 576);  // M / 6 and M / 4, whole 64-row multiples
   for (const Determinism det : {Determinism::fast, Determinism::deterministic}) {
     SCOPED_TRACE(det == Determinism::fast ? "fast" : "deterministic");
     const Case c = problem_case<Case>(k.kind, k.dtype, Pattern::uniform, gated ? 0.025 : 0.022, m, 64, n, 64, 4);
     TrainingOptions o = options_of(c);
     o.determinism = det;
     DeviceStep d(spec_of(c, 1270), o, L1From::options, 0.0f);
-    d.workspace = DeviceBuffer(d.plan->workspace_bytes(m, SavedForm::compact));
-    EXPECT_LE(d.workspace.bytes(), d.plan->workspace_bytes(m));
+    d.workspace = DeviceBuffer(d.plan->workspace_bytes(m, SavedForm::compact, TrainingCall::forward));
+    d.backward_workspace = DeviceBuffer(d.plan->workspace_bytes(m, SavedForm::compact, TrainingCall::backward));
+    EXPECT_EQ(d.plan->workspace_bytes(m, SavedForm::compact),
+              std::max(d.workspace.bytes(), d.backward_workspace.bytes()));
     const StepOutputs first = run_step(d);
     expect_matches_oracle(d, first, "routed rows past the first chunk");
     EXPECT_GT(first.routed, chunk) << "the case should route rows into the second chunk";
@@ -155,7 +159,7 @@ TEST_P(CudaTrainingRoutedChunks, MatchOracle) {
     const StepOutputs some = run_step(d);
     expect_matches_oracle(d, some, "a few rows routed");
     EXPECT_GT(some.routed, 0);
-    EXPECT_LT(some.routed, chunk);
+    EXPECT_LT(some.routed, m - chunk);  // the last chunk empty
   }
 }
 

@@ -29,6 +29,10 @@ namespace twell {
 // rows; heavy rows routed and recomputed in backward) or dense (every row in the backup planes).
 enum class SavedForm : uint8_t { compact, dense };
 
+// Which calls a workspace serves (TrainingPlan::workspace_bytes): both, or forward or backward
+// alone (a caller that allocates the scratch per call needs no more than that call's).
+enum class TrainingCall : uint8_t { both, forward, backward };
+
 struct TrainingOptions {
   int32_t tile = 0;       // 0 = backend default
   int32_t capacity = 0;   // 0 = tile / 8
@@ -49,7 +53,7 @@ struct TrainingOptions {
 };
 
 // workspace (forward and backward, optional): uint8 [>= TrainingPlan::workspace_bytes(M, form of
-// the saved state)] on x's device. Without one the plan grows its own (outside CUDA-graph capture only); with one the
+// the saved state, this call)] on x's device. Without one the plan grows its own (outside CUDA-graph capture only); with one the
 // caller's allocator owns the scratch, e.g. a framework's, as graph capture of a training step
 // needs.
 struct TrainingForwardArgs {
@@ -113,11 +117,11 @@ class TrainingPlan {
   // Scratch bytes one forward or backward of M rows needs in a caller workspace (0: none needed),
   // whichever saved form it runs: enough for every form dispatch may ask for.
   size_t workspace_bytes(int64_t rows) const;
-  // The same for a step whose saved state has this form: a caller that allocates the scratch per
-  // step (a framework's allocator) needs no more. On CUDA the dense form's includes a copy of
-  // [Wg; Wu] unless Wu follows Wg in memory (a fused gate-up parameter): ask again after
-  // set_weights.
-  size_t workspace_bytes(int64_t rows, SavedForm form) const;
+  // The same for a step whose saved state has this form, for both its calls or one of them: a
+  // caller that allocates the scratch per call (a framework's allocator) needs no more. On CUDA the
+  // dense form's backward includes a copy of [Wg; Wu] unless Wu follows Wg in memory (a fused
+  // gate-up parameter): ask again after set_weights.
+  size_t workspace_bytes(int64_t rows, SavedForm form, TrainingCall call = TrainingCall::both) const;
   // Points the plan at other weight memory of the same kind, shapes, dtype and device (Error
   // otherwise), e.g. a neuron-major down weight a framework makes anew each step. Host-only: safe
   // between the calls of a CUDA-graph capture.

@@ -238,6 +238,10 @@ void bind_types(nb::module_& m) {
   nb::enum_<SavedForm>(m, "SavedForm")
       .value("compact", SavedForm::compact)
       .value("dense", SavedForm::dense);
+  nb::enum_<TrainingCall>(m, "TrainingCall")
+      .value("both", TrainingCall::both)
+      .value("forward", TrainingCall::forward)
+      .value("backward", TrainingCall::backward);
   nb::enum_<FfnKind>(m, "FfnKind").value("gated", FfnKind::gated).value("plain", FfnKind::plain);
 
   nb::class_<RunInfo>(m, "RunInfo", "Host-side summary of the last InferencePlan.run().")
@@ -333,8 +337,12 @@ void bind_training_plan(nb::module_& m) {
       .def("workspace_bytes", [](const PyTrainingPlan& p, int64_t rows) { return p.plan().workspace_bytes(rows); },
            "rows"_a, "Scratch bytes of one forward or backward of `rows` rows, either saved form (0: none needed).")
       .def("workspace_bytes",
-           [](const PyTrainingPlan& p, int64_t rows, SavedForm form) { return p.plan().workspace_bytes(rows, form); },
-           "rows"_a, "form"_a, "Scratch bytes of one forward or backward of `rows` rows whose saved state has this form.")
+           [](const PyTrainingPlan& p, int64_t rows, SavedForm form, TrainingCall call) {
+             return p.plan().workspace_bytes(rows, form, call);
+           },
+           "rows"_a, "form"_a, "call"_a = TrainingCall::both,
+           "Scratch bytes of `rows` rows whose saved state has this form: for its forward and backward "
+           "(call=both), or for one of them alone.")
       .def("forward", &PyTrainingPlan::forward, "x"_a.none(), "y"_a.none(), "saved"_a.none(),
            "stats"_a = nb::none(), "stream"_a = 0, "workspace"_a = nb::none(),
            "y = FFN(x); fills saved; stats: optional float32 [2] {L0, L1 value}; workspace: "

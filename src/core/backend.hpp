@@ -47,22 +47,24 @@ class TrainingBackend {
  public:
   virtual ~TrainingBackend() = default;
   virtual DType saved_dtype() const = 0;
-  // Scratch for a forward or backward of `rows` rows whose saved state has this form.
-  virtual size_t workspace_bytes(int64_t rows, SavedForm form) const = 0;
+  // Scratch for a forward, a backward or both (call) of `rows` rows whose saved state has this form.
+  virtual size_t workspace_bytes(int64_t rows, SavedForm form, TrainingCall call) const = 0;
   // Whether saved_shape(rows) should be the dense form (the backend's dispatch decision; never
   // waits for the device), and whether the backend runs that form at all.
   virtual bool wants_dense_layout(int64_t rows) = 0;
   virtual bool supports_dense_layout() const = 0;
   // Scratch for a step of either form this backend runs (TrainingPlan::workspace_bytes(M)).
   size_t any_form_workspace_bytes(int64_t rows) const {
-    const size_t compact = workspace_bytes(rows, SavedForm::compact);
-    return supports_dense_layout() ? std::max(compact, workspace_bytes(rows, SavedForm::dense)) : compact;
+    const size_t compact = workspace_bytes(rows, SavedForm::compact, TrainingCall::both);
+    return supports_dense_layout()
+               ? std::max(compact, workspace_bytes(rows, SavedForm::dense, TrainingCall::both))
+               : compact;
   }
   // Weights already checked to match the plan's in kind, shapes, dtype and device.
   virtual void set_weights(const FfnWeights& w) = 0;
   // Arguments are validated; `saved` has the plan's saved_shape(M) in either form (dense:
   // backup_capacity == M > 0); a defined args.workspace holds
-  // at least workspace_bytes(M, that form) bytes.
+  // at least workspace_bytes(M, that form, that call) bytes.
   virtual void forward(const TrainingForwardArgs& args, const TwellView& saved, Stream stream) = 0;
   virtual void backward(const TrainingBackwardArgs& args, const TensorView& x,
                         const TwellView& saved, Stream stream) = 0;

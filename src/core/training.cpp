@@ -88,10 +88,11 @@ class TrainingPlan::Impl {
     return make_twell_header(saved.shape, saved.dtype, owner);
   }
 
-  void check_workspace(const char* op, const TensorView& ws, int64_t rows, const TwellView& saved) const {
+  void check_workspace(const char* op, const TensorView& ws, int64_t rows, const TwellView& saved,
+                       TrainingCall call) const {
     if (!ws.defined()) return;
     if (auto e = detail::shape_error(op, "workspace", ws)) throw *e;
-    const size_t need = backend->workspace_bytes(rows, form_of(saved, rows));
+    const size_t need = backend->workspace_bytes(rows, form_of(saved, rows), call);
     if (ws.rank != 1 || ws.dtype != DType::u8 || !ws.is_contiguous())
       throw Error(op, "workspace", "a contiguous uint8 vector", ws.shape_string() + " " + dtype_name(ws.dtype));
     if (ws.device != weights.up.device)
@@ -102,9 +103,9 @@ class TrainingPlan::Impl {
   }
 
   // The first `need` bytes of a defined workspace: what the backend may write.
-  detail::ByteRange workspace_range(const char* op, const TensorView& ws, int64_t rows,
-                                    const TwellView& saved) const {
-    const size_t need = ws.defined() ? backend->workspace_bytes(rows, form_of(saved, rows)) : 0;
+  detail::ByteRange workspace_range(const char* op, const TensorView& ws, int64_t rows, const TwellView& saved,
+                                    TrainingCall call) const {
+    const size_t need = ws.defined() ? backend->workspace_bytes(rows, form_of(saved, rows), call) : 0;
     return detail::byte_range(op, "workspace", ws.data, need, ws.device);
   }
 
@@ -156,9 +157,9 @@ size_t TrainingPlan::workspace_bytes(int64_t rows) const {
   // Either form is accepted whatever dispatch asks (forward and backward take the saved view's).
   return impl_->backend->any_form_workspace_bytes(rows);
 }
-size_t TrainingPlan::workspace_bytes(int64_t rows, SavedForm form) const {
+size_t TrainingPlan::workspace_bytes(int64_t rows, SavedForm form, TrainingCall call) const {
   detail::check_workspace_rows("TrainingPlan::workspace_bytes", rows);
-  return impl_->backend->workspace_bytes(rows, form);
+  return impl_->backend->workspace_bytes(rows, form, call);
 }
 
 void TrainingPlan::set_weights(const FfnWeights& w) {
@@ -185,11 +186,11 @@ void TrainingPlan::forward(const TrainingForwardArgs& args, const TwellView& sav
   detail::check_matrix(op, "y", args.y, args.x.shape[0], w.hidden(), w.up.dtype, dev);
   if (args.stats.defined()) detail::check_vector(op, "stats", args.stats, 2, DType::f32, dev);
   impl_->check_saved(op, saved, args.x.shape[0]);
-  impl_->check_workspace(op, args.workspace, args.x.shape[0], saved);
+  impl_->check_workspace(op, args.workspace, args.x.shape[0], saved, TrainingCall::forward);
   std::vector<detail::ByteRange> outputs = {detail::byte_range(op, "y", args.y),
                                             detail::byte_range(op, "stats", args.stats)};
   for (detail::ByteRange& r : detail::saved_byte_ranges(op, saved)) outputs.push_back(std::move(r));
-  outputs.push_back(impl_->workspace_range(op, args.workspace, args.x.shape[0], saved));
+  outputs.push_back(impl_->workspace_range(op, args.workspace, args.x.shape[0], saved, TrainingCall::forward));
   impl_->check_overlaps(op, std::move(outputs), {detail::byte_range(op, "x", args.x)});
   impl_->backend->raise_reported_fault(op);
   impl_->backend->forward(args, saved, stream);
@@ -237,12 +238,12 @@ void TrainingPlan::backward(const TrainingBackwardArgs& args, const TensorView& 
   detail::check_matrix(op, "dup", args.dup, n, k, DType::f32, dev);
   detail::check_matrix(op, "ddown", args.ddown, n, k, DType::f32, dev);
   if (args.l1_coef.defined()) detail::check_vector(op, "l1_coef", args.l1_coef, 1, DType::f32, dev);
-  impl_->check_workspace(op, args.workspace, m, saved);
+  impl_->check_workspace(op, args.workspace, m, saved, TrainingCall::backward);
   std::vector<detail::ByteRange> outputs = {detail::byte_range(op, "dx", args.dx)};
   if (w.kind == FfnKind::gated) outputs.push_back(detail::byte_range(op, "dgate", args.dgate));
   outputs.push_back(detail::byte_range(op, "dup", args.dup));
   outputs.push_back(detail::byte_range(op, "ddown", args.ddown));
-  outputs.push_back(impl_->workspace_range(op, args.workspace, m, saved));
+  outputs.push_back(impl_->workspace_range(op, args.workspace, m, saved, TrainingCall::backward));
   std::vector<detail::ByteRange> inputs = {detail::byte_range(op, "dy", args.dy),
                                            detail::byte_range(op, "x", x),
                                            detail::byte_range(op, "l1_coef", args.l1_coef)};

@@ -166,6 +166,8 @@ def test_saved_layout_mirror(m, n, tile, capacity, gated):
     assert plan.workspace_bytes(m) == 0
     for form in (twell.SavedForm.compact, twell.SavedForm.dense):
         assert plan.workspace_bytes(m, form) == 0
+        for call in (twell.TrainingCall.forward, twell.TrainingCall.backward, twell.TrainingCall.both):
+            assert plan.workspace_bytes(m, form, call) == 0
 
 
 def test_inference_options_resolved():
@@ -229,4 +231,5 @@ def test_bad_inputs():
     expect("ddown", lambda: t.backward(y, x.copy(), g[0], g[1], g[2].astype(np.float16), x, saved))
     expect("options.l1_coef", lambda: twell.TrainingPlan(w, w, w, l1_coef=-1.0))
     expect("rows", lambda: t.workspace_bytes(-1, twell.SavedForm.compact))
+    expect("rows", lambda: t.workspace_bytes(-1, twell.SavedForm.compact, twell.TrainingCall.backward))
     expect("rows", lambda: t.workspace_bytes(-1))

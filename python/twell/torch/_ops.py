@@ -82,14 +82,15 @@ def _(x, gate, up, down, tile, capacity, dispatch, dense_above):
     return x.new_empty(x.shape), x.new_empty(2, dtype=torch.int64)
 
 
-def _workspace(plan, x, gate, up, tile, capacity, saved_nbytes):
+def _workspace(plan, x, gate, up, tile, capacity, saved_nbytes, call):
     """Training scratch from PyTorch's allocator (a capture-safe pool inside CUDA-graph capture),
-    so the plan never allocates while a step is captured; None where none is needed. Sized for the
-    saved form the step runs, which the saved buffer's size tells: the compact form's bytes, or
-    the dense form's (a buffer of neither size is the plan's error)."""
+    so the plan never allocates while a step is captured; None where none is needed. Sized for
+    this call (twell.TrainingCall: forward or backward) of the saved form the step runs, which the
+    saved buffer's size tells: the compact form's bytes, or the dense form's (a buffer of neither
+    size is the plan's error)."""
     compact = saved_nbytes == _saved_bytes(x, gate, up, tile, capacity)
     form = twell.SavedForm.compact if compact else twell.SavedForm.dense
-    nbytes = plan.workspace_bytes(x.shape[0], form)
+    nbytes = plan.workspace_bytes(x.shape[0], form, call)
     return _plans.dl(x.new_empty(nbytes, dtype=torch.uint8)) if nbytes else None
 
 
@@ -108,7 +109,8 @@ def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile:
     saved = x.new_zeros(nbytes, dtype=torch.uint8)
     stats = x.new_empty(2, dtype=torch.float32)
     plan.forward(_plans.dl(x), _plans.dl(y), _plans.dl(saved), _plans.dl(stats),
-                 _plans.stream_of(x.device), _workspace(plan, x, gate, up, tile, capacity, nbytes))
+                 _plans.stream_of(x.device),
+                 _workspace(plan, x, gate, up, tile, capacity, nbytes, twell.TrainingCall.forward))
     return y, saved, stats
 
 
@@ -142,7 +144,7 @@ def ffn_train_backward(dy: Tensor, x: Tensor, gate: Optional[Tensor], up: Tensor
     plan.backward(_plans.dl(dy), _plans.dl(dx), _plans.dl(dgate), _plans.dl(grads[-2]),
                   _plans.dl(grads[-1]), _plans.dl(x), _plans.dl(saved), _plans.dl(l1_coef),
                   _plans.stream_of(x.device),
-                  _workspace(plan, x, gate, up, tile, capacity, saved.numel()))
+                  _workspace(plan, x, gate, up, tile, capacity, saved.numel(), twell.TrainingCall.backward))
     return [dx] + grads
 
 
@@ -154,6 +156,9 @@ def _(dy, x, gate, up, down, saved, l1_coef, tile, capacity, dispatch, dense_abo
 
 
 def _setup_train(ctx, inputs, output):
+    # saved (uint8) and stats get no gradient, or an undefined one: never a zero-filled tensor as
+    # large as the saved state (autograd's default materialises one for every output).
+    ctx.set_materialize_grads(False)
     x, gate, up, down, tile, capacity, dispatch, dense_above = inputs
     ctx.save_for_backward(x, gate, up, down, output[1])
     ctx.tile, ctx.capacity, ctx.dispatch, ctx.dense_above = tile, capacity, dispatch, dense_above

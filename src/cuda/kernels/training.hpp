@@ -56,9 +56,9 @@ struct alignas(16) EntryRecord {
 };
 
 // backward_rows.cu: for every compact row m and entry at slot i (neuron n, g, u):
-//   dh[i] = <dy[m], Wd[n]> + l1 * sign(h) / rows;  dg = dh * u (gated) or dh (plain); du = dh * g
+//   dh = <dy[m], Wd[n]> + l1 * sign(h) / rows;  dg = dh * u (gated) or dh (plain); du = dh * g
 //   dx[m] = sum dg W1[n] + du Wu[n] (rounded once). Routed rows are left untouched.
-//   records[position[i]] = {m, dh u, dh g, g u} (plain: u = 1).
+//   records[col_ptr[n] + position[i]] = {m, dh u, dh g, g u} (plain: u = 1).
 struct BackwardRowsArgs {
   FfnKind kind = FfnKind::gated;
   const void* dy = nullptr;     // [rows, K]
@@ -66,9 +66,9 @@ struct BackwardRowsArgs {
   const void* up = nullptr;     // Wu [N, K] (gated)
   const void* down = nullptr;   // Wd [N, K]
   void* dx = nullptr;           // [rows, K]
-  float* dh = nullptr;          // [rows * slots_per_row], written at the entries' slots
-  const int64_t* position = nullptr;  // [rows * slots_per_row]: each entry's record (launch_column_index)
-  EntryRecord* records = nullptr;     // the column index's records, written at position[slot]
+  const int64_t* col_ptr = nullptr;   // [N + 1] and
+  const int32_t* position = nullptr;  // [rows * slots_per_row]: each entry's record (launch_column_index)
+  EntryRecord* records = nullptr;     // the column index's records, written there
   L1Coef l1;
   int64_t k = 0;
   TwellView saved;
@@ -100,9 +100,10 @@ void launch_nonfinite_dy(const NonFiniteDyArgs& a, const DeviceInfo& dev, cudaSt
 // which backward's dense reductions over routed rows add them (deterministic training).
 void launch_routed_renumber(const TwellView& saved, cudaStream_t s);
 
-// column_index.cu: the per-neuron view of the compact entries: position[slot] is where the
-// entry's record goes, so that records[col_ptr[n] .. col_ptr[n+1]) are neuron n's entries, rows
-// ascending (launch_backward_rows stores them), and heavy = {H, threshold, the H neurons with more
+// column_index.cu: the per-neuron view of the compact entries: position[slot] is the entry's place
+// among its neuron's records (col_ptr[n] + position[slot] is where its record goes, an int32 since
+// a neuron has at most M entries), so that records[col_ptr[n] .. col_ptr[n+1]) are neuron n's
+// entries, rows ascending (launch_backward_rows stores them), and heavy = {H, threshold, the H neurons with more
 // entries than the threshold, ascending}: the neurons whose weight gradients are split over a CTA
 // (threshold = max(kHeavyMin, kHeavyFactor x the mean entries per neuron)). Reads the layout alone,
 // so it runs before the backward rows. Deterministic.
@@ -112,7 +113,7 @@ struct ColumnIndexArgs {
   int32_t* col_totals = nullptr;    // [N] scratch
   int64_t* col_ptr = nullptr;       // [N + 1]
   int32_t* heavy = nullptr;         // [N + 2]
-  int64_t* position = nullptr;      // [rows * slots_per_row]: written at the compact entries' slots
+  int32_t* position = nullptr;      // [rows * slots_per_row]: written at the compact entries' slots
 };
 int64_t column_index_blocks(int64_t rows);
 void launch_column_index(const ColumnIndexArgs& a, cudaStream_t s);

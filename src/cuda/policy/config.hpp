@@ -84,6 +84,10 @@ struct RoutedGemmConfig {
 struct RoutedBlasConfig {
   // 4096 rows of training's backward at K = 2048 (x and dy rows, fp32 dx rows).
   static constexpr size_t kBytes = size_t(64) << 20;
+  // Training's backward gives the region the bytes its column-index positions leave free beside
+  // cuBLAS's scratch (training/workspace.cpp), at least these: 2048 rows at K = 2048 (heavy-tailed
+  // 1% at M = 16384 routes ~1350 rows; 1024 rows of cuBLAS made its step 14% slower).
+  static constexpr size_t kBackwardMinBytes = size_t(32) << 20;
   static constexpr int64_t kRowMultiple = 64;
   static constexpr double kHeadroom = 1.25;
   static constexpr int64_t kSlack = 16;

@@ -70,9 +70,9 @@ static_assert(WeightGradConfig::kChunkRows % ColumnIndexConfig::kRowsPerBlock ==
 
 // Backward's routed rows in chunks (training/workspace.cpp, routed_chunk_rows). Their dense rows (p:
 // g then h; q: [u | dh] then [dg | du]) take 3 N values a row gated, 2 N plain: at R = M that is
-// more than anything else backward holds. Above kMinBytes for all M rows, the rows go in two
-// chunks (each with its own launches), so the buffers take half as many rows, or as many as fit
-// in the bytes the column index's records hold before them, whichever is more.
+// more than anything else backward holds. Above kMinBytes for all M rows, the rows go in chunks
+// (each with its own launches) that fit in the bytes the column index's records hold before them
+// (3 chunks gated, 2 plain at the default capacity): the step's scratch is no larger than its records.
 struct RoutedChunkConfig {
   static constexpr size_t kMinBytes = size_t(32) << 20;
   static constexpr int64_t kRowMultiple = 64;  // a chunk's rows (RoutedBlasConfig::kRowMultiple too)

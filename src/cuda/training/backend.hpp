@@ -60,7 +60,7 @@ class CudaTraining final : public detail::TrainingBackend {
 
   DType saved_dtype() const override { return dims_.dtype; }
   void set_weights(const FfnWeights& w) override { weights_ = w; }
-  size_t workspace_bytes(int64_t rows, SavedForm form) const override;
+  size_t workspace_bytes(int64_t rows, SavedForm form, TrainingCall call) const override;
   bool supports_dense_layout() const override { return options_.dispatch != Dispatch::force_sparse; }
   bool wants_dense_layout(int64_t rows) override;
 

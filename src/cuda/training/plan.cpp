@@ -76,11 +76,13 @@ CudaTraining::~CudaTraining() {
   if (fault_report_ != nullptr) cudaFreeHost(fault_report_);
 }
 
-size_t CudaTraining::workspace_bytes(int64_t rows, SavedForm form) const {
-  // The dense form's forward carves the forward layout too (its G and h).
-  const size_t forward = train_forward_layout(dims_, rows).bytes;
-  if (form == SavedForm::dense) return std::max(forward, dense_backward_layout(rows).bytes);
-  return std::max(forward, train_backward_layout(dims_, rows).bytes);
+size_t CudaTraining::workspace_bytes(int64_t rows, SavedForm form, TrainingCall call) const {
+  // Either form's forward carves the forward layout (the dense form's G and h too).
+  const size_t forward = call == TrainingCall::backward ? 0 : train_forward_layout(dims_, rows).bytes;
+  if (call == TrainingCall::forward) return forward;
+  const size_t backward = form == SavedForm::dense ? dense_backward_layout(rows).bytes
+                                                   : train_backward_layout(dims_, rows).bytes;
+  return std::max(forward, backward);
 }
 
 bool CudaTraining::wants_dense_layout(int64_t rows) {
@@ -306,14 +308,14 @@ void CudaTraining::backward_compact(const TrainingBackwardArgs& args, const Tens
                               at<int32_t>(base, l.col_totals),
                               at<int64_t>(base, l.col_ptr),
                               at<int32_t>(base, l.heavy),
-                              at<int64_t>(base, l.position)};
+                              at<int32_t>(base, l.position)};
   launch_column_index(index, s);
 
   // 2. Compact rows: dh per entry (in its record), dx.
   auto* records = at<EntryRecord>(base, l.records);
   auto* control = at<int32_t>(base, l.control);
   launch_backward_rows({dims_.kind, args.dy.data, first_weight(), weights_.up.data, weights_.down.data, args.dx.data,
-                        at<float>(base, l.dh), index.position, records, l1, dims_.k, saved, control,
+                        index.col_ptr, index.position, records, l1, dims_.k, saved, control,
                         at<int32_t>(base, l.long_rows)},
                        device_, s);
 

@@ -59,16 +59,23 @@ size_t entry_slots(const ProblemDims& d, int64_t rows) {
   return size_t(rows) * size_t(d.num_tiles()) * size_t(d.capacity);
 }
 
+size_t round_up(size_t bytes) {
+  return (bytes + WorkspaceLayout::kAlign - 1) / WorkspaceLayout::kAlign * WorkspaceLayout::kAlign;
+}
+
 }  // namespace
 
 int64_t routed_chunk_rows(const ProblemDims& d, int64_t rows) {
   const size_t row_bytes = routed_row_bytes(d);
-  if (size_t(rows) * row_bytes <= RoutedChunkConfig::kMinBytes) return rows;
+  const size_t all_rows = size_t(rows) * row_bytes;
+  if (all_rows <= RoutedChunkConfig::kMinBytes) return rows;
   constexpr int64_t kMul = RoutedChunkConfig::kRowMultiple;
-  const size_t record_bytes = entry_slots(d, rows) * (sizeof(EntryRecord) + sizeof(int64_t));
-  const int64_t fit = int64_t(record_bytes / row_bytes) / kMul * kMul;
-  const int64_t half = ((rows + 1) / 2 + kMul - 1) / kMul * kMul;
-  return std::min(rows, std::max(fit, half));
+  // As many equal chunks as the records' bytes take the rows' dense rows in (rounded to nearest,
+  // at least one), each rounded up to kMul rows.
+  const size_t record_bytes = std::max<size_t>(entry_slots(d, rows) * sizeof(EntryRecord), 1);
+  const int64_t chunks = std::max<int64_t>(1, int64_t((all_rows + record_bytes / 2) / record_bytes));
+  const int64_t per = (rows + chunks - 1) / chunks;
+  return std::min(rows, (per + kMul - 1) / kMul * kMul);
 }
 
 TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows) {
@@ -81,34 +88,38 @@ TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows) {
   const size_t m = size_t(rows);
   const size_t chunk = size_t(l.chunk_rows);
   Carver c;
-  l.dh = c.take(slots * sizeof(float));
   l.block_counts = c.take(size_t(column_index_blocks(rows)) * n * sizeof(int32_t));
   l.col_totals = c.take(n * sizeof(int32_t));
   l.col_ptr = c.take((n + 1) * sizeof(int64_t));
   l.heavy = c.take((n + 2) * sizeof(int32_t));
   l.queue = c.take(size_t(weight_grad_passes(rows)) * sizeof(int32_t));
-  l.p = c.take(chunk * n * es);
-  l.q = c.take(chunk * n * es * (d.kind == FfnKind::gated ? 2 : 1));
-  // The records and their positions live in p and q (free until the routed rows' pass, which
-  // follows the weight gradients) when they fit: with the default capacity (tile / 8) they take
-  // 2 M N and M N bytes, which is what p and q take for the chunk routed_chunk_rows gives where
-  // the rows are chunked (gated; plain: 0.75 M rows, 3 M N bytes).
-  const size_t record_bytes = slots * sizeof(EntryRecord);
-  const size_t position_bytes = slots * sizeof(int64_t);
-  const size_t free_bytes = c.end() - l.p;
-  const bool both_fit = record_bytes + position_bytes <= free_bytes;
-  l.records = record_bytes <= free_bytes ? l.p : c.take(record_bytes);
-  l.position = both_fit ? l.p + record_bytes : c.take(position_bytes);
   l.control = c.take(kRowQueueWords * sizeof(int32_t));
   l.long_rows = c.take(m * sizeof(int32_t));
   l.split_counters = c.take(RoutedGemmConfig::kMaxSplitTiles * sizeof(int32_t));
-  // cuBLAS's scratch shares the split-K partials' bytes: both are scratch of one launch on the
-  // same stream.
-  l.split_partials = c.take(std::max(RoutedGemmConfig::kSplitPartialBytes, LtConfig::kWorkspaceBytes));
-  l.lt = l.split_partials;
+
+  // Region A: the records (written by the backward rows, read by the weight gradients), then the
+  // routed rows' p and q (the routed pass, which follows).
+  const size_t p_bytes = round_up(chunk * n * es);
+  const size_t q_bytes = chunk * n * es * (d.kind == FfnKind::gated ? 2 : 1);
+  l.records = c.take(std::max(slots * sizeof(EntryRecord), p_bytes + q_bytes));
+  l.p = l.records;
+  l.q = l.p + p_bytes;
+
+  // Region B: the positions (the column index to the backward rows), then the routed pass's
+  // cuBLAS(Lt) scratch, which shares its bytes with the split-K partials (scratch of one launch
+  // each on one stream), and the rows cuBLAS takes: x and dy rows (dtype) and their dx rows (f32),
+  // as many as fill the positions' bytes (at least kBackwardMinBytes, at most kBytes).
+  const size_t position_bytes = slots * sizeof(int32_t);
+  const size_t scratch = round_up(std::max(RoutedGemmConfig::kSplitPartialBytes, LtConfig::kWorkspaceBytes));
   const size_t blas_row = size_t(d.k) * (2 * es + sizeof(float));
-  l.blas_rows = routed_blas_rows(rows, blas_row);
-  l.routed_blas = c.take(size_t(l.blas_rows) * blas_row);
+  const size_t blas_room = std::clamp(position_bytes > scratch ? position_bytes - scratch : 0,
+                                      RoutedBlasConfig::kBackwardMinBytes, RoutedBlasConfig::kBytes);
+  l.blas_rows = std::min<int64_t>(rows, int64_t(blas_room / blas_row) / RoutedBlasConfig::kRowMultiple *
+                                            RoutedBlasConfig::kRowMultiple);
+  l.position = c.take(std::max(position_bytes, scratch + size_t(l.blas_rows) * blas_row));
+  l.split_partials = l.position;
+  l.lt = l.position;
+  l.routed_blas = l.position + scratch;
   l.bytes = c.bytes();
   return l;
 }

@@ -31,31 +31,31 @@ constexpr size_t train_forward_zeroed_bytes() {
 }
 
 struct TrainBackwardLayout {
-  size_t dh = 0;            // f32 [M * slots_per_row]: dh of every compact entry, by slot
   size_t block_counts = 0;  // int32 [column_index_blocks(M), N]
   size_t col_totals = 0;    // int32 [N]
   size_t col_ptr = 0;       // int64 [N + 1]
   size_t heavy = 0;         // int32 [N + 2]: the weight gradients' heavy neurons
   size_t queue = 0;         // int32 [weight_grad_passes(M)]: the weight gradients' item queues
-  size_t p = 0;             // dtype [chunk_rows, N]: routed rows' g, then h
-  size_t q = 0;             // dtype [chunk_rows, 2N] gated ([u | dh], then [dg | du]); [chunk_rows, N] plain
-  int64_t chunk_rows = 0;   // routed rows per chunk (routed_chunk_rows)
-  size_t records = 0;       // EntryRecord [M * slots_per_row]: entries by neuron (in p and q if they fit)
-  size_t position = 0;      // int64 [M * slots_per_row]: each entry's record (after them if they fit)
   size_t control = 0;       // int32 [kRowQueueWords]: the row pass's queues (kernels/training.hpp)
   size_t long_rows = 0;     // int32 [M]: the row pass's long rows
   size_t split_counters = 0;  // int32 [kMaxSplitTiles]: the routed GEMMs' split-K counters
-  size_t split_partials = 0;  // the routed GEMMs' split-K partial tiles
-  size_t lt = 0;            // cuBLAS(Lt) scratch: the same bytes
-  size_t routed_blas = 0;   // the routed rows cuBLAS takes: x and dy rows [blas_rows, K] (dtype),
+  // Two regions, each holding one thing until the weight gradients and another in the routed pass:
+  size_t records = 0;       // EntryRecord [M * slots_per_row]: entries by neuron; then
+  size_t p = 0;             //   dtype [chunk_rows, N]: routed rows' g, then h
+  size_t q = 0;             //   dtype [chunk_rows, 2N] gated ([u | dh], then [dg | du]); [chunk_rows, N] plain
+  int64_t chunk_rows = 0;   //   routed rows per chunk (routed_chunk_rows)
+  size_t position = 0;      // int32 [M * slots_per_row]: each entry's place in its neuron's records; then
+  size_t split_partials = 0;  // the routed GEMMs' split-K partial tiles, and
+  size_t lt = 0;            //   cuBLAS(Lt) scratch: the same bytes
+  size_t routed_blas = 0;   //   the routed rows cuBLAS takes: x and dy rows [blas_rows, K] (dtype),
   int64_t blas_rows = 0;    //   their dx rows [blas_rows, K] (f32)
   size_t bytes = 0;         // 0 when M = 0
 };
 TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows);
 // Routed rows per chunk of backward's routed pass (RoutedChunkConfig): M when their dense rows for
-// all M rows take at most RoutedChunkConfig::kMinBytes; else the larger of ceil(M / 2) and the rows
-// whose dense rows fit in the column index's records and positions (both rounded to
-// RoutedChunkConfig::kRowMultiple), at most M.
+// all M rows take at most RoutedChunkConfig::kMinBytes; else M split into as many equal chunks as
+// the column index's records take those rows in (rounded to nearest: 3 for a gated FFN at the
+// default capacity, 2 plain), each rounded up to RoutedChunkConfig::kRowMultiple rows.
 int64_t routed_chunk_rows(const ProblemDims& d, int64_t rows);
 
 // The dense path's backward (the dense saved form).

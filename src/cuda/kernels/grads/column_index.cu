@@ -1,6 +1,7 @@
 // The per-neuron (column) view of the compact entries of the saved layout, built on the device by
-// a stable counting sort: each entry's position, such that records[col_ptr[n] .. col_ptr[n+1])
-// are neuron n's entries in ascending row order once the backward rows store them there, and
+// a stable counting sort: each entry's position among its neuron's entries, such that
+// records[col_ptr[n] .. col_ptr[n+1]) are neuron n's entries in ascending row order once the
+// backward rows store them there, and
 // `heavy`, the neurons whose weight gradients are split over a CTA. No order-dependent atomics:
 // the result is the same every run.
 //   count:   CTA (row block b, tile t): counts each neuron of tile t over the block's compact rows
@@ -15,9 +16,9 @@
 //   rank:    CTA (b, t), its entries numbered and taken as in count. Each entry sets its row's
 //            bit in a per-neuron mask of its 64-row chunk; an entry's rank among its neuron's
 //            entries of the block is the bits of the earlier chunks' masks and the lower bits of
-//            its own, so rows stay ascending. It writes its position (the neuron's start, the
-//            block's offset, the rank) at its slot: the backward rows kernels, which compute the
-//            entry's coefficients, store its record there.
+//            its own, so rows stay ascending. It writes its position (the block's offset in the
+//            neuron's range plus the rank) at its slot: the backward rows kernels, which compute
+//            the entry's coefficients, store its record at col_ptr[n] + position.
 #include <algorithm>
 
 #include "cuda/kernels/common/element.cuh"
@@ -184,10 +185,9 @@ __global__ void __launch_bounds__(Cfg::kScanThreads)
 }
 
 __global__ void __launch_bounds__(Cfg::kThreads)
-    rank_kernel(TwellView tw, const int32_t* __restrict__ block_counts, const int64_t* __restrict__ col_ptr,
-                int64_t* __restrict__ position) {
+    rank_kernel(TwellView tw, const int32_t* __restrict__ block_counts, int32_t* __restrict__ position) {
   chain_entry();
-  __shared__ int64_t first[kMaxTileWidth];                     // the block's first position per neuron
+  __shared__ int32_t first[kMaxTileWidth];                     // the block's first position per neuron
   __shared__ unsigned long long mask[kChunks][kMaxTileWidth];  // bit i: row i of the chunk has the neuron
   __shared__ BlockEntries sm;
   const int tile = blockIdx.y;
@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const RowRange range = block_rows(blockIdx.x, tw.shape.rows);
   const int64_t n0 = int64_t(tile) * tw.shape.tile;
   for (int j = threadIdx.x; j < width; j += blockDim.x) {
-    first[j] = col_ptr[n0 + j] + block_counts[int64_t(blockIdx.x) * tw.shape.cols + n0 + j];
+    first[j] = block_counts[int64_t(blockIdx.x) * tw.shape.cols + n0 + j];
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) mask[c][j] = 0;
   }
@@ -237,7 +237,7 @@ void launch_column_index(const ColumnIndexArgs& a, cudaStream_t s) {
   launch(col_ptr_kernel, dim3(1), dim3(Cfg::kScanThreads), 0, s, a.col_totals, shape.cols, a.col_ptr,
          a.heavy);
   check_launch(op, "column index scan kernel");
-  launch(rank_kernel, dim3(grid), dim3(Cfg::kThreads), 0, s, a.saved, a.block_counts, a.col_ptr, a.position);
+  launch(rank_kernel, dim3(grid), dim3(Cfg::kThreads), 0, s, a.saved, a.block_counts, a.position);
   check_launch(op, "column index rank kernel");
 }
 
