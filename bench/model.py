@@ -76,6 +76,7 @@ from twell.torch.patch import _set as set_module
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # model_generate, beside this file
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model_generate  # noqa: E402
+from timing import Timer, summary  # noqa: E402,F401  (op_graph uses summary)
 from model_agreement import SplitMLP, agrees, distance  # noqa: E402,F401  (tests use SplitMLP)
 
 MODES = ("inference", "training", "generate")
@@ -203,32 +204,6 @@ class Swap:
     def use(self, which):
         for name, module in {"twell": self.sparse, "split": self.split}.get(which, self.dense):
             set_module(self.model, name, module)
-
-
-class Timer:
-    def __init__(self, device):
-        self.cuda = device.type == "cuda"
-
-    def __call__(self, fn):
-        if self.cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            return a.elapsed_time(b)
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-
-
-def summary(times):
-    s = sorted(times)
-
-    def q(f):
-        return s[min(len(s) - 1, int(f * (len(s) - 1) + 0.5))]
-
-    return {"median": statistics.median(s), "p20": q(0.2), "p80": q(0.8)}
 
 
 def peak(device, fn):

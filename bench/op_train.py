@@ -26,7 +26,6 @@ dense_forward, dense_backward} (the scratch the op allocates for each call of ea
 import argparse
 import json
 import os
-import statistics
 import sys
 from statistics import NormalDist
 
@@ -36,6 +35,10 @@ import torch.nn.functional as F
 import twell
 import twell.torch as tt
 from twell.torch import _plans
+
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # timing, beside this file
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import Timer, summary  # noqa: E402
 
 MB = 1e6
 
@@ -121,15 +124,6 @@ def step(mlp, x, dy):
     return y
 
 
-def timed(fn):
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b)
-
-
 def memory(mlp, module, x, dy):
     """(peak above the step's inputs, held between forward and backward) in bytes, one step."""
     clear_grads(x, mlp)
@@ -176,12 +170,6 @@ def plan_fields(mlp, x):
                 for form in ("compact", "dense") for call in ("forward", "backward")}}
 
 
-def summary(times):
-    s = sorted(times)
-    q = lambda f: s[min(len(s) - 1, int(f * (len(s) - 1) + 0.5))]
-    return {"median": statistics.median(s), "p20": q(0.2), "p80": q(0.8)}
-
-
 def run_case(a, m, density, pattern, device, dtype):
     mlp, dense, x, dy = problem(a, m, density, pattern, device, dtype)
     ways = {"dense": dense, "twell": mlp}
@@ -189,11 +177,12 @@ def run_case(a, m, density, pattern, device, dtype):
         for module in ways.values():
             clear_grads(x, mlp)
             step(module, x, dy)
+    timer = Timer(device)
     times = {w: [] for w in ways}
     for _ in range(a.reps):
         for w, module in ways.items():
             clear_grads(x, mlp)
-            times[w].append(timed(lambda: step(module, x, dy)))
+            times[w].append(timer(lambda: step(module, x, dy)))
     peaks = {w: memory(mlp, module, x, dy) for w, module in ways.items()}
     diff = agreement(mlp, dense, x, dy)
     with torch.no_grad():
