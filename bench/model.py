@@ -76,7 +76,7 @@ from twell.torch.patch import _set as set_module
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # model_generate, beside this file
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model_generate  # noqa: E402
-from timing import Timer, summary  # noqa: E402,F401  (op_graph uses summary)
+from timing import Timer, summary  # noqa: E402
 from model_agreement import SplitMLP, agrees, distance  # noqa: E402,F401  (tests use SplitMLP)
 
 MODES = ("inference", "training", "generate")

@@ -24,6 +24,7 @@ import torch
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # model, beside this file
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model as mb  # noqa: E402
+from timing import Timer, summary  # noqa: E402
 
 from twell.torch import _plans  # noqa: E402
 
@@ -50,7 +51,7 @@ def options(argv):
         sys.exit(f"op bench: --m wants comma-separated integers, --reps an integer; got {own}")
     if not ms or min(ms) < 1 or reps < 3:
         sys.exit("op bench: --m wants rows >= 1 and --reps at least 3")
-    if "--layers" not in rest:
+    if not any(a == "--layers" or a.startswith("--layers=") for a in rest):
         rest += ["--layers", "8"]
     return ms, reps, mb.parse_args(rest)
 
@@ -116,20 +117,16 @@ def op_calls(mlps, xs):
 def measure(graphs, reps, layers):
     """{way: [microseconds per layer]}: the graphs' replays, alternating, each after an L2 flush."""
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    timer = Timer(flush.device)
     times = {w: [] for w in graphs}
     for _ in range(reps):
         for way, graph in graphs.items():
             flush.zero_()
-            start.record()
-            graph.replay()
-            stop.record()
-            stop.synchronize()
-            times[way].append(start.elapsed_time(stop) * 1e3 / layers)
+            times[way].append(timer(graph.replay) * 1e3 / layers)
     return times
 
 
-def run_m(args, swap, model, ids, m, reps):
+def run_m(swap, model, ids, m, reps):
     """The row of M rows: each layer's input is its own MLP input in a forward of the model (its
     own MLPs) over the first M input tokens."""
     tokens = ids.reshape(-1)[:m]
@@ -154,7 +151,7 @@ def run_m(args, swap, model, ids, m, reps):
         graphs["op"] = capture(op_calls(mlps, xs))
         op_dense = sum(bool(p.last_run().ran_dense) for p in plans)
         times = measure(graphs, reps, len(blocks))
-    s = {w: mb.summary(times[w]) for w in WAYS}
+    s = {w: summary(times[w]) for w in WAYS}
     return {"rows": m, "l0": l0, "times": s, "plan_dense_layers": plan_dense, "op_dense_layers": op_dense}
 
 
@@ -180,7 +177,7 @@ def main(argv=None):
         return 0
     rows = []
     for m in ms:
-        rows.append(make_row(args, env, reps, run_m(args, swap, model, ids, m, reps)))
+        rows.append(make_row(args, env, reps, run_m(swap, model, ids, m, reps)))
         r = rows[-1]
         print(f"op M={r['M']:<4} K={r['K']} N={r['N']} density {r['density']:.3%}: dense "
               f"{r['dense_us']['median']:.1f} us, plan {r['plan_us']['median']:.1f} us, op "

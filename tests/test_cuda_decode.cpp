@@ -1,9 +1,10 @@
-// The decode path (the sparse path of M <= DecodeConfig::kMaxRows) against the fp64 oracle: every
-// M from 1 to 17 and around the decode limit and past it (where the TwELL path takes over), every
-// activation pattern, both kinds and 16-bit dtypes, K and N that are not multiples of the column
-// slice or the neuron chunk; the LLM shape at 0.5%; bit-identical reruns (entries split over
-// several CTAs per column slice); counters; up to M = 32 both the fused kernel and the two-kernel
-// path (GateKernel::portable), and the fused kernel's N and K limits. Graph capture: CudaGraph (test_cuda_inference.cpp).
+// The decode path (the sparse path of M <= DecodeConfig::kMaxRows) against the fp64 oracle: M from
+// 1 to 17 (a sample), around the fused kernel's limit of 32 and the decode limit and past it (where
+// the TwELL path takes over), every activation pattern, both kinds and 16-bit dtypes, K and N
+// that are not multiples of the column slice or the neuron chunk; the LLM shape at 0.5%;
+// bit-identical reruns (entries split over several CTAs per column slice); counters; up to M = 32
+// both the fused kernel and the two-kernel path (GateKernel::portable), and the fused kernel's N
+// and K limits. Graph capture: CudaGraph (test_cuda_inference_api.cpp).
 #include "common.hpp"
 
 #ifdef TWELL_WITH_CUDA

@@ -241,7 +241,7 @@ ProblemSpec small_spec(FfnKind kind, Pattern pattern, uint64_t salt) {
 
 struct GraphCase {
   Dispatch dispatch;
-  int64_t m;  // 1, 12: the decode path (the fused kernel's one and two token tiles); 257: the TwELL path
+  int64_t m;  // 1, 12, 24: the decode path (the fused kernel's one, two and four token tiles); 257: TwELL
 };
 void PrintTo(const GraphCase& c, std::ostream* os) { *os << dispatch_name(c.dispatch) << " M=" << c.m; }
 
@@ -300,6 +300,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, CudaGraph,
                                            GraphCase{Dispatch::automatic, 257},
                                            GraphCase{Dispatch::force_sparse, 1},
                                            GraphCase{Dispatch::force_sparse, 12},
+                                           GraphCase{Dispatch::force_sparse, 24},
                                            GraphCase{Dispatch::automatic, 1}),
                          [](const ::testing::TestParamInfo<GraphCase>& i) {
                            return dispatch_name(i.param.dispatch) + "_M" + std::to_string(i.param.m);

@@ -38,8 +38,8 @@ def main():
     a = p.parse_args()
     args = ot.parse_args(["--m", str(a.m)])
     mlp, dense, x, dy = ot.problem(args, a.m, a.density, "uniform", torch.device("cuda"), torch.bfloat16)
+    mlp.dispatch = a.dispatch
     for name, module in (("dense", dense), ("twell", mlp)):
-        mlp.dispatch = a.dispatch
         for _ in range(4):
             ot.clear_grads(x, mlp)
             ot.step(module, x, dy)
@@ -58,7 +58,7 @@ def main():
                 now += e["size"]
                 if now > best:
                     best, at_peak = now, dict(live)
-            elif e["action"] in ("free_completed",) and e["addr"] in live:
+            elif e["action"] == "free_completed" and e["addr"] in live:
                 now -= live.pop(e["addr"])[0]
         print(f"{name}: peak {best / 1e6:.1f} MB above the inputs ({base / 1e6:.0f} MB before the step)")
         for size, site in sorted(at_peak.values(), key=lambda v: -v[0]):

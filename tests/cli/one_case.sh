@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `--suite decode` (and `--suite training`) with --m/--k/--n runs one case of those parameters, as that
-# suite times its own, instead of the suite's cases: one result row, of that shape.
+# `--suite decode` with --m/--k/--n runs one case of those parameters, as that suite times its own,
+# instead of the suite's cases: one result row, of that shape.
 #   usage: one_case.sh path/to/twell
 set -uo pipefail
 twell=$1

@@ -78,10 +78,11 @@ CudaTraining::~CudaTraining() {
 
 size_t CudaTraining::workspace_bytes(int64_t rows, SavedForm form, TrainingCall call) const {
   // Either form's forward carves the forward layout (the dense form's G and h too).
-  const size_t forward = call == TrainingCall::backward ? 0 : train_forward_layout(dims_, rows).bytes;
-  if (call == TrainingCall::forward) return forward;
+  const size_t forward = train_forward_layout(dims_, rows).bytes;
   const size_t backward = form == SavedForm::dense ? dense_backward_layout(rows).bytes
                                                    : train_backward_layout(dims_, rows).bytes;
+  if (call == TrainingCall::forward) return forward;
+  if (call == TrainingCall::backward) return backward;
   return std::max(forward, backward);
 }
 

@@ -13,13 +13,14 @@ namespace {
 // Hands out aligned offsets in order.
 class Carver {
  public:
+  static size_t aligned(size_t bytes) {
+    return (bytes + WorkspaceLayout::kAlign - 1) / WorkspaceLayout::kAlign * WorkspaceLayout::kAlign;
+  }
   size_t take(size_t bytes) {
     const size_t offset = at_;
-    at_ += (bytes + WorkspaceLayout::kAlign - 1) / WorkspaceLayout::kAlign * WorkspaceLayout::kAlign;
+    at_ += aligned(bytes);
     return offset;
   }
-  // The end of what was taken so far.
-  size_t end() const { return at_; }
   // The total, with slack for aligning the buffer's base.
   size_t bytes() const { return at_ + WorkspaceLayout::kAlign; }
 
@@ -59,10 +60,6 @@ size_t entry_slots(const ProblemDims& d, int64_t rows) {
   return size_t(rows) * size_t(d.num_tiles()) * size_t(d.capacity);
 }
 
-size_t round_up(size_t bytes) {
-  return (bytes + WorkspaceLayout::kAlign - 1) / WorkspaceLayout::kAlign * WorkspaceLayout::kAlign;
-}
-
 }  // namespace
 
 int64_t routed_chunk_rows(const ProblemDims& d, int64_t rows) {
@@ -99,7 +96,7 @@ TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows) {
 
   // Region A: the records (written by the backward rows, read by the weight gradients), then the
   // routed rows' p and q (the routed pass, which follows).
-  const size_t p_bytes = round_up(chunk * n * es);
+  const size_t p_bytes = Carver::aligned(chunk * n * es);
   const size_t q_bytes = chunk * n * es * (d.kind == FfnKind::gated ? 2 : 1);
   l.records = c.take(std::max(slots * sizeof(EntryRecord), p_bytes + q_bytes));
   l.p = l.records;
@@ -110,7 +107,7 @@ TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows) {
   // each on one stream), and the rows cuBLAS takes: x and dy rows (dtype) and their dx rows (f32),
   // as many as fill the positions' bytes (at least kBackwardMinBytes, at most kBytes).
   const size_t position_bytes = slots * sizeof(int32_t);
-  const size_t scratch = round_up(std::max(RoutedGemmConfig::kSplitPartialBytes, LtConfig::kWorkspaceBytes));
+  const size_t scratch = Carver::aligned(std::max(RoutedGemmConfig::kSplitPartialBytes, LtConfig::kWorkspaceBytes));
   const size_t blas_row = size_t(d.k) * (2 * es + sizeof(float));
   const size_t blas_room = std::clamp(position_bytes > scratch ? position_bytes - scratch : 0,
                                       RoutedBlasConfig::kBackwardMinBytes, RoutedBlasConfig::kBytes);

@@ -1,9 +1,8 @@
 // The per-neuron (column) view of the compact entries of the saved layout, built on the device by
 // a stable counting sort: each entry's position among its neuron's entries, such that
 // records[col_ptr[n] .. col_ptr[n+1]) are neuron n's entries in ascending row order once the
-// backward rows store them there, and
-// `heavy`, the neurons whose weight gradients are split over a CTA. No order-dependent atomics:
-// the result is the same every run.
+// backward rows store them there, and `heavy`, the neurons whose weight gradients are split over
+// a CTA. No order-dependent atomics: the result is the same every run.
 //   count:   CTA (row block b, tile t): counts each neuron of tile t over the block's compact rows
 //            (shared-memory integer atomics) -> block_counts[b, n]. thread i: row i's entry count
 //            (all loads in flight at once); a scan of them numbers the block's entries, and

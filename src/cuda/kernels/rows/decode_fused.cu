@@ -22,7 +22,8 @@
 //   barrier: cooperative_groups' grid sync. The last CTA then adds up the bitmaps' popcounts: the
 //            run's active total (dispatch) and counters.
 //   down:    work item (token m, slice of S columns of K); S is the host's slice_cols, the
-//            narrowest multiple of 8 (a power of two) that leaves every CTA at most one item. The
+//            narrowest multiple of 8 (a power of two) that leaves every CTA at most one item, at
+//            most kMaxSliceCols (where that leaves more items than CTAs, CTAs take several). The
 //            CTA turns token m's bitmaps (CTA order, then bit order: ascending n) into its list of
 //            neurons in shared memory (popcounts, a CTA scan). Thread (entry lane j of J, vector v
 //            of the slice) adds h[m, n] * Wd[n, v's 8 columns] over the entries j, j + J, ... in
@@ -387,26 +388,19 @@ struct TileSetup {
   size_t smem = 0;
 };
 
-TileSetup tile_setup(FfnKind kind, DType dtype, int tiles, int64_t parts, const DeviceInfo& dev) {
+// optin: the device's shared memory a CTA may opt in to.
+template <int kTiles>
+TileSetup tile_setup(FfnKind kind, DType dtype, int64_t parts, int optin) {
   const char* op = "InferencePlan";
   TileSetup none;
-  if (parts * tiles > Cfg::kMaxXParts) return none;
+  if (parts * kTiles > Cfg::kMaxXParts) return none;
   Kernel kernel = nullptr;
-  with_element_type(dtype, op, [&](auto t) {
-    using T = decltype(t);
-    kernel = tiles == 1 ? kernel_for<T, 1>(kind) : tiles == 2 ? kernel_for<T, 2>(kind) : kernel_for<T, 4>(kind);
-  });
-  const auto bytes = [&](int64_t p) {
-    return tiles == 1 ? Smem<1>::bytes(p) : tiles == 2 ? Smem<2>::bytes(p) : Smem<4>::bytes(p);
-  };
+  with_element_type(dtype, op, [&](auto t) { kernel = kernel_for<decltype(t), kTiles>(kind); });
   // The attribute belongs to the kernel, which plans of other K share: its largest need, or what
   // the device allows a CTA where that is less.
-  int optin = 0;
-  check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.index), op,
-             "cudaDevAttrMaxSharedMemoryPerBlockOptin");
   const size_t allowed = size_t(optin) > kStaticSmemBytes ? size_t(optin) - kStaticSmemBytes : 0;
-  const size_t most = std::min(bytes(Cfg::kMaxXParts / tiles), allowed);
-  const size_t smem = bytes(parts);
+  const size_t most = std::min(Smem<kTiles>::bytes(Cfg::kMaxXParts / kTiles), allowed);
+  const size_t smem = Smem<kTiles>::bytes(parts);
   if (smem > most ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)) != cudaSuccess) {
     (void)cudaGetLastError();  // more shared memory than the device gives a CTA: the two-kernel path
@@ -427,8 +421,11 @@ FusedDecodeLaunches fused_decode_setup(FfnKind kind, DType dtype, int64_t k, int
   const int64_t cta_rows = (n + dev.sm_count - 1) / dev.sm_count;
   const int64_t words = (cta_rows + kBitsPerWord - 1) / kBitsPerWord;
   if (cta_rows > Cfg::kMaxCtaRows || dev.sm_count * words > Cfg::kMaxTokenWords) return out;
-  const TileSetup by_tiles[3] = {tile_setup(kind, dtype, 1, parts, dev), tile_setup(kind, dtype, 2, parts, dev),
-                                 tile_setup(kind, dtype, 4, parts, dev)};
+  int optin = 0;
+  check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.index), "InferencePlan",
+             "cudaDevAttrMaxSharedMemoryPerBlockOptin");
+  const TileSetup by_tiles[3] = {tile_setup<1>(kind, dtype, parts, optin), tile_setup<2>(kind, dtype, parts, optin),
+                                 tile_setup<4>(kind, dtype, parts, optin)};
   for (int64_t rows = 1; rows <= Cfg::kMaxRows; ++rows) {
     const TileSetup& t = by_tiles[rows <= Cfg::kTileTokens ? 0 : rows <= 2 * Cfg::kTileTokens ? 1 : 2];
     if (t.kernel == nullptr) continue;
