@@ -44,7 +44,7 @@ for i, layer in enumerate(m.model.layers):
     for dispatch in ("sparse", "dense"):
         xr = x.clone().requires_grad_(True)
         ws = [w.clone().requires_grad_(True) for w in (wg, wu, wd)]
-        y, saved, stats = torch.ops.twell.ffn_train(xr, ws[0], ws[1], ws[2].t().contiguous(), 0, 0, dispatch, -1.0)
+        y, saved, stats = torch.ops.twell.ffn_train(xr, ws[0], ws[1], ws[2], 0, 0, dispatch, -1.0)
         y.backward(dy)
         got = {"y": y.detach(), "dx": xr.grad, "dWg": ws[0].grad, "dWu": ws[1].grad, "dWd": ws[2].grad}
         print(f"  twell {dispatch:6s} saved {saved.numel() / 2**20:.1f} MB: " +

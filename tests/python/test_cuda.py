@@ -175,7 +175,8 @@ def test_training_dispatch_moves_to_the_dense_form(seed):
 
     # The same weight tensors every call: plans are cached on the weights' addresses, and the
     # calibration is the plan's.
-    leaves = [a.clone().requires_grad_() for a in (x, gate, up, down)]
+    # down in nn.Linear layout ([K, N]), as the training ops take it.
+    leaves = [a.clone().requires_grad_() for a in (x, gate, up, down.t().contiguous())]
 
     def run(dispatch):
         for a in leaves:

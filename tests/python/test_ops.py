@@ -178,11 +178,13 @@ def test_l1_gradient_follows_upstream(seed):
         assert rel_error(got, ref) < 1e-5
 
 
-def sample_inputs(device, dtype, gated, requires_grad=False, m=9, k=16, n=64):
+def sample_inputs(device, dtype, gated, requires_grad=False, m=9, k=16, n=64, train=False):
+    """x, gate, up, down; down neuron-major [N, K] for twell::ffn, or (train) down_proj.weight's
+    [K, N] for the training ops."""
     g = torch.Generator().manual_seed(0)
     w = lambda *s: (torch.randn(*s, generator=g) / 4).to(device, dtype).requires_grad_(requires_grad)
     x = w(m, k)
-    return x, (w(n, k) if gated else None), w(n, k), w(n, k)
+    return x, (w(n, k) if gated else None), w(n, k), (w(k, n) if train else w(n, k))
 
 
 @pytest.mark.parametrize("device,dtype", CASES)
@@ -198,7 +200,7 @@ def test_opcheck_inference(device, dtype, gated):
 @pytest.mark.parametrize("gated", [True, False])
 def test_opcheck_training(device, dtype, gated):
     skip_unless_trainable(device)
-    args = sample_inputs(device, dtype, gated, requires_grad=True)
+    args = sample_inputs(device, dtype, gated, requires_grad=True, train=True)
     # "auto" may switch saved forms between runs (calibration), and its fake size is dynamic.
     dispatches = ("sparse", "dense") if device == "cuda" else ("sparse",)
     for dispatch in dispatches:
@@ -219,7 +221,7 @@ def test_fake_saved_size_matches(device, dtype, m):
     skip_unless_trainable(device)
     if device == "cuda" and dtype == torch.float32:
         pytest.skip("the CUDA backend runs float16/bfloat16 only")
-    x, gate, up, down = sample_inputs(device, dtype, True, m=m)
+    x, gate, up, down = sample_inputs(device, dtype, True, m=m, train=True)
     tile, capacity = layout.resolve_tile(0, 0)
     for dispatch in ("sparse", "dense"):  # the CPU backend saves the compact form either way
         _, saved, stats = torch.ops.twell.ffn_train(x, gate, up, down, 0, 0, dispatch, -1.0)
@@ -242,11 +244,14 @@ def test_bad_inputs():
     e = expect("x", lambda: ffn(x.double(), gate, up, down, 64, 8, "auto", -1.0))
     assert e.op == "InferencePlan::run" and "float64" in e.actual
     expect("x", lambda: ffn(x.t(), gate, up, down, 64, 8, "auto", -1.0))
-    expect("gate weight", lambda: train(x, gate.half(), up, down, 64, 8, "auto", -1.0))
-    expect("options.capacity", lambda: train(x, gate, up, down, 64, 65, "auto", -1.0))
-    expect("options.dense_above", lambda: train(x, gate, up, down, 64, 8, "auto", 2.0))
+    down_kn = down.t().contiguous()  # the training ops take down_proj.weight
+    expect("gate weight", lambda: train(x, gate.half(), up, down_kn, 64, 8, "auto", -1.0))
+    expect("options.capacity", lambda: train(x, gate, up, down_kn, 64, 65, "auto", -1.0))
+    expect("options.dense_above", lambda: train(x, gate, up, down_kn, 64, 8, "auto", 2.0))
+    e = expect("down", lambda: train(x, gate, up, down, 64, 8, "auto", -1.0))
+    assert e.op == "twell::ffn_train" and "[16, 64]" in e.expected and e.actual == "[64, 16]"
     with pytest.raises(ValueError, match="dispatch"):
-        train(x, gate, up, down, 64, 8, "fastest", -1.0)
+        train(x, gate, up, down_kn, 64, 8, "fastest", -1.0)
     with pytest.raises(ValueError, match="dispatch"):
         ffn(x, gate, up, down, 64, 8, "fastest", -1.0)
     mod = tt.SparseGatedMLP(16, 64)

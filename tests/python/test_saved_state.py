@@ -55,6 +55,7 @@ def test_torch_op_rejects_corrupted_state(seed):
     for device in devices():
         dt = torch.float32 if device == "cpu" else torch.bfloat16
         t = {k: torch.from_numpy(getattr(p, k)).to(device, dt) for k in ("x", "gate", "up", "down")}
+        t["down"] = t["down"].t().contiguous()  # the training ops take down_proj.weight [K, N]
         args = (t["x"], t["gate"], t["up"], t["down"], TILE, CAPACITY, "sparse", -1.0)
         dy = torch.randn(M, K, generator=torch.Generator().manual_seed(seed)).to(device, dt)
         coef = torch.tensor([0.1], device=device)

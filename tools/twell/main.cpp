@@ -174,6 +174,33 @@ struct BenchRequest {
   bool write = true, dtype_set = false;
 };
 
+// What the flags of `twell bench` decide together: a custom case's flags pick the custom suite (or
+// one case of the training or decode suite), --from the real suite; contradictions are usage errors.
+void resolve_bench_suite(twell::bench::Options& o, bool suite_set, const std::string& custom_flag) {
+  if (!custom_flag.empty()) {
+    if (suite_set && o.suite != "custom" && o.suite != "training" && o.suite != "decode")
+      usage_error(custom_flag + " describes a custom case: use it with --suite custom, training or decode "
+                  "(or without --suite), not with --suite " + o.suite);
+    if (o.suite == "training" || o.suite == "decode") {
+      if (o.suite == "training" && o.custom.kind != twell::FfnKind::gated)
+        usage_error("the training suite runs gated FFNs only");
+      o.one_case = true;  // one case of these parameters instead of the suite
+    } else {
+      o.suite = "custom";
+    }
+  }
+  if (o.suite == "custom" || o.one_case) check_case_fits(o.custom);
+  if (!o.from_dir.empty()) {
+    if (suite_set && o.suite != "real") usage_error("--from runs the real suite: use it without --suite " + o.suite);
+    if (!custom_flag.empty()) usage_error("--from takes its shapes from the capture: drop " + custom_flag);
+    o.suite = "real";
+  } else if (o.suite == "real") {
+    usage_error("--suite real needs --from DIR (a folder of `python -m twell.capture`)");
+  } else if (o.from_rows > 0) {
+    usage_error("--rows applies to --from");
+  }
+}
+
 BenchRequest parse_bench(const std::vector<std::string>& a) {
   BenchRequest r;
   twell::bench::Options& o = r.o;
@@ -241,28 +268,7 @@ BenchRequest parse_bench(const std::vector<std::string>& a) {
       usage_error("unknown bench option " + f);
     }
   }
-  if (!custom_flag.empty()) {
-    if (suite_set && o.suite != "custom" && o.suite != "training" && o.suite != "decode")
-      usage_error(custom_flag + " describes a custom case: use it with --suite custom, training or decode "
-                  "(or without --suite), not with --suite " + o.suite);
-    if (o.suite == "training" || o.suite == "decode") {
-      if (o.suite == "training" && o.custom.kind != twell::FfnKind::gated)
-        usage_error("the training suite runs gated FFNs only");
-      o.one_case = true;  // one case of these parameters instead of the suite
-    } else {
-      o.suite = "custom";
-    }
-  }
-  if (o.suite == "custom" || o.one_case) check_case_fits(o.custom);
-  if (!o.from_dir.empty()) {
-    if (suite_set && o.suite != "real") usage_error("--from runs the real suite: use it without --suite " + o.suite);
-    if (!custom_flag.empty()) usage_error("--from takes its shapes from the capture: drop " + custom_flag);
-    o.suite = "real";
-  } else if (o.suite == "real") {
-    usage_error("--suite real needs --from DIR (a folder of `python -m twell.capture`)");
-  } else if (o.from_rows > 0) {
-    usage_error("--rows applies to --from");
-  }
+  resolve_bench_suite(o, suite_set, custom_flag);
   return r;
 }
 

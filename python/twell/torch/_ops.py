@@ -1,9 +1,11 @@
 """The twell custom ops (namespace ``twell``), their fake implementations and autograd.
 
-Weights in nn.Linear layout ([N, K]) except `down`, which is neuron-major [N, K]
-(down_proj.weight.t()); `gate` is None for a plain FFN. x is [M, K], contiguous, of the weights'
-dtype. Streams are the current CUDA stream; nothing synchronises the host, so the ops can be
-captured in CUDA graphs.
+Weights in nn.Linear layout: gate and up [N, K], and for the training ops down_proj.weight itself
+[K, N]; twell::ffn takes down neuron-major [N, K] (down_proj.weight.t(), the copy an inference
+module keeps). The training ops make the neuron-major copy during each call and never save it for
+backward. `gate` is None for a plain FFN. x is [M, K], contiguous, of the weights' dtype. Streams
+are the current CUDA stream; nothing synchronises the host, so the ops can be captured in CUDA
+graphs.
 
   twell::ffn                 y, counters = FFN(x)   counters: int64 [2] {routed rows, active}
   twell::ffn_train           y, saved, stats        saved: uint8 state for backward,
@@ -13,8 +15,9 @@ shapes alone, as torch.compile's fake tensors need: the modules pass it while co
 "dense" the dense form (CUDA), "auto" the form the plan's timing dispatch asks for (CUDA: the
 compact form until measured, then the faster per density regime; a data-dependent size).
 Backward takes the form from the saved tensor's size.
-  twell::ffn_train_backward  [dx, dgate, dup, ddown] (weights' gradients in float32; no dgate
-                                                    for a plain FFN)
+  twell::ffn_train_backward  [dx, dgate, dup, ddown] (weights' gradients in float32, each
+                                                    [N, K]: ddown neuron-major; no dgate for a
+                                                    plain FFN)
 
 ffn_train is differentiable w.r.t. x and the weights, through y and through stats[1], the L1
 value (1/M) sum |h|: the upstream gradient of stats[1] is passed to the C++ backward as this
@@ -94,10 +97,22 @@ def _workspace(plan, x, gate, up, tile, capacity, saved_nbytes, call):
     return _plans.dl(x.new_empty(nbytes, dtype=torch.uint8)) if nbytes else None
 
 
+def _training_plan(up, gate, down, tile, capacity, dispatch, dense_above, op):
+    """The training plan, pointed at a neuron-major copy of `down` ([K, N], down_proj.weight);
+    returns (plan, the copy), which must live as long as the plan's call."""
+    if down.dim() != 2 or up.dim() != 2 or tuple(down.shape) != (up.shape[1], up.shape[0]):
+        expected = f"down_proj.weight, [K, N] = {list(up.shape[::-1])} for up {list(up.shape)}"
+        e = twell.TwellError(f"twell::{op}: down: expected {expected}, got {list(down.shape)}")
+        e.op, e.argument, e.expected, e.actual = f"twell::{op}", "down", expected, str(list(down.shape))
+        raise e
+    down_nk = down.t().contiguous()
+    return _plans.training_plan(gate, up, down_nk, tile, capacity, dispatch, dense_above), down_nk
+
+
 @torch.library.custom_op("twell::ffn_train", mutates_args=())
 def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile: int,
               capacity: int, dispatch: str, dense_above: float) -> Tuple[Tensor, Tensor, Tensor]:
-    plan = _plans.training_plan(gate, up, down, tile, capacity, dispatch, dense_above)
+    plan, down_nk = _training_plan(up, gate, down, tile, capacity, dispatch, dense_above, "ffn_train")
     nbytes = plan.saved_bytes(x.shape[0])
     mirror = {_saved_bytes(x, gate, up, tile, capacity, dense=d) for d in _forms(x, dispatch)}
     if nbytes not in mirror:  # the fake implementation would disagree with this one
@@ -111,6 +126,7 @@ def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile:
     plan.forward(_plans.dl(x), _plans.dl(y), _plans.dl(saved), _plans.dl(stats),
                  _plans.stream_of(x.device),
                  _workspace(plan, x, gate, up, tile, capacity, nbytes, twell.TrainingCall.forward))
+    del down_nk  # after the forward's kernels in stream order (the allocator's reuse is too)
     return y, saved, stats
 
 
@@ -137,7 +153,8 @@ def _(x, gate, up, down, tile, capacity, dispatch, dense_above):
 def ffn_train_backward(dy: Tensor, x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor,
                        saved: Tensor, l1_coef: Tensor, tile: int, capacity: int, dispatch: str,
                        dense_above: float) -> List[Tensor]:
-    plan = _plans.training_plan(gate, up, down, tile, capacity, dispatch, dense_above)
+    plan, down_nk = _training_plan(up, gate, down, tile, capacity, dispatch, dense_above,
+                                   "ffn_train_backward")
     dx = x.new_empty(x.shape)
     grads = [up.new_empty(up.shape, dtype=torch.float32) for _ in range(3 if gate is not None else 2)]
     dgate = grads[0] if gate is not None else None
@@ -145,6 +162,7 @@ def ffn_train_backward(dy: Tensor, x: Tensor, gate: Optional[Tensor], up: Tensor
                   _plans.dl(grads[-1]), _plans.dl(x), _plans.dl(saved), _plans.dl(l1_coef),
                   _plans.stream_of(x.device),
                   _workspace(plan, x, gate, up, tile, capacity, saved.numel(), twell.TrainingCall.backward))
+    del down_nk
     return [dx] + grads
 
 
@@ -174,10 +192,12 @@ def _backward_train(ctx, dy, dsaved, dstats):
     weight_grads = ([None] if gate is None else []) + grads[1:]
     del grads
     # In the weights' dtype one at a time, each fp32 gradient released once cast: at most one
-    # cast copy beside the fp32 ones, not all three.
+    # cast copy beside the fp32 ones, not all three. ddown is neuron-major: cast and transposed
+    # into down_proj.weight's layout in one copy.
     for i, w in enumerate((gate, up, down)):
         g, weight_grads[i] = weight_grads[i], None
-        weight_grads[i] = None if g is None else g.to(w.dtype)
+        if g is not None:
+            weight_grads[i] = w.new_empty(w.shape).copy_(g.t()) if w is down else g.to(w.dtype)
         del g
     dgate, dup, ddown = weight_grads
     return dx, dgate, dup, ddown, None, None, None, None

@@ -139,11 +139,10 @@ class _SparseFFN(nn.Module):
         gate, up = self._weights()
         if torch.is_grad_enabled() and (x.requires_grad or any(
                 p.requires_grad for p in self.parameters())):
-            down = self.down_proj.weight.t().contiguous()
             # Compiled graphs size the saved state from shapes alone: the compact form.
             dispatch = "sparse" if torch.compiler.is_compiling() else self.dispatch
-            y, _, stats = torch.ops.twell.ffn_train(x2, gate, up, down, self.tile, self.capacity,
-                                                    dispatch, self.dense_above)
+            y, _, stats = torch.ops.twell.ffn_train(x2, gate, up, self.down_proj.weight, self.tile,
+                                                    self.capacity, dispatch, self.dense_above)
             self.l0 = stats[0].detach()
             self.l1_loss = self.l1_coef * stats[1]
             self.ran_dense = None

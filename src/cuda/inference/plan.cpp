@@ -319,15 +319,7 @@ void CudaInference::run_decode(const InferenceArgs& args, int64_t rows, const Bu
 
 DecodeProblem CudaInference::decode_problem(const InferenceArgs& args, int64_t rows, const Buffers& b) const {
   DecodeProblem p;
-  p.kind = dims_.kind;
-  p.dtype = dims_.dtype;
-  p.x = args.x.data;
-  p.up = weights_.up.data;
-  p.down = weights_.down.data;
-  p.y = args.y.data;
-  p.rows = rows;
-  p.k = dims_.k;
-  p.n = dims_.n;
+  static_cast<UpDownProblem&>(p) = up_down_problem(dims_, weights_, args.x.data, args.y.data, rows);
   p.active = &b.control->active;
   return p;
 }

@@ -141,19 +141,37 @@ bool row_kernel_routes(int64_t k);
 bool row_kernel_splits(FfnKind kind, int64_t n);
 void launch_row_ffn(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
-// routed_gemm.cu: exact dense rows for the *num_routed rows listed in routed_rows, on tensor
-// cores. Gated: G[r] <- G[r] * (x[r] Wu^T) in place, then (both kinds) y[r] = G[r] Wd.
-struct RoutedArgs {
+// What the stages past the gate take (the routed rows, the decode paths): the problem, x, the up
+// and down weights, y.
+struct UpDownProblem {
   FfnKind kind = FfnKind::gated;
   DType dtype = DType::bf16;
-  const void* x = nullptr;            // [rows, K]
-  const void* up = nullptr;           // Wu [N, K]
-  const void* down = nullptr;         // Wd [N, K]
+  const void* x = nullptr;     // [rows, K]
+  const void* up = nullptr;    // Wu [N, K]
+  const void* down = nullptr;  // Wd [N, K]
+  void* y = nullptr;           // [rows, K]
+  int64_t rows = 0, k = 0, n = 0;
+};
+inline UpDownProblem up_down_problem(const ProblemDims& d, const FfnWeights& w, const void* x, void* y,
+                                     int64_t rows) {
+  UpDownProblem p;
+  p.kind = d.kind;
+  p.dtype = d.dtype;
+  p.x = x;
+  p.up = w.up.data;
+  p.down = w.down.data;
+  p.y = y;
+  p.rows = rows;
+  p.k = d.k;
+  p.n = d.n;
+  return p;
+}
+
+// routed_gemm.cu: exact dense rows for the *num_routed rows listed in routed_rows, on tensor
+// cores. Gated: G[r] <- G[r] * (x[r] Wu^T) in place, then (both kinds) y[r] = G[r] Wd. rows: M,
+// the worst case for the persistent grids.
+struct RoutedArgs : UpDownProblem {
   void* hidden = nullptr;             // G [rows, N]; routed rows become h (gated)
-  void* y = nullptr;                  // [rows, K]
-  int64_t rows = 0;                   // M: the worst case for the persistent grids
-  int64_t k = 0;                      // K
-  int64_t n = 0;                      // N
   const int32_t* routed_rows = nullptr;
   const int32_t* num_routed = nullptr;
   int64_t first = 0;                  // rows routed_rows[first .. *num_routed) (the ones before: cuBLAS)
@@ -191,16 +209,8 @@ void launch_routed_blas(LtGemm& lt, const RoutedArgs& a, int64_t cap, void* regi
 inline RoutedArgs routed_args(const ProblemDims& d, const FfnWeights& w, const void* x, void* y,
                               void* hidden, int64_t rows, const int32_t* list, const int32_t* count) {
   RoutedArgs r;
-  r.kind = d.kind;
-  r.dtype = d.dtype;
-  r.x = x;
-  r.up = w.up.data;
-  r.down = w.down.data;
+  static_cast<UpDownProblem&>(r) = up_down_problem(d, w, x, y, rows);
   r.hidden = hidden;
-  r.y = y;
-  r.rows = rows;
-  r.k = d.k;
-  r.n = d.n;
   r.routed_rows = list;
   r.num_routed = count;
   return r;
@@ -228,14 +238,7 @@ int64_t launch_dense_hidden(const DenseHiddenArgs& a, const DeviceInfo& dev, cud
 void launch_write_counters(const RunCounters* c, int64_t* counters, cudaStream_t s);
 
 // What both decode paths take: the problem and the run's active total.
-struct DecodeProblem {
-  FfnKind kind = FfnKind::gated;
-  DType dtype = DType::bf16;
-  const void* x = nullptr;     // [rows, K]
-  const void* up = nullptr;    // Wu [N, K]
-  const void* down = nullptr;  // Wd [N, K]
-  void* y = nullptr;           // [rows, K]
-  int64_t rows = 0, k = 0, n = 0;
+struct DecodeProblem : UpDownProblem {
   unsigned long long* active = nullptr;  // the active entries (RunCounters::active): added to
                                          // (two-kernel path) or written (fused kernel)
 };

@@ -182,16 +182,21 @@ struct RecomputeArgs {
 };
 void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cudaStream_t s);
 
-// Input gradient: dx[order[s]] = grad[s, :depth] [W1; Wu] for s < R, where rows k < split of the
-// stacked weight come from W1 and the others from Wu (gated: depth = 2N, split = N; plain: one
-// weight, split = depth). grad [R, depth] (ld depth), weights [N, K], dx [rows, K].
+// A [depth, K] weight stacked from two: rows k < split from `first`, the others from `second`.
+struct StackedWeight {
+  const void* first = nullptr;
+  const void* second = nullptr;
+  int64_t split = 0;
+};
+
+// Input gradient: dx[order[s]] = grad[s, :depth] [W1; Wu] for s < R (gated: the stacked weight
+// with depth = 2N, split = N; plain: W1 alone, split = depth). grad [R, depth] (ld depth),
+// weights [N, K], dx [rows, K].
 struct InputGradArgs {
   RoutedGemm gemm;
   const void* grad = nullptr;
   int64_t depth = 0;
-  const void* first = nullptr;
-  const void* second = nullptr;
-  int64_t split = 0;
+  StackedWeight weight;
   void* dx = nullptr;
 };
 void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cudaStream_t s);

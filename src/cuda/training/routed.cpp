@@ -88,7 +88,7 @@ void CudaTraining::routed_chunk(const void* x, const void* dy, const Grads& g, c
   }
   if (all || part == ChunkPart::input_grad) {
     // dx rows = [dg | du] [W1; Wu]  (plain: dg W1)
-    launch_routed_input_grad({gemm, b.q, q_cols, first_weight(), gated ? weights_.up.data : nullptr, n, g.dx},
+    launch_routed_input_grad({gemm, b.q, q_cols, {first_weight(), gated ? weights_.up.data : nullptr, n}, g.dx},
                              device_, s);
   }
   if (all || part == ChunkPart::weight_grads) {

@@ -150,6 +150,13 @@ struct Copier {
   int b_at[kBVecs];
   int b_k[kBVecs];
 
+  // Vector i of a shared tile of kLen-element rows: its row and its first element in the row.
+  template <int kLen>
+  struct Place {
+    int r, e;
+    __device__ explicit Place(int i) : r(i / (kLen / kVecElems)), e(i % (kLen / kVecElems) * kVecElems) {}
+  };
+
   // After the barrier that published sm.a_row.
   __device__ Copier(const S& sm, const Params& p, const Extent& x, int64_t m0, int64_t c0) {
     const auto* a = static_cast<const T*>(p.a.data);
@@ -158,35 +165,31 @@ struct Copier {
     for (int v = 0; v < kAVecs; ++v) {
       const int i = int(threadIdx.x) + v * kThreads;
       if constexpr (kA == ALayout::row_major) {  // [kBlockM][kBlockK]: a row per tile row
-        constexpr int kVecs = Cfg::kBlockK / kVecElems;
-        const int r = i / kVecs, k = (i % kVecs) * kVecElems;
-        const int32_t row = sm.a_row[r];
-        a_src[v] = row >= 0 ? a + int64_t(row) * p.a.ld + k : nullptr;
-        a_at[v] = r * S::kARow + k;
-        a_k[v] = k;
+        const Place<Cfg::kBlockK> t(i);
+        const int32_t row = sm.a_row[t.r];
+        a_src[v] = row >= 0 ? a + int64_t(row) * p.a.ld + t.e : nullptr;
+        a_k[v] = t.e;
+        a_at[v] = t.r * S::kARow + t.e;
       } else {  // [kBlockK][kBlockM]: a reduction index per smem row
-        constexpr int kVecs = Cfg::kBlockM / kVecElems;
-        const int r = i / kVecs, mm = (i % kVecs) * kVecElems;
-        a_src[v] = m0 + mm < x.rows ? a + int64_t(r) * p.a.ld + m0 + mm : nullptr;
-        a_at[v] = r * S::kARow + mm;
-        a_k[v] = r;
+        const Place<Cfg::kBlockM> t(i);
+        a_src[v] = m0 + t.e < x.rows ? a + int64_t(t.r) * p.a.ld + m0 + t.e : nullptr;
+        a_k[v] = t.r;
+        a_at[v] = t.r * S::kARow + t.e;
       }
     }
 #pragma unroll
     for (int v = 0; v < kBVecs; ++v) {
       const int i = int(threadIdx.x) + v * kThreads;
       if constexpr (kB == BLayout::n_by_k) {  // [kBlockN][kBlockK]: a weight row per column
-        constexpr int kVecs = Cfg::kBlockK / kVecElems;
-        const int r = i / kVecs, k = (i % kVecs) * kVecElems;
-        b_src[v] = c0 + r < p.cols ? b + (c0 + r) * p.b.ld + k : nullptr;
-        b_at[v] = r * S::kBRow + k;
-        b_k[v] = k;
+        const Place<Cfg::kBlockK> t(i);
+        b_src[v] = c0 + t.r < p.cols ? b + (c0 + t.r) * p.b.ld + t.e : nullptr;
+        b_k[v] = t.e;
+        b_at[v] = t.r * S::kBRow + t.e;
       } else {  // [kBlockK][kBlockN]: a reduction index per smem row
-        constexpr int kVecs = Cfg::kBlockN / kVecElems;
-        const int r = i / kVecs, cc = (i % kVecs) * kVecElems;
-        b_src[v] = c0 + cc < p.cols ? b + c0 + cc : nullptr;
-        b_at[v] = r * S::kBRow + cc;
-        b_k[v] = r;
+        const Place<Cfg::kBlockN> t(i);
+        b_src[v] = c0 + t.e < p.cols ? b + c0 + t.e : nullptr;
+        b_k[v] = t.r;
+        b_at[v] = t.r * S::kBRow + t.e;
       }
     }
   }
@@ -547,14 +550,13 @@ void launch_routed_recompute(const RecomputeArgs& a, const DeviceInfo& dev, cuda
                                                                     "routed recompute GEMM");
 }
 
-// The stacked weight: rows k < split from `first`, the others from `second`.
 void launch_routed_input_grad(const InputGradArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const RoutedGemm& g = a.gemm;
   Params p = routed_params(g.range, Routed::rows, g.split_k);
   set_problem(p, {at_first_row(static_cast<const char*>(a.grad), g.range, a.depth, g.dtype), a.depth},
-              {a.first, g.k}, {a.dx, g.k, g.range.order + g.range.first}, g.k, a.depth);
-  p.b_second = a.second;
-  p.b_split = a.split;
+              {a.weight.first, g.k}, {a.dx, g.k, g.range.order + g.range.first}, g.k, a.depth);
+  p.b_second = a.weight.second;
+  p.b_split = a.weight.split;
   launch_gemm<ALayout::row_major, BLayout::k_by_n, Epilogue::store>(p, g.dtype, dev, s,
                                                                     "routed input-gradient GEMM");
 }

@@ -181,11 +181,10 @@ __device__ void backward_warp_row(const WarpArgs& a, int64_t row, int lane, int 
 
 // The pass: its rows for rows::warp_row_kernel / long_row_kernel (extra: unused) on the device,
 // its launches for rows::run_pass on the host.
-struct BackwardPass {
-  using Args = WarpArgs;
+struct BackwardPass : rows::TrainWarpPass<BackwardPass, WarpArgs> {
   template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase>
-  static __device__ void row(const Args& a, int64_t row, int lane, int first_group, int group_step,
-                             float (&acc)[kChunks][kVecElems], float& /*extra*/) {
+  static __device__ void part(const Args& a, int64_t row, int lane, int first_group, int group_step,
+                              float (&acc)[kChunks][kVecElems], float& /*extra*/) {
     backward_warp_row<T, kKind, kChunks, kPhase>(a, row, lane, first_group, group_step, acc);
   }
   static __device__ void* out(const Args& a) { return a.dx; }
@@ -215,7 +214,7 @@ struct BackwardPass {
 }  // namespace
 
 void launch_backward_rows(const BackwardRowsArgs& a, const DeviceInfo& dev, cudaStream_t s) {
-  rows::run_pass(BackwardPass{a}, a.saved, a.kind, a.k, a.control, dev, s, "TrainingPlan::backward");
+  rows::run_pass(BackwardPass{{}, a}, a.saved, a.kind, a.k, a.control, dev, s, "TrainingPlan::backward");
 }
 
 }  // namespace twell::gpu

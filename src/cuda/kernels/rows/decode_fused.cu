@@ -224,14 +224,13 @@ __device__ __forceinline__ void gate(const FusedDecodeArgs& a, const FusedDecode
 }
 
 // up (gated): h[m, n] = g * <x[m], Wu[n]> for the CTA's listed pairs (token m, row n), dealt to
-// warps by rank; x from shared memory (still staged).
-template <typename T, int kTiles>
+// warps by rank; x from shared memory (still staged; row stride ld).
+template <typename T>
 __device__ __forceinline__ void up_dots(const FusedDecodeArgs& a, const FusedDecodeShape& sh, const T* xs,
-                                        const uint32_t* bits) {
+                                        int64_t ld, const uint32_t* bits) {
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const T* up = static_cast<const T*>(a.up);
   const int64_t r0 = int64_t(blockIdx.x) * sh.cta_rows;
-  const int64_t ld = Smem<kTiles>::xs_ld((a.k + Cfg::kPartCols - 1) / Cfg::kPartCols);
   int rank = 0;
   for (int64_t m = 0; m < a.rows; ++m)
     for (int word = 0; word < sh.words; ++word)
@@ -351,7 +350,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fused_decode_kernel(FusedDec
   using S = Smem<kTiles>;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ scan::ScanShared scan_shared;
-  const size_t front = S::front((a.k + Cfg::kPartCols - 1) / Cfg::kPartCols);
+  const int64_t parts = (a.k + Cfg::kPartCols - 1) / Cfg::kPartCols;
+  const size_t front = S::front(parts);
   auto* red = reinterpret_cast<float*>(smem + front);
   auto* bits = reinterpret_cast<uint32_t*>(smem + front + S::red);
   chain_entry();
@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fused_decode_kernel(FusedDec
     const int m = i / sh.words, word = i % sh.words;
     a.bitmap[(int64_t(m) * gridDim.x + blockIdx.x) * sh.words + word] = bits[m * kMaxWords + word];
   }
-  if constexpr (kKind == FfnKind::gated) up_dots<T, kTiles>(a, sh, reinterpret_cast<const T*>(smem), bits);
+  if constexpr (kKind == FfnKind::gated) up_dots<T>(a, sh, reinterpret_cast<const T*>(smem), S::xs_ld(parts), bits);
   cooperative_groups::this_grid().sync();
 
   const int64_t slices = (a.k + sh.slice_cols - 1) / sh.slice_cols;

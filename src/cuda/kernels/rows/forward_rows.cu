@@ -144,11 +144,10 @@ __device__ void forward_warp_row(const WarpArgs& a, int64_t row, int lane, int f
 
 // The pass: its rows for rows::warp_row_kernel / long_row_kernel (extra: the row's L1) on the device,
 // its launches for rows::run_pass on the host.
-struct ForwardPass {
-  using Args = WarpArgs;
+struct ForwardPass : rows::TrainWarpPass<ForwardPass, WarpArgs> {
   template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase>
-  static __device__ void row(const Args& a, int64_t row, int lane, int first_group, int group_step,
-                             float (&acc)[kChunks][kVecElems], float& extra) {
+  static __device__ void part(const Args& a, int64_t row, int lane, int first_group, int group_step,
+                              float (&acc)[kChunks][kVecElems], float& extra) {
     forward_warp_row<T, kKind, kChunks, kPhase>(a, row, lane, first_group, group_step, acc, extra);
   }
   static __device__ void* out(const Args& a) { return a.y; }
@@ -180,7 +179,7 @@ struct ForwardPass {
 
 void launch_forward_rows(const ForwardRowsArgs& a, const DeviceInfo& dev, cudaStream_t s) {
   const CompactArgs& c = a.compact;
-  rows::run_pass(ForwardPass{a}, c.twell, c.kind, c.hidden, a.control, dev, s, "TrainingPlan::forward");
+  rows::run_pass(ForwardPass{{}, a}, c.twell, c.kind, c.hidden, a.control, dev, s, "TrainingPlan::forward");
 }
 
 }  // namespace twell::gpu

@@ -1,8 +1,8 @@
 // Up + down over compact rows (K a multiple of 256):
-//   row kernel: CTA = RowConfig::kWarps warps of a persistent grid; a warp takes compact rows from
-//     a queue, one at a time: its x row and fp32 accumulators in registers; 32 TwELL entries
-//     decoded at once (one per lane), consumed two at a time (dot with Wu rows, warp butterfly,
-//     axpy of Wd rows). Rows over kLongRow entries are listed for the long-row kernels. Gated
+//   row kernel (rows::warp_row_kernel with RowPass): CTA = RowConfig::kWarps warps of a persistent
+//     grid; a warp takes compact rows from a queue, one at a time: its x row and fp32
+//     accumulators in registers; 32 TwELL entries decoded at once (one per lane), consumed two at
+//     a time (dot with Wu rows, warp butterfly, axpy of Wd rows). Rows over kLongRow entries are listed for the long-row kernels. Gated
 //     (N >= 2 kLongRow): run as two kernels, a dots phase (h = g * dot in fp32, kept in the row's
 //     dead G row) and an axpys phase (Wd), so each streams one weight matrix (warp_rows::Phase).
 //   column ranges: K over RowConfig::kMaxHidden (the columns a lane's registers hold) runs each
@@ -28,6 +28,7 @@
 #include "cuda/kernels/common/launch.cuh"
 #include "cuda/kernels/common/warp.cuh"
 #include "cuda/kernels/inference.hpp"
+#include "cuda/kernels/rows/warp_row_kernel.cuh"
 #include "cuda/kernels/rows/warp_rows.cuh"
 #include "cuda/policy/config.hpp"
 #include "cuda/runtime/cuda_check.hpp"
@@ -220,43 +221,58 @@ __device__ void consume_list(RowState<T, kKind, kChunks>& st, const int2* list, 
   }
 }
 
-// Split phases keep a row's h values in its own G row (dead for compact rows: the pack has read
-// it, the fused gate never writes it): kLongRow floats need N >= 2 kLongRow.
-template <typename T, FfnKind kKind, int kChunks, Phase kPhase>
-__global__ void __launch_bounds__(RowConfig::kWarps * kWarpSize) row_ffn_kernel(KernelArgs a) {
-  if (a.ready != nullptr)
-    chain_without_wait();  // runs beside the gate: waits per row block instead
-  else
-    chain_entry();
-  const int lane = threadIdx.x % kWarpSize;
-  const TwellView& tw = a.tw;
-  const auto* up = static_cast<const T*>(a.up) + a.col0;  // row n of the range: + n * k
-  const auto* down = static_cast<const T*>(a.down) + a.col0;
-  int64_t ready_block = -1;
-  // Rows from the range's queue (warp_rows::is_short_row). Overlapped, each row's gate block is
-  // waited for before the row is read. A routed row is the long-row kernel's or the backup's; the
-  // overflow routing runs after this kernel, so its rows are still marked kOverflowRow and skipped
-  // alike. The first range lists the long rows (list_long holds copies of a's fields: a lambda
-  // holding a reference to the kernel argument changes the row loop's generated code).
-  auto list_long = [long_rows = a.long_rows, num_long = &a.control->num_long,
-                    list = kPhase != Phase::axpys && a.first, lane](int64_t row) {
-    if (list && lane == 0) long_rows[atomicAdd(num_long, 1)] = int32_t(row);
-  };
-  for (;;) {
-    const int64_t row = warp_rows::next_row(a.head, lane);
-    if (row >= tw.shape.rows) return;
-    if (a.ready != nullptr) warp_rows::wait_for_block(a.ready, a.ready_target, row, ready_block, lane);
-    if (!warp_rows::is_short_row(tw, row, RowConfig::kLongRow, lane, list_long)) continue;
+// The row kernel: inference's pass of rows::warp_row_kernel, over one column range of K. Split
+// phases keep a row's h values in its own G row (dead for compact rows: the pack has read it, the
+// fused gate never writes it): kLongRow floats need N >= 2 kLongRow. Overlapped (a.ready), the
+// first range runs beside the gate and waits for each row's block before reading the row. A routed
+// row is the long-row kernel's or the backup's; the overflow routing runs after this kernel, so
+// its rows are still marked kOverflowRow and skipped alike. The first range lists the long rows.
+struct RowPass {
+  using Args = KernelArgs;
+  static constexpr int kWarps = RowConfig::kWarps;
+  static constexpr int kMinCtasPerSm = 0;  // the fused phase of K = 2048 takes up to 246 registers
+  static constexpr int kLongRow = RowConfig::kLongRow;
+
+  static __device__ void enter(const Args& a) {
+    if (a.ready != nullptr)
+      chain_without_wait();  // runs beside the gate: waits per row block instead
+    else
+      chain_entry();
+  }
+
+  template <Phase kPhase>
+  static __device__ warp_rows::RowQueue queue(const Args& a) {
+    return {a.head, kPhase != Phase::axpys && a.first ? a.long_rows : nullptr, &a.control->num_long};
+  }
+
+  static __device__ void wait(const Args& a, int64_t row, int64_t& known, int lane) {
+    if (a.ready != nullptr) warp_rows::wait_for_block(a.ready, a.ready_target, row, known, lane);
+  }
+
+  template <typename T, FfnKind kKind, int kChunks, Phase kPhase>
+  static __device__ void row(const Args& a, int64_t row, int lane, float (&acc)[kChunks][kVecElems], float&) {
     RowState<T, kKind, kChunks, kPhase> st;
     if constexpr (kPhase != Phase::fused)
-      st.h = reinterpret_cast<float*>(const_cast<T*>(static_cast<const T*>(a.hidden)) + row * tw.shape.cols);
+      st.h = reinterpret_cast<float*>(const_cast<T*>(static_cast<const T*>(a.hidden)) + row * a.tw.shape.cols);
     st.first = a.first;
     st.last = a.last;
     st.load(static_cast<const T*>(a.x) + row * a.k + a.col0, lane);
-    compact_row(st, tw, up, down, a.k, row, lane);
-    if constexpr (kPhase != Phase::dots) st.store(static_cast<T*>(a.y) + row * a.k + a.col0, lane);
+    compact_row(st, a.tw, static_cast<const T*>(a.up) + a.col0, static_cast<const T*>(a.down) + a.col0, a.k, row,
+                lane);
+    if constexpr (kPhase != Phase::dots) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+        for (int e = 0; e < kVecElems; ++e) acc[c][e] = st.acc[c][e];
+    }
   }
-}
+
+  template <typename T, int kChunks>
+  static __device__ void store(const Args& a, int64_t row, int lane, const float (&acc)[kChunks][kVecElems],
+                               float) {
+    warp_rows::store_row<T, kChunks>(static_cast<T*>(a.y) + row * a.k + a.col0, lane, acc);
+  }
+};
 
 // K in several column ranges: a CTA per long compact row (from the row kernel's list, through a
 // queue), its warps taking every kWarps-th neuron pair of the row in one range. Dots: each warp
@@ -393,7 +409,8 @@ void launch_passes(KernelArgs k, int64_t ctas, int32_t* queues, cudaStream_t s) 
       if constexpr (kLong)
         launch(long_pass_kernel<T, kKind, kChunks, kPhase>, dim3(unsigned(ctas)), dim3(kThreads), 0, s, k);
       else
-        launch(row_ffn_kernel<T, kKind, kChunks, kPhase>, dim3(unsigned(ctas)), dim3(kThreads), 0, s, k);
+        launch(rows::warp_row_kernel<RowPass, T, kKind, kChunks, kPhase>, dim3(unsigned(ctas)), dim3(kThreads), 0, s,
+               k);
     });
   }
 }

@@ -1,7 +1,8 @@
 // What training's compact-row passes (forward_rows.cu, backward_rows.cu) share:
 // - run_pass: a pass on the warp kernels where K allows, else on a CTA per row (the CTA-per-row
 //   family of cta_rows.cuh, shared with inference's compact_ffn.cu);
-// - the warp-per-row kernel family (warp_row_kernel, long_row_kernel), templated on the pass.
+// - TrainWarpPass, what both passes share as passes of warp_row_kernel.cuh's kernel, and
+//   long_row_kernel, a CTA per long row, templated on the pass.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include "cuda/kernels/common/train_device.cuh"
 #include "cuda/kernels/common/warp.cuh"
 #include "cuda/kernels/rows/cta_rows.cuh"
+#include "cuda/kernels/rows/warp_row_kernel.cuh"
 #include "cuda/kernels/rows/warp_rows.cuh"
 #include "cuda/kernels/training.hpp"
 #include "cuda/policy/train_config.hpp"
@@ -53,32 +55,47 @@ inline PassGrid pass_grid(int64_t rows, int64_t k, const DeviceInfo& dev) {
   return g;
 }
 
-// The warp-per-row kernels of a training pass: one family for forward_rows.cu and backward_rows.cu.
-// Pass provides
-//   Pass::Args, holding tw, control and long_rows (the queue protocol, warp_rows.cuh);
-//   Pass::row<T, kKind, kChunks, kPhase>(args, row, lane, first_group, group_step, acc, extra): one
+// What training's passes share as passes of warp_row_kernel (CRTP). Derived provides
+//   part<T, kKind, kChunks, kPhase>(args, row, lane, first_group, group_step, acc, extra): one
 //     warp's part of a compact row (entry groups first_group, first_group + group_step, ...) into
 //     the lane's columns acc and a per-row sum `extra` (forward: the row's L1; backward: unused);
-//   Pass::out(args), the [rows, K] output, and Pass::row_extra(args), where `extra` goes (or nullptr).
+//   out(args), the [rows, K] output, and row_extra(args), where `extra` goes (or nullptr).
+// ArgsT holds tw, control and long_rows: the queues are control[0] (dots or fused) and control[2]
+// (axpys); the first phase lists the long rows at long_rows[control[1]++].
+template <typename Derived, typename ArgsT>
+struct TrainWarpPass {
+  using Args = ArgsT;
+  static constexpr int kWarps = TrainRowConfig::kWarpRowWarps;
+  static constexpr int kMinCtasPerSm = TrainRowConfig::kWarpRowCtasPerSm;
+  static constexpr int kLongRow = TrainRowConfig::kLongRow;
 
-// Short compact rows, a warp each from the phase's queue; long ones are listed for long_row_kernel.
-template <typename Pass, typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase>
-__global__ void __launch_bounds__(TrainRowConfig::kWarpRowWarps * kWarpSize, TrainRowConfig::kWarpRowCtasPerSm)
-    warp_row_kernel(typename Pass::Args a) {
-  chain_entry();
-  constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
-  const int lane = threadIdx.x % kWarpSize;
-  auto short_row = [&](int64_t row) {
-    float acc[kChunks][kVecElems];
-    float extra = 0.0f;
-    Pass::template row<T, kKind, kChunks, kPhase>(a, row, lane, 0, 1, acc, extra);
-    if constexpr (kPhase == warp_rows::Phase::dots) return;
-    warp_rows::store_row<T, kChunks>(static_cast<T*>(Pass::out(a)) + row * k, lane, acc);
-    float* row_extra = Pass::row_extra(a);
+  static __device__ void enter(const Args&) { chain_entry(); }
+
+  template <warp_rows::Phase kPhase>
+  static __device__ warp_rows::RowQueue queue(const Args& a) {
+    if constexpr (kPhase == warp_rows::Phase::axpys)
+      return {&a.control[2], nullptr, nullptr};
+    else
+      return {&a.control[0], a.long_rows, &a.control[1]};
+  }
+
+  static __device__ void wait(const Args&, int64_t, int64_t&, int) {}
+
+  template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase>
+  static __device__ void row(const Args& a, int64_t row, int lane, float (&acc)[kChunks][kVecElems],
+                             float& extra) {
+    Derived::template part<T, kKind, kChunks, kPhase>(a, row, lane, 0, 1, acc, extra);
+  }
+
+  template <typename T, int kChunks>
+  static __device__ void store(const Args& a, int64_t row, int lane, const float (&acc)[kChunks][kVecElems],
+                               float extra) {
+    constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
+    warp_rows::store_row<T, kChunks>(static_cast<T*>(Derived::out(a)) + row * k, lane, acc);
+    float* row_extra = Derived::row_extra(a);
     if (row_extra != nullptr && lane == 0) row_extra[row] = extra;
-  };
-  warp_rows::for_each_short_row<kPhase>(a.tw, a.control, a.long_rows, TrainRowConfig::kLongRow, lane, short_row);
-}
+  }
+};
 
 // Long compact rows, a CTA each (grid-stride over the list): warp w takes entry groups w,
 // w + warps, ...; the warps' partial sums of the output row and of `extra` meet in shared memory,
@@ -95,7 +112,7 @@ __global__ void __launch_bounds__(TrainRowConfig::kLongRowWarps * kWarpSize)
   warp_rows::for_each_long_row(a.control, a.long_rows, [&](int64_t row) {
     float acc[kChunks][kVecElems];
     float extra = 0.0f;
-    Pass::template row<T, kKind, kChunks, warp_rows::Phase::fused>(a, row, lane, warp, kWarps, acc, extra);
+    Pass::template part<T, kKind, kChunks, warp_rows::Phase::fused>(a, row, lane, warp, kWarps, acc, extra);
     if (lane == 0) partial_extra[warp] = extra;
     warp_rows::sum_warps<T>(partial, warp, lane, acc, static_cast<T*>(Pass::out(a)) + row * kCols);
     float* row_extra = Pass::row_extra(a);

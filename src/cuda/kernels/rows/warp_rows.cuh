@@ -252,38 +252,25 @@ __device__ __forceinline__ int64_t next_row(int32_t* head, int lane) {
   return __shfl_sync(kFullMask, row, 0);
 }
 
-// The queue protocol of the warp-per-row passes (training's for_each_short_row, inference's
-// row_ffn_kernel), for a row a warp has taken from its queue: whether the row is the warp's, a
-// compact row (row_slot -1: not routed, nor marked for routing; the dense backup computes those)
-// of at most long_row entries. A longer one is a long-row kernel's: list_long(row) lists it.
-template <typename ListFn>
+// A warp-per-row kernel's queue (warp_row_kernel.cuh): its head, and where the rows too long for a
+// warp are listed (long_rows[(*num_long)++]; long_rows nullptr: this kernel lists none).
+struct RowQueue {
+  int32_t* head;
+  int32_t* long_rows;
+  int32_t* num_long;
+};
+
+// The queue protocol of the warp-per-row kernels, for a row a warp has taken from its queue:
+// whether the row is the warp's, a compact row (row_slot -1: not routed, nor marked for routing;
+// the dense backup computes those) of at most long_row entries. A longer one is listed (RowQueue).
 __device__ __forceinline__ bool is_short_row(const TwellView& tw, int64_t row, int long_row, int lane,
-                                             ListFn&& list_long) {
+                                             const RowQueue& q) {
   if (tw.row_slot[row] != -1) return false;
   if (row_entries(tw, row, lane) > long_row) {
-    list_long(row);
+    if (q.long_rows != nullptr && lane == 0) q.long_rows[atomicAdd(q.num_long, 1)] = int32_t(row);
     return false;
   }
   return true;
-}
-
-// Training's warp-per-row passes (train_rows.cuh's warp_row_kernel): the warp takes rows from its
-// phase's queue head (control[0]; the axpys phase's control[2]) until it runs past the rows and
-// calls row_fn(row) for each of its rows (is_short_row); the first phase (not axpys) lists the
-// long rows at long_rows[control[1]++] for the long-row kernel.
-template <Phase kPhase, typename RowFn>
-__device__ __forceinline__ void for_each_short_row(const TwellView& tw, int32_t* control, int32_t* long_rows,
-                                                   int long_row, int lane, RowFn&& row_fn) {
-  constexpr int kQueue = kPhase == Phase::axpys ? 2 : 0;
-  constexpr bool kListLong = kPhase != Phase::axpys;
-  auto list_long = [&](int64_t row) {
-    if (kListLong && lane == 0) long_rows[atomicAdd(&control[1], 1)] = int32_t(row);
-  };
-  for (;;) {
-    const int64_t row = next_row(&control[kQueue], lane);
-    if (row >= tw.shape.rows) return;
-    if (is_short_row(tw, row, long_row, lane, list_long)) row_fn(row);
-  }
 }
 
 // The long-row kernel's side of that protocol: row_fn(row) for each row listed at
