@@ -116,6 +116,8 @@ def parse_args(argv):
     p.add_argument("--l1", type=float, default=None,
                    help="L1 coefficient of twell's layers (default 2e-5, or the checkpoint's)")
     p.add_argument("--dispatch", choices=["auto", "sparse", "dense"], default="auto")
+    p.add_argument("--capacity", type=int, default=0,
+                   help="TwELL slots per (row, tile) of twell's layers (default 0: the backend's, tile / 8)")
     p.add_argument("--warmup", type=int, default=6)
     p.add_argument("--reps", type=int, default=10)
     # Both models round in bf16 at different places (twell keeps h and dh in fp32), and over tens
@@ -193,8 +195,8 @@ class Swap:
     """Puts the twell modules, the model's own MLPs or those rounded differently ("split",
     SplitMLP) in place."""
 
-    def __init__(self, model, l1, dispatch):
-        tt.patch_model(model, l1_coef=l1, dispatch=dispatch)
+    def __init__(self, model, l1, dispatch, capacity=0):
+        tt.patch_model(model, l1_coef=l1, dispatch=dispatch, capacity=capacity)
         tt.freeze(model)
         self.model = model
         self.sparse = tt.sparse_modules(model)
@@ -449,7 +451,7 @@ def set_density(args, model, swap, density, calib_ids):
         calibrate(model, calib_ids, density)
     if swap is None:
         try:
-            return Swap(model, args.l1, args.dispatch)
+            return Swap(model, args.l1, args.dispatch, args.capacity)
         except ValueError as e:
             sys.exit(f"model bench: {e}")
     swap.use("twell")
@@ -487,7 +489,7 @@ def make_row(args, env, mode, batch, density, result):
         "density": statistics.mean(l0) / args.intermediate,
         "density_min": min(l0) / args.intermediate,
         "density_max": max(l0) / args.intermediate,
-        "l1_coef": args.l1, "dispatch": args.dispatch,
+        "l1_coef": args.l1, "dispatch": args.dispatch, "capacity": args.capacity or None,
         "warmup": max(1, args.warmup) if mode == "generate" else args.warmup, "reps": args.reps,
         "dense_ms": d, "twell_ms": t, "speedup": d["median"] / t["median"],
         "dense_tokens_per_s": tokens / d["median"] * 1e3,

@@ -52,6 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--capacity", type=int, default=0,
+                   help="TwELL slots per (row, tile) (default 0: the backend's, tile / 8)")
     p.add_argument("--out", default="build/results", help="folder of op_train.json")
     a = p.parse_args(argv)
     try:
@@ -94,7 +96,7 @@ def rates(gen, n, density, pattern, device):
 def problem(a, m, density, pattern, device, dtype):
     """(sparse module, dense module, x, dy): the pattern made by x's column 0 and the gate's."""
     gen = torch.Generator(device=device).manual_seed(a.seed)
-    mlp = tt.SparseGatedMLP(a.k, a.n, device=device, dtype=dtype)
+    mlp = tt.SparseGatedMLP(a.k, a.n, capacity=a.capacity, device=device, dtype=dtype)
     with torch.no_grad():
         for w, scale in ((mlp.gate_proj.weight, a.k), (mlp.up_proj.weight, a.k),
                          (mlp.down_proj.weight, a.n)):
@@ -188,6 +190,7 @@ def run_case(a, m, density, pattern, device, dtype):
         "suite": "op_train", "device": torch.cuda.get_device_name(device),
         "dtype": str(dtype).replace("torch.", ""),
         "M": m, "K": a.k, "N": a.n, "pattern": pattern, "density": measured, "reps": a.reps,
+        "capacity": a.capacity or None,
         "dense_ms": t["dense"], "twell_ms": t["twell"],
         "speedup": t["dense"]["median"] / t["twell"]["median"],
         "dense_peak_mb": peaks["dense"][0] / MB, "twell_peak_mb": peaks["twell"][0] / MB,

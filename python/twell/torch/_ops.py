@@ -97,14 +97,20 @@ def _workspace(plan, x, gate, up, tile, capacity, saved_nbytes, call):
     return _plans.dl(x.new_empty(nbytes, dtype=torch.uint8)) if nbytes else None
 
 
-def _training_plan(up, gate, down, tile, capacity, dispatch, dense_above, op):
-    """The training plan, pointed at a neuron-major copy of `down` ([K, N], down_proj.weight);
-    returns (plan, the copy), which must live as long as the plan's call."""
+def _check_down(up, down, op):
+    """The training ops' down: down_proj.weight, [K, N] (the fake implementations check it too,
+    so a compiled graph fails as it is traced)."""
     if down.dim() != 2 or up.dim() != 2 or tuple(down.shape) != (up.shape[1], up.shape[0]):
         expected = f"down_proj.weight, [K, N] = {list(up.shape[::-1])} for up {list(up.shape)}"
         e = twell.TwellError(f"twell::{op}: down: expected {expected}, got {list(down.shape)}")
         e.op, e.argument, e.expected, e.actual = f"twell::{op}", "down", expected, str(list(down.shape))
         raise e
+
+
+def _training_plan(up, gate, down, tile, capacity, dispatch, dense_above, op):
+    """The training plan, pointed at a neuron-major copy of `down` ([K, N], down_proj.weight);
+    returns (plan, the copy), which must live as long as the plan's call."""
+    _check_down(up, down, op)
     down_nk = down.t().contiguous()
     return _plans.training_plan(gate, up, down_nk, tile, capacity, dispatch, dense_above), down_nk
 
@@ -140,6 +146,7 @@ def _forms(x, dispatch):
 @ffn_train.register_fake
 def _(x, gate, up, down, tile, capacity, dispatch, dense_above):
     _plans.dispatch_value(dispatch)  # the real op's error for an unknown name
+    _check_down(up, down, "ffn_train")
     forms = _forms(x, dispatch)
     if len(forms) > 1:
         nbytes = torch.library.get_ctx().new_dynamic_size()  # decided by the timing dispatch
@@ -168,6 +175,7 @@ def ffn_train_backward(dy: Tensor, x: Tensor, gate: Optional[Tensor], up: Tensor
 
 @ffn_train_backward.register_fake
 def _(dy, x, gate, up, down, saved, l1_coef, tile, capacity, dispatch, dense_above):
+    _check_down(up, down, "ffn_train_backward")
     count = 3 if gate is not None else 2
     return [x.new_empty(x.shape)] + [up.new_empty(up.shape, dtype=torch.float32)
                                      for _ in range(count)]
@@ -197,7 +205,7 @@ def _backward_train(ctx, dy, dsaved, dstats):
     for i, w in enumerate((gate, up, down)):
         g, weight_grads[i] = weight_grads[i], None
         if g is not None:
-            weight_grads[i] = w.new_empty(w.shape).copy_(g.t()) if w is down else g.to(w.dtype)
+            weight_grads[i] = w.new_empty(w.shape).copy_(g.t()) if i == 2 else g.to(w.dtype)
         del g
     dgate, dup, ddown = weight_grads
     return dx, dgate, dup, ddown, None, None, None, None

@@ -5,8 +5,10 @@ strides, dtype and device, so a plan only ever runs on the memory it was made fo
 soon as one of those weight tensors is garbage collected (or when more than MAX_PLANS are held).
 Stable weights (module parameters, a frozen neuron-major down copy) thus reuse one plan, which on
 CUDA also keeps its density calibration. Training plans are the exception for the down weight: the
-training op gets a neuron-major copy made anew each step, so they are keyed on its shape and dtype
-and pointed at each call's copy (set_weights, host-only), which a CUDA-graph capture needs.
+training ops make a neuron-major copy of down_proj.weight inside each call (forward and backward),
+so they are keyed on its shape and dtype and pointed at each call's copy (set_weights, host-only),
+which a CUDA-graph capture needs. Between calls a training plan's down pointer is stale: every call
+rebinds it first, and calls on one weight set are not meant to run from several threads at once.
 """
 import threading
 import weakref
@@ -64,7 +66,7 @@ def _drop(key):
 
 def _get(cls, gate, up, down, options, rebind_down=False):
     # rebind_down: the plan is keyed on down's shape and dtype only, and pointed at this call's
-    # down tensor (training: the neuron-major down copy is a new tensor every step).
+    # down tensor (training: the neuron-major down copy is a new tensor every call).
     down_key = (tuple(down.shape), down.dtype, down.device) if rebind_down else _signature(down)
     key = (cls.__name__, _signature(gate), _signature(up), down_key, options)
     with _lock:

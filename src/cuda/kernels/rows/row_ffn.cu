@@ -2,8 +2,8 @@
 //   row kernel (rows::warp_row_kernel with RowPass): CTA = RowConfig::kWarps warps of a persistent
 //     grid; a warp takes compact rows from a queue, one at a time: its x row and fp32
 //     accumulators in registers; 32 TwELL entries decoded at once (one per lane), consumed two at
-//     a time (dot with Wu rows, warp butterfly, axpy of Wd rows). Rows over kLongRow entries are listed for the long-row kernels. Gated
-//     (N >= 2 kLongRow): run as two kernels, a dots phase (h = g * dot in fp32, kept in the row's
+//     a time (dot with Wu rows, warp butterfly, axpy of Wd rows). Rows over kLongRow entries are
+//     listed for the long-row kernels. Gated (N >= 2 kLongRow): run as two kernels, a dots phase (h = g * dot in fp32, kept in the row's
 //     dead G row) and an axpys phase (Wd), so each streams one weight matrix (warp_rows::Phase).
 //   column ranges: K over RowConfig::kMaxHidden (the columns a lane's registers hold) runs each
 //     kernel once per range of K, each launch with its own queue. The dots passes add their
@@ -230,7 +230,7 @@ __device__ void consume_list(RowState<T, kKind, kChunks>& st, const int2* list, 
 struct RowPass {
   using Args = KernelArgs;
   static constexpr int kWarps = RowConfig::kWarps;
-  static constexpr int kMinCtasPerSm = 0;  // the fused phase of K = 2048 takes up to 246 registers
+  static constexpr int kMinCtasPerSm = 0;  // no cap: a fused pass at K = 2048 takes up to 248 registers
   static constexpr int kLongRow = RowConfig::kLongRow;
 
   static __device__ void enter(const Args& a) {

@@ -2,9 +2,10 @@
 // (row_ffn.cu) and training's forward and backward compact rows (forward_rows.cu, backward_rows.cu).
 //   grid: persistent CTAs of Pass::kWarps warps; a warp takes rows from its queue (next_row) one at
 //     a time until it runs past the rows.
-//   row: routed rows are skipped (the dense backup writes them); compact rows over Pass::kLongRow
-//     entries are listed for the pass's long-row kernel (warp_rows::is_short_row); the others are
-//     the warp's: Pass::row computes the whole row into fp32 accumulators of the lane's columns
+//   row: routed rows and rows marked for routing are skipped (the pass's long-row kernel or the
+//     dense backup writes them); compact rows over Pass::kLongRow entries are listed for the pass's
+//     long-row kernel (warp_rows::is_short_row); the others are the warp's: Pass::row computes the
+//     row (inference: its columns of one range of K) into fp32 accumulators of the lane's columns
 //     (warp_rows.cuh's split of K) and Pass::store writes them (not in the dots phase, which keeps
 //     its per-entry results itself).
 // Pass provides, on the device:
