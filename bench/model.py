@@ -92,7 +92,8 @@ def positive_ints(text):
     return values
 
 
-def parse_args(argv):
+def parse_args(argv, **defaults):
+    """model.py's arguments; `defaults` overrides its defaults (a script built on it)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["cuda", "cpu"], default=None,
                    help="default: cuda when PyTorch sees a GPU and twell was built with CUDA")
@@ -138,6 +139,7 @@ def parse_args(argv):
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--append", action="store_true",
                    help="add this run's rows to those already in DIR/model.json")
+    p.set_defaults(**defaults)
     return p.parse_args(argv)
 
 

@@ -15,6 +15,7 @@ per layer (median, p20, p80), op_minus_plan_us (the op's cost over the plan, med
 
     python3 bench/op_graph.py [--m 1,16] [--layers 8] [--reps 30] [--out DIR] [model.py arguments]
 """
+import argparse
 import json
 import os
 import sys
@@ -33,27 +34,15 @@ FLUSH_BYTES = 256 << 20  # past the H200's 60 MB of L2
 
 
 def options(argv):
-    """(m list, reps, model.py's args): this script's own flags taken out of argv first."""
-    own = {"--m": "1,16", "--reps": "30"}
-    rest = []
-    it = iter(argv)
-    for a in it:
-        if a in own:
-            own[a] = next(it, None)
-            if own[a] is None:
-                sys.exit(f"op bench: {a} needs a value")
-        else:
-            rest.append(a)
-    try:
-        ms = [int(v) for v in own["--m"].split(",") if v]
-        reps = int(own["--reps"])
-    except ValueError:
-        sys.exit(f"op bench: --m wants comma-separated integers, --reps an integer; got {own}")
-    if not ms or min(ms) < 1 or reps < 3:
-        sys.exit("op bench: --m wants rows >= 1 and --reps at least 3")
-    if not any(a == "--layers" or a.startswith("--layers=") for a in rest):
-        rest += ["--layers", "8"]
-    return ms, reps, mb.parse_args(rest)
+    """(m list, reps, model.py's args): --m is this script's own; model.py's parser takes the rest,
+    with this script's defaults (8 layers, 30 reps)."""
+    own = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    own.add_argument("--m", type=mb.positive_ints, default=[1, 16])
+    mine, rest = own.parse_known_args(argv)
+    args = mb.parse_args(rest, layers=8, reps=30)
+    if args.reps < 3:
+        sys.exit("op bench: --reps at least 3")
+    return mine.m, args.reps, args
 
 
 def capture(fn):

@@ -33,10 +33,11 @@ import torch.nn.functional as F
 
 import twell
 import twell.torch as tt
-from twell.torch import _plans
+from twell.torch import _ops
 
-if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # timing, beside this file
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # timing, model_agreement: beside this file
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model_agreement import rel  # noqa: E402
 from timing import Timer, summary  # noqa: E402
 
 MB = 1e6
@@ -138,12 +139,6 @@ def memory(mlp, module, x, dy):
     return torch.cuda.max_memory_allocated() - base, held
 
 
-def rel(a, b):
-    a, b = a.double(), b.double()
-    nb = b.norm()
-    return float((a - b).norm() / nb) if nb > 0 else float((a - b).norm())
-
-
 def agreement(mlp, dense, x, dy):
     out = {}
     for name, module in (("dense", dense), ("twell", mlp)):
@@ -158,9 +153,8 @@ def agreement(mlp, dense, x, dy):
 def plan_fields(mlp, x):
     """The twell plan's view of the step: the saved form its dispatch asks for now (what the last
     steps saved), the bytes it saves and the scratch each form's step takes."""
-    down = mlp.down_proj.weight.t().contiguous()
-    plan = _plans.training_plan(mlp.gate_proj.weight, mlp.up_proj.weight, down, mlp.tile,
-                                mlp.capacity, mlp.dispatch, mlp.dense_above)
+    plan, _ = _ops._training_plan(mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight,
+                                  mlp.tile, mlp.capacity, mlp.dispatch, mlp.dense_above, "op_train")
     m = x.shape[0]
     return {"saved_form": "dense" if plan.saved_shape(m).backup_capacity == m else "compact",
             "twell_saved_mb": plan.saved_bytes(m) / MB,

@@ -53,9 +53,9 @@ struct TrainingOptions {
 };
 
 // workspace (forward and backward, optional): uint8 [>= TrainingPlan::workspace_bytes(M, form of
-// the saved state, this call)] on x's device. Without one the plan grows its own (outside CUDA-graph capture only); with one the
-// caller's allocator owns the scratch, e.g. a framework's, as graph capture of a training step
-// needs.
+// the saved state, this call)] on x's device. Without one the plan grows its own (outside
+// CUDA-graph capture only); with one the caller's allocator owns the scratch, e.g. a framework's,
+// as graph capture of a training step needs.
 struct TrainingForwardArgs {
   TensorView x;       // [M, K]
   TensorView y;       // [M, K], written

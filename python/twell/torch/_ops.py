@@ -85,14 +85,12 @@ def _(x, gate, up, down, tile, capacity, dispatch, dense_above):
     return x.new_empty(x.shape), x.new_empty(2, dtype=torch.int64)
 
 
-def _workspace(plan, x, gate, up, tile, capacity, saved_nbytes, call):
+def _workspace(plan, x, dense, call):
     """Training scratch from PyTorch's allocator (a capture-safe pool inside CUDA-graph capture),
     so the plan never allocates while a step is captured; None where none is needed. Sized for
-    this call (twell.TrainingCall: forward or backward) of the saved form the step runs, which the
-    saved buffer's size tells: the compact form's bytes, or the dense form's (a buffer of neither
-    size is the plan's error)."""
-    compact = saved_nbytes == _saved_bytes(x, gate, up, tile, capacity)
-    form = twell.SavedForm.compact if compact else twell.SavedForm.dense
+    this call (twell.TrainingCall: forward or backward) of the saved form the step runs (dense:
+    the dense form)."""
+    form = twell.SavedForm.dense if dense else twell.SavedForm.compact
     nbytes = plan.workspace_bytes(x.shape[0], form, call)
     return _plans.dl(x.new_empty(nbytes, dtype=torch.uint8)) if nbytes else None
 
@@ -107,9 +105,10 @@ def _check_down(up, down, op):
         raise e
 
 
-def _training_plan(up, gate, down, tile, capacity, dispatch, dense_above, op):
+def _training_plan(gate, up, down, tile, capacity, dispatch, dense_above, op):
     """The training plan, pointed at a neuron-major copy of `down` ([K, N], down_proj.weight);
-    returns (plan, the copy), which must live as long as the plan's call."""
+    returns (plan, the copy), which the caller holds until the plan's call is enqueued (the
+    allocator reuses its bytes in stream order after that)."""
     _check_down(up, down, op)
     down_nk = down.t().contiguous()
     return _plans.training_plan(gate, up, down_nk, tile, capacity, dispatch, dense_above), down_nk
@@ -118,9 +117,9 @@ def _training_plan(up, gate, down, tile, capacity, dispatch, dense_above, op):
 @torch.library.custom_op("twell::ffn_train", mutates_args=())
 def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile: int,
               capacity: int, dispatch: str, dense_above: float) -> Tuple[Tensor, Tensor, Tensor]:
-    plan, down_nk = _training_plan(up, gate, down, tile, capacity, dispatch, dense_above, "ffn_train")
+    plan, down_nk = _training_plan(gate, up, down, tile, capacity, dispatch, dense_above, "ffn_train")
     nbytes = plan.saved_bytes(x.shape[0])
-    mirror = {_saved_bytes(x, gate, up, tile, capacity, dense=d) for d in _forms(x, dispatch)}
+    mirror = {_saved_bytes(x, gate, up, tile, capacity, dense=d): d for d in _forms(x, dispatch)}
     if nbytes not in mirror:  # the fake implementation would disagree with this one
         raise RuntimeError(f"twell.torch: the C++ plan saves {nbytes} bytes, twell.layout says "
                            f"{sorted(mirror)}: update twell/layout.py or saved_dtype()")
@@ -131,8 +130,7 @@ def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile:
     stats = x.new_empty(2, dtype=torch.float32)
     plan.forward(_plans.dl(x), _plans.dl(y), _plans.dl(saved), _plans.dl(stats),
                  _plans.stream_of(x.device),
-                 _workspace(plan, x, gate, up, tile, capacity, nbytes, twell.TrainingCall.forward))
-    del down_nk  # after the forward's kernels in stream order (the allocator's reuse is too)
+                 _workspace(plan, x, mirror[nbytes], twell.TrainingCall.forward))
     return y, saved, stats
 
 
@@ -160,16 +158,18 @@ def _(x, gate, up, down, tile, capacity, dispatch, dense_above):
 def ffn_train_backward(dy: Tensor, x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor,
                        saved: Tensor, l1_coef: Tensor, tile: int, capacity: int, dispatch: str,
                        dense_above: float) -> List[Tensor]:
-    plan, down_nk = _training_plan(up, gate, down, tile, capacity, dispatch, dense_above,
+    plan, down_nk = _training_plan(gate, up, down, tile, capacity, dispatch, dense_above,
                                    "ffn_train_backward")
+    # The saved form from the buffer's size: the compact form's bytes, else the dense form's (a
+    # buffer of neither size is the plan's error).
+    dense = saved.numel() != _saved_bytes(x, gate, up, tile, capacity)
     dx = x.new_empty(x.shape)
     grads = [up.new_empty(up.shape, dtype=torch.float32) for _ in range(3 if gate is not None else 2)]
     dgate = grads[0] if gate is not None else None
     plan.backward(_plans.dl(dy), _plans.dl(dx), _plans.dl(dgate), _plans.dl(grads[-2]),
                   _plans.dl(grads[-1]), _plans.dl(x), _plans.dl(saved), _plans.dl(l1_coef),
                   _plans.stream_of(x.device),
-                  _workspace(plan, x, gate, up, tile, capacity, saved.numel(), twell.TrainingCall.backward))
-    del down_nk
+                  _workspace(plan, x, dense, twell.TrainingCall.backward))
     return [dx] + grads
 
 
@@ -200,15 +200,16 @@ def _backward_train(ctx, dy, dsaved, dstats):
     weight_grads = ([None] if gate is None else []) + grads[1:]
     del grads
     # In the weights' dtype one at a time, each fp32 gradient released once cast: at most one
-    # cast copy beside the fp32 ones, not all three. ddown is neuron-major: cast and transposed
-    # into down_proj.weight's layout in one copy.
-    for i, w in enumerate((gate, up, down)):
+    # cast copy beside the fp32 ones, not all three.
+    for i, w in enumerate((gate, up)):
         g, weight_grads[i] = weight_grads[i], None
-        if g is not None:
-            weight_grads[i] = w.new_empty(w.shape).copy_(g.t()) if i == 2 else g.to(w.dtype)
+        weight_grads[i] = None if g is None else g.to(w.dtype)
         del g
-    dgate, dup, ddown = weight_grads
-    return dx, dgate, dup, ddown, None, None, None, None
+    # ddown is neuron-major: cast and transposed into down_proj.weight's layout in one copy.
+    g, weight_grads[2] = weight_grads[2], None
+    ddown = down.new_empty(down.shape).copy_(g.t())
+    del g
+    return dx, weight_grads[0], weight_grads[1], ddown, None, None, None, None
 
 
 ffn_train.register_autograd(_backward_train, setup_context=_setup_train)

@@ -186,8 +186,8 @@ struct RowList {
   int64_t cap = 0;                 // C, chosen on the host
 };
 // The largest C (a multiple of RoutedBlasConfig::kRowMultiple, at most rows) whose buffers of
-// bytes_per_row each fit RoutedBlasConfig::kBytes.
-int64_t routed_blas_rows(int64_t rows, size_t bytes_per_row);
+// bytes_per_row each fit `budget` bytes.
+int64_t routed_blas_rows(int64_t rows, size_t bytes_per_row, size_t budget = RoutedBlasConfig::kBytes);
 // Bytes per row of launch_routed_blas's region: a K-wide and an N-wide row of the dtype.
 inline size_t routed_blas_row_bytes(const ProblemDims& d) { return size_t(d.k + d.n) * dtype_size(d.dtype); }
 // dst [cap, width] = src[list[i]] for i < min(cap, R), zero rows after (16-bit, width % 8 == 0).

@@ -111,8 +111,7 @@ TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows) {
   const size_t blas_row = size_t(d.k) * (2 * es + sizeof(float));
   const size_t blas_room = std::clamp(position_bytes > scratch ? position_bytes - scratch : 0,
                                       RoutedBlasConfig::kBackwardMinBytes, RoutedBlasConfig::kBytes);
-  l.blas_rows = std::min<int64_t>(rows, int64_t(blas_room / blas_row) / RoutedBlasConfig::kRowMultiple *
-                                            RoutedBlasConfig::kRowMultiple);
+  l.blas_rows = routed_blas_rows(rows, blas_row, blas_room);
   l.position = c.take(std::max(position_bytes, scratch + size_t(l.blas_rows) * blas_row));
   l.split_partials = l.position;
   l.lt = l.position;

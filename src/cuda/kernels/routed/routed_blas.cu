@@ -85,8 +85,8 @@ unsigned grid_for(int64_t vectors, const DeviceInfo& dev) {
 
 }  // namespace
 
-int64_t routed_blas_rows(int64_t rows, size_t bytes_per_row) {
-  const int64_t fit = int64_t(RoutedBlasConfig::kBytes / bytes_per_row) / RoutedBlasConfig::kRowMultiple *
+int64_t routed_blas_rows(int64_t rows, size_t bytes_per_row, size_t budget) {
+  const int64_t fit = int64_t(budget / bytes_per_row) / RoutedBlasConfig::kRowMultiple *
                       RoutedBlasConfig::kRowMultiple;
   return std::min(rows, fit);
 }

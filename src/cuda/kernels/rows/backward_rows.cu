@@ -107,85 +107,79 @@ struct WarpArgs {
   int32_t* nonfinite_dy;
 };
 
-// One warp's part of a compact row: the entry groups first_group, first_group + group_step, ...
-// (their records stored, or read back by the axpys phase), accumulated into acc.
-template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase = warp_rows::Phase::fused>
-__device__ void backward_warp_row(const WarpArgs& a, int64_t row, int lane, int first_group, int group_step,
-                                  float (&acc)[kChunks][kVecElems]) {
-  using warp_rows::Phase;
-  constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
-  const auto* first = static_cast<const T*>(a.first);
-  const auto* up = static_cast<const T*>(a.up);
-  const auto* down = static_cast<const T*>(a.down);
-  const auto* values = static_cast<const T*>(a.tw.values);
-  const T* plane1 = values + plane_elements(a.tw.shape);
-  const float scale = l1_scale(a.l1, a.tw.shape.rows);
-  uint4 dyr[kChunks];
-  if constexpr (kPhase != Phase::axpys) {
-    warp_rows::load_row<T, kChunks>(static_cast<const T*>(a.dy) + row * k, lane, dyr);
-    bool nonfinite = false;
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) nonfinite |= any_nonfinite<T>(dyr[c]);
-    if (__any_sync(kFullMask, nonfinite) && lane == 0) atomicOr(a.nonfinite_dy, 1);
-  }
-  warp_rows::zero(acc);
-  int group = 0;
-  warp_rows::for_each_entry_group(a.tw, row, lane, [&](int neuron, int64_t slot, int count) {
-    if (group++ % group_step != first_group) return;
-    // This lane's entry: g and u (the dots and fused phases), or its record's dh u and dh g (axpys).
-    float g = 0.0f, u = 1.0f, dhu = 0.0f, dhg = 0.0f;
-    int64_t place = 0;  // its record
-    if (slot >= 0) {
-      place = a.col_ptr[neuron] + a.position[slot];
-      if constexpr (kPhase == Phase::axpys) {
-        const EntryRecord r = a.records[place];
-        dhu = r.first;
-        dhg = r.up;
-      } else {
-        g = Elem<T>::to_float(values[slot]);
-        if constexpr (kKind == FfnKind::gated) u = Elem<T>::to_float(plane1[slot]);
-      }
-    }
-    warp_rows::for_each_pair(neuron, slot, count, [&](const warp_rows::EntryPair& e) {
-      float first0, first1, up0, up1;  // the axpys' coefficients: dh u and dh g (entry_record's)
-      if constexpr (kPhase == Phase::axpys) {
-        first0 = e.first(dhu);
-        up0 = e.first(dhg);
-        first1 = e.two ? e.second(dhu) : 0.0f;
-        up1 = e.two ? e.second(dhg) : 0.0f;
-      } else {
-        const float g0 = e.first(g), g1 = e.second(g);
-        const float u0 = e.first(u), u1 = e.second(u);
-        float d0, d1;
-        warp_rows::dot2<T, kChunks>(dyr, down + int64_t(e.n0) * k, down + int64_t(e.n1) * k, lane, d0, d1);
-        const float dh0 = d0 + scale * sign_of(g0 * u0);
-        const float dh1 = e.two ? d1 + scale * sign_of(g1 * u1) : 0.0f;
-        const int64_t p0 = e.first(place), p1 = e.second(place);
-        const EntryRecord r0 = entry_record(row, dh0, g0, u0), r1 = entry_record(row, dh1, g1, u1);
-        if (lane == 0) {
-          a.records[p0] = r0;
-          if (e.two) a.records[p1] = r1;
-        }
-        first0 = r0.first;
-        up0 = r0.up;
-        first1 = r1.first;
-        up1 = r1.up;
-      }
-      if constexpr (kPhase == Phase::dots) return;
-      warp_rows::axpy2<T, kChunks>(acc, first0, first + int64_t(e.n0) * k, first1, first + int64_t(e.n1) * k, lane);
-      if constexpr (kKind == FfnKind::gated)
-        warp_rows::axpy2<T, kChunks>(acc, up0, up + int64_t(e.n0) * k, up1, up + int64_t(e.n1) * k, lane);
-    });
-  });
-}
-
 // The pass: its rows for rows::warp_row_kernel / long_row_kernel (extra: unused) on the device,
 // its launches for rows::run_pass on the host.
 struct BackwardPass : rows::TrainWarpPass<BackwardPass, WarpArgs> {
+  // One warp's part of a compact row: the entry groups first_group, first_group + group_step, ...
+  // (their records stored, or read back by the axpys phase), accumulated into acc.
   template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase>
   static __device__ void part(const Args& a, int64_t row, int lane, int first_group, int group_step,
                               float (&acc)[kChunks][kVecElems], float& /*extra*/) {
-    backward_warp_row<T, kKind, kChunks, kPhase>(a, row, lane, first_group, group_step, acc);
+    using warp_rows::Phase;
+    constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
+    const auto* first = static_cast<const T*>(a.first);
+    const auto* up = static_cast<const T*>(a.up);
+    const auto* down = static_cast<const T*>(a.down);
+    const auto* values = static_cast<const T*>(a.tw.values);
+    const T* plane1 = values + plane_elements(a.tw.shape);
+    const float scale = l1_scale(a.l1, a.tw.shape.rows);
+    uint4 dyr[kChunks];
+    if constexpr (kPhase != Phase::axpys) {
+      warp_rows::load_row<T, kChunks>(static_cast<const T*>(a.dy) + row * k, lane, dyr);
+      bool nonfinite = false;
+  #pragma unroll
+      for (int c = 0; c < kChunks; ++c) nonfinite |= any_nonfinite<T>(dyr[c]);
+      if (__any_sync(kFullMask, nonfinite) && lane == 0) atomicOr(a.nonfinite_dy, 1);
+    }
+    warp_rows::zero(acc);
+    int group = 0;
+    warp_rows::for_each_entry_group(a.tw, row, lane, [&](int neuron, int64_t slot, int count) {
+      if (group++ % group_step != first_group) return;
+      // This lane's entry: g and u (the dots and fused phases), or its record's dh u and dh g (axpys).
+      float g = 0.0f, u = 1.0f, dhu = 0.0f, dhg = 0.0f;
+      int64_t place = 0;  // its record
+      if (slot >= 0) {
+        place = a.col_ptr[neuron] + a.position[slot];
+        if constexpr (kPhase == Phase::axpys) {
+          const EntryRecord r = a.records[place];
+          dhu = r.first;
+          dhg = r.up;
+        } else {
+          g = Elem<T>::to_float(values[slot]);
+          if constexpr (kKind == FfnKind::gated) u = Elem<T>::to_float(plane1[slot]);
+        }
+      }
+      warp_rows::for_each_pair(neuron, slot, count, [&](const warp_rows::EntryPair& e) {
+        float first0, first1, up0, up1;  // the axpys' coefficients: dh u and dh g (entry_record's)
+        if constexpr (kPhase == Phase::axpys) {
+          first0 = e.first(dhu);
+          up0 = e.first(dhg);
+          first1 = e.two ? e.second(dhu) : 0.0f;
+          up1 = e.two ? e.second(dhg) : 0.0f;
+        } else {
+          const float g0 = e.first(g), g1 = e.second(g);
+          const float u0 = e.first(u), u1 = e.second(u);
+          float d0, d1;
+          warp_rows::dot2<T, kChunks>(dyr, down + int64_t(e.n0) * k, down + int64_t(e.n1) * k, lane, d0, d1);
+          const float dh0 = d0 + scale * sign_of(g0 * u0);
+          const float dh1 = e.two ? d1 + scale * sign_of(g1 * u1) : 0.0f;
+          const int64_t p0 = e.first(place), p1 = e.second(place);
+          const EntryRecord r0 = entry_record(row, dh0, g0, u0), r1 = entry_record(row, dh1, g1, u1);
+          if (lane == 0) {
+            a.records[p0] = r0;
+            if (e.two) a.records[p1] = r1;
+          }
+          first0 = r0.first;
+          up0 = r0.up;
+          first1 = r1.first;
+          up1 = r1.up;
+        }
+        if constexpr (kPhase == Phase::dots) return;
+        warp_rows::axpy2<T, kChunks>(acc, first0, first + int64_t(e.n0) * k, first1, first + int64_t(e.n1) * k, lane);
+        if constexpr (kKind == FfnKind::gated)
+          warp_rows::axpy2<T, kChunks>(acc, up0, up + int64_t(e.n0) * k, up1, up + int64_t(e.n1) * k, lane);
+      });
+    });
   }
   static __device__ void* out(const Args& a) { return a.dx; }
   static __device__ float* row_extra(const Args&) { return nullptr; }

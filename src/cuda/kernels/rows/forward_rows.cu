@@ -96,59 +96,53 @@ struct WarpArgs {
   int32_t* long_rows;
 };
 
-// One warp's part of a compact row: the entry groups first_group, first_group + group_step, ...
-// (u stored at their slots), accumulated into acc and l1 (|h| in entry order).
-template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase = warp_rows::Phase::fused>
-__device__ void forward_warp_row(const WarpArgs& a, int64_t row, int lane, int first_group, int group_step,
-                                 float (&acc)[kChunks][kVecElems], float& l1) {
-  using warp_rows::Phase;
-  constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
-  const auto* up = static_cast<const T*>(a.up);
-  const auto* down = static_cast<const T*>(a.down);
-  auto* values = static_cast<T*>(a.tw.values);
-  T* plane1 = values + plane_elements(a.tw.shape);
-  uint4 xr[kChunks];
-  if constexpr (kKind == FfnKind::gated && kPhase != Phase::axpys)
-    warp_rows::load_row<T, kChunks>(static_cast<const T*>(a.x) + row * k, lane, xr);
-  warp_rows::zero(acc);
-  l1 = 0.0f;
-  int group = 0;
-  warp_rows::for_each_entry_group(a.tw, row, lane, [&](int neuron, int64_t slot, int count) {
-    if (group++ % group_step != first_group) return;
-    const float g = slot >= 0 ? Elem<T>::to_float(values[slot]) : 0.0f;
-    warp_rows::for_each_pair(neuron, slot, count, [&](const warp_rows::EntryPair& e) {
-      float h0 = e.first(g);
-      float h1 = e.two ? e.second(g) : 0.0f;
-      if constexpr (kPhase == Phase::axpys) {  // gated: u from the dots phase
-        h0 *= Elem<T>::to_float(plane1[e.s0]);
-        h1 *= e.two ? Elem<T>::to_float(plane1[e.s1]) : 0.0f;
-      } else if constexpr (kKind == FfnKind::gated) {
-        float d0, d1;
-        warp_rows::dot2<T, kChunks>(xr, up + int64_t(e.n0) * k, up + int64_t(e.n1) * k, lane, d0, d1);
-        const T u0 = Elem<T>::from_float(d0), u1 = Elem<T>::from_float(d1);
-        if (lane == 0) {
-          plane1[e.s0] = u0;
-          if (e.two) plane1[e.s1] = u1;
-        }
-        h0 *= Elem<T>::to_float(u0);
-        h1 *= Elem<T>::to_float(u1);
-      }
-      if constexpr (kPhase != Phase::dots) {
-        l1 += fabsf(h0);
-        if (e.two) l1 += fabsf(h1);
-        warp_rows::axpy2<T, kChunks>(acc, h0, down + int64_t(e.n0) * k, h1, down + int64_t(e.n1) * k, lane);
-      }
-    });
-  });
-}
-
 // The pass: its rows for rows::warp_row_kernel / long_row_kernel (extra: the row's L1) on the device,
 // its launches for rows::run_pass on the host.
 struct ForwardPass : rows::TrainWarpPass<ForwardPass, WarpArgs> {
+  // One warp's part of a compact row: the entry groups first_group, first_group + group_step, ...
+  // (u stored at their slots), accumulated into acc and l1 (|h| in entry order).
   template <typename T, FfnKind kKind, int kChunks, warp_rows::Phase kPhase>
   static __device__ void part(const Args& a, int64_t row, int lane, int first_group, int group_step,
-                              float (&acc)[kChunks][kVecElems], float& extra) {
-    forward_warp_row<T, kKind, kChunks, kPhase>(a, row, lane, first_group, group_step, acc, extra);
+                              float (&acc)[kChunks][kVecElems], float& l1) {
+    using warp_rows::Phase;
+    constexpr int64_t k = int64_t(kChunks) * RowConfig::kChunk;
+    const auto* up = static_cast<const T*>(a.up);
+    const auto* down = static_cast<const T*>(a.down);
+    auto* values = static_cast<T*>(a.tw.values);
+    T* plane1 = values + plane_elements(a.tw.shape);
+    uint4 xr[kChunks];
+    if constexpr (kKind == FfnKind::gated && kPhase != Phase::axpys)
+      warp_rows::load_row<T, kChunks>(static_cast<const T*>(a.x) + row * k, lane, xr);
+    warp_rows::zero(acc);
+    l1 = 0.0f;
+    int group = 0;
+    warp_rows::for_each_entry_group(a.tw, row, lane, [&](int neuron, int64_t slot, int count) {
+      if (group++ % group_step != first_group) return;
+      const float g = slot >= 0 ? Elem<T>::to_float(values[slot]) : 0.0f;
+      warp_rows::for_each_pair(neuron, slot, count, [&](const warp_rows::EntryPair& e) {
+        float h0 = e.first(g);
+        float h1 = e.two ? e.second(g) : 0.0f;
+        if constexpr (kPhase == Phase::axpys) {  // gated: u from the dots phase
+          h0 *= Elem<T>::to_float(plane1[e.s0]);
+          h1 *= e.two ? Elem<T>::to_float(plane1[e.s1]) : 0.0f;
+        } else if constexpr (kKind == FfnKind::gated) {
+          float d0, d1;
+          warp_rows::dot2<T, kChunks>(xr, up + int64_t(e.n0) * k, up + int64_t(e.n1) * k, lane, d0, d1);
+          const T u0 = Elem<T>::from_float(d0), u1 = Elem<T>::from_float(d1);
+          if (lane == 0) {
+            plane1[e.s0] = u0;
+            if (e.two) plane1[e.s1] = u1;
+          }
+          h0 *= Elem<T>::to_float(u0);
+          h1 *= Elem<T>::to_float(u1);
+        }
+        if constexpr (kPhase != Phase::dots) {
+          l1 += fabsf(h0);
+          if (e.two) l1 += fabsf(h1);
+          warp_rows::axpy2<T, kChunks>(acc, h0, down + int64_t(e.n0) * k, h1, down + int64_t(e.n1) * k, lane);
+        }
+      });
+    });
   }
   static __device__ void* out(const Args& a) { return a.y; }
   static __device__ float* row_extra(const Args& a) { return a.row_l1; }
