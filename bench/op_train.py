@@ -54,7 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--capacity", type=int, default=0,
-                   help="TwELL slots per (row, tile) (default 0: the backend's, tile / 8)")
+                   help="TwELL slots per (row, tile) (default 0: the backend's training default, tile / 16)")
     p.add_argument("--out", default="build/results", help="folder of op_train.json")
     a = p.parse_args(argv)
     try:

@@ -193,7 +193,7 @@ TEST(CudaTrainingApi, WorkspacePerSavedForm) {
   const size_t dense = plan.workspace_bytes(m, SavedForm::dense);
   EXPECT_EQ(plan.workspace_bytes(m), std::max(compact, dense));
   EXPECT_LT(compact, size_t(3 * m * n) * es);  // [g | u | dh] for every row
-  const size_t slots = size_t(m) * size_t(n / 8);  // tile 256, capacity 32
+  const size_t slots = size_t(m) * size_t((n + 255) / 256) * size_t(plan.options().capacity);
   // The records, then the cuBLAS share (32 MiB of scratch and 32 MiB of rows, in the positions'
   // bytes) and the column index's small arrays.
   EXPECT_LE(plan.workspace_bytes(m, SavedForm::compact, TrainingCall::backward),

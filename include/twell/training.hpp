@@ -35,7 +35,7 @@ enum class TrainingCall : uint8_t { both, forward, backward };
 
 struct TrainingOptions {
   int32_t tile = 0;       // 0 = backend default
-  int32_t capacity = 0;   // 0 = tile / 8
+  int32_t capacity = 0;   // 0 = tile / 16 (inference's default is tile / 8)
   double l1_coef = 0.0;   // finite and >= 0 (Error otherwise)
   // Determinism (ffn.hpp). fast on CUDA also routes rows of more than N / 44 entries (at least
   // 96, at most 512): cuBLAS computes them faster than the compact-row kernels; deterministic

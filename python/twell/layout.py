@@ -9,10 +9,11 @@ DEFAULT_TILE = 256  # both backends (one gate-GEMM output tile on the GPU)
 HEADER_BYTES = 64  # twell::TwellHeader, the last array of the single-buffer form
 
 
-def resolve_tile(tile, capacity):
-    """(tile, capacity) with 0 meaning the backend default: tile 256, capacity tile // 8."""
+def resolve_tile(tile, capacity, training=False):
+    """(tile, capacity) with 0 meaning the backend default: tile 256; capacity tile // 8 for
+    inference, tile // 16 for what training saves (twell::TrainingOptions)."""
     tile = tile or DEFAULT_TILE
-    return tile, capacity or tile // 8
+    return tile, capacity or max(1, tile // (16 if training else 8))
 
 
 def _aligned(nbytes):

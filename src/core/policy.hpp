@@ -10,6 +10,11 @@ namespace twell::detail::policy {
 // Both backends pack 256-wide tiles (on the GPU one gate-GEMM output tile), with tile / 8 slots.
 constexpr int32_t kDefaultTile = 256;
 constexpr int32_t kDefaultCapacityDivisor = 8;
+// Training's saved state holds tile / 16 slots per (row, tile): it lives from forward to backward
+// in every layer, and at the densities training reaches (0.5%: 1.3 entries a 256-wide tile on
+// average) half of inference's slots route almost no row. A tile / 8 state costs 35 MB more per
+// layer at M = 16384, N = 5632; tile / 32 routes enough rows at 1% to slow the step.
+constexpr int32_t kTrainingCapacityDivisor = 16;
 
 // Density (fraction of N) above which automatic dispatch runs dense.
 // CPU: at M = 256 the sparse stage costs ~1 us per active (row, neuron) streaming weight rows from

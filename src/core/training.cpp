@@ -1,5 +1,6 @@
 // The training plan: validation and backend dispatch for forward (saving the hybrid layout) and
 // backward.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -28,6 +29,8 @@ TrainingOptions resolve_training_options(const TrainingOptions& o, Device dev) {
   InferenceOptions io;
   io.tile = o.tile;
   io.capacity = o.capacity;
+  if (o.capacity == 0)  // training's own default (policy.hpp), checked as inference checks its
+    io.capacity = std::max(1, (o.tile == 0 ? policy::kDefaultTile : o.tile) / policy::kTrainingCapacityDivisor);
   io = resolve_inference_options(io, dev);
   TrainingOptions r = o;
   r.tile = io.tile;

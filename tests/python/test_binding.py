@@ -149,7 +149,7 @@ def test_saved_layout_mirror(m, n, tile, capacity, gated):
     k = 8
     w = np.zeros((n, k), np.float32)
     plan = twell.TrainingPlan(w if gated else None, w, w, tile=tile, capacity=capacity)
-    assert (plan.tile, plan.capacity) == layout.resolve_tile(tile, capacity)
+    assert (plan.tile, plan.capacity) == layout.resolve_tile(tile, capacity, training=True)
     shape = plan.saved_shape(m)
     assert (shape.rows, shape.cols, shape.planes, shape.backup_capacity) == (m, n, 1 + gated, 0)
     assert plan.saved_dtype() == twell.DType.f32  # the CPU backend saves float32

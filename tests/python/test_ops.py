@@ -222,7 +222,7 @@ def test_fake_saved_size_matches(device, dtype, m):
     if device == "cuda" and dtype == torch.float32:
         pytest.skip("the CUDA backend runs float16/bfloat16 only")
     x, gate, up, down = sample_inputs(device, dtype, True, m=m, train=True)
-    tile, capacity = layout.resolve_tile(0, 0)
+    tile, capacity = layout.resolve_tile(0, 0, training=True)
     for dispatch in ("sparse", "dense"):  # the CPU backend saves the compact form either way
         _, saved, stats = torch.ops.twell.ffn_train(x, gate, up, down, 0, 0, dispatch, -1.0)
         dense = dispatch == "dense" and device == "cuda"

@@ -307,3 +307,29 @@ def test_monitor_reads_the_saved_form_and_routed_rows():
         model(x)
     assert monitor.collect()["sparse_form"] == [None]
     monitor.remove()
+
+
+def test_no_reinit_in_the_last_steps(tmp_path):
+    """Dead units are re-initialised at most every --reinit-dead-every steps, and never within
+    that many steps of --steps: the final model keeps no unit that had no time to settle."""
+    import twell.torch as tt
+    from twell.train import loop
+
+    args = __import__("twell.train.cli", fromlist=["parser"]).parser().parse_args(
+        ["--model", "tiny", "--data", "synthetic", "--device", "cpu", "--batch-size", "2",
+         "--seq-len", "16", "--steps", "7", "--log-every", "1", "--eval-every", "0",
+         "--dead-window", "30", "--reinit-dead-every", "2", "--no-progress",
+         "--out", str(tmp_path / "reinit")])
+    trainer = loop.Trainer(args)
+    mlps = [m for _, m in tt.sparse_modules(trainer.model)]
+    reinit_at = []
+    for _ in range(args.steps):
+        with torch.no_grad():  # every unit dead in every window
+            for mlp in mlps:
+                mlp.gate_proj.weight.zero_()
+        trainer.train_step()
+        record = trainer.log()
+        if record["reinit"]:
+            assert all(c == 256 for c in record["reinit"].values()), record["reinit"]
+            reinit_at.append(trainer.step)
+    assert reinit_at == [2, 4]  # steps 6 and 7: fewer than 2 steps before the end

@@ -39,7 +39,7 @@ def saved_dtype(device_type, weight_dtype):
 
 
 def _saved_bytes(x, gate, up, tile, capacity, dense=False):
-    tile, capacity = layout.resolve_tile(tile, capacity)
+    tile, capacity = layout.resolve_tile(tile, capacity, training=True)
     return layout.saved_bytes(x.shape[0], up.shape[0], tile, capacity, 2 if gate is not None else 1,
                               saved_dtype(x.device.type, up.dtype), dense=dense)
 

@@ -95,7 +95,8 @@ def parser():
     g.add_argument("--no-dead-tracking", action="store_true", help="skip dead-unit tracking")
     g.add_argument("--reinit-dead-every", type=int, default=0,
                    help="re-initialise dead units' gate rows (SparsityTracker.reinit_dead) at the "
-                        "first dead-unit window closing N or more steps after the last (0: never)")
+                        "first dead-unit window closing N or more steps after the last, and N or "
+                        "more before --steps (0: never)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar or lines")
 
     g = p.add_argument_group("run control")

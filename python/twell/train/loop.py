@@ -160,7 +160,10 @@ class Trainer:
 
     def _close_dead_window(self):
         a = self.args
-        reinit = bool(a.reinit_dead_every) and self.step - self.last_reinit >= a.reinit_dead_every
+        # No re-initialisation in the run's last reinit_dead_every steps: re-initialised units fire
+        # densely at first, and the final model would keep what had no time to settle.
+        reinit = (bool(a.reinit_dead_every) and self.step - self.last_reinit >= a.reinit_dead_every
+                  and self.step + a.reinit_dead_every <= a.steps)
         masks = self.monitor.close_window(reinit=reinit)
         if not reinit:
             return

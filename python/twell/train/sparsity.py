@@ -8,7 +8,7 @@
                the rest saved the dense form (CUDA: the dense cuBLAS path, every row dense)
   sparse_rows  fraction of the interval's rows the sparse kernels carried: rows of compact-form
                forwards not routed to the dense backup (a row is routed when a tile of it has more
-               active units than the tile's capacity, 32 of 256 by default)
+               active units than the tile's capacity, 16 of 256 by default)
 
 The form and routed rows are read from the state each forward saves for backward (the autograd
 node of twell::ffn_train): its size tells the form (twell.layout.saved_bytes), its num_routed
@@ -108,7 +108,7 @@ class LayerMonitor:
             saved = node.saved_tensors[-1]
             x = args[0]
             rows = x.numel() // module.hidden_size
-            tile, capacity = twell.layout.resolve_tile(module.tile, module.capacity)
+            tile, capacity = twell.layout.resolve_tile(module.tile, module.capacity, training=True)
             planes = 2 if module.gated else 1
             dtype = tt.saved_dtype(x.device.type, module.up_proj.weight.dtype)
             compact = twell.layout.saved_bytes(rows, module.intermediate_size, tile, capacity,

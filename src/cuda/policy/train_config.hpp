@@ -72,7 +72,7 @@ static_assert(WeightGradConfig::kChunkRows % ColumnIndexConfig::kRowsPerBlock ==
 // g then h; q: [u | dh] then [dg | du]) take 3 N values a row gated, 2 N plain: at R = M that is
 // more than anything else backward holds. Above kMinBytes for all M rows, the rows go in chunks
 // (each with its own launches) that fit in the bytes the column index's records hold before them
-// (3 chunks gated, 2 plain at the default capacity): the step's scratch is no larger than its records.
+// (6 chunks gated, 4 plain at the default capacity): the step's scratch is no larger than its records.
 struct RoutedChunkConfig {
   static constexpr size_t kMinBytes = size_t(32) << 20;
   static constexpr int64_t kRowMultiple = 64;  // a chunk's rows (RoutedBlasConfig::kRowMultiple too)

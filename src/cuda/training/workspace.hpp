@@ -54,8 +54,8 @@ struct TrainBackwardLayout {
 TrainBackwardLayout train_backward_layout(const ProblemDims& d, int64_t rows);
 // Routed rows per chunk of backward's routed pass (RoutedChunkConfig): M when their dense rows for
 // all M rows take at most RoutedChunkConfig::kMinBytes; else M split into as many equal chunks as
-// the column index's records take those rows in (rounded to nearest: 3 for a gated FFN at the
-// default capacity, 2 plain), each rounded up to RoutedChunkConfig::kRowMultiple rows.
+// the column index's records take those rows in (rounded to nearest: 6 for a gated FFN at the
+// default capacity, 4 plain), each rounded up to RoutedChunkConfig::kRowMultiple rows.
 int64_t routed_chunk_rows(const ProblemDims& d, int64_t rows);
 
 // The dense path's backward (the dense saved form).
