@@ -117,6 +117,7 @@ def agreement(model, swap, step):
     where = first_divergence(got, ref)
     if where is not None:
         where.update(divergence_margin(swap, step, got, ref, where))
+        where["split_divergence"] = split_divergence(swap, step, ref)
         swap.use("twell")
     return l0, {"identical_tokens": where is None, "first_divergence": where}
 
@@ -142,12 +143,26 @@ def divergence_margin(swap, step, got, ref, where):
             "rounding": abs(margin) <= shift["split"]}
 
 
+def split_divergence(swap, step, ref):
+    """Where one generate() with the split MLPs (exact, rounded differently) first leaves dense's
+    tokens, {"row", "position"} or None: how far rounding alone carries this model's decoding on
+    the same cache and compilation, where divergence_margin looks at one eager forward."""
+    swap.use("split")
+    return first_divergence(step("split"), ref)
+
+
 def tie_note(where):
-    """", logit margin M (split model moves S: a rounding tie)" where the margin was measured."""
+    """", logit margin M (split model moves S: a rounding tie)" where the margin was measured,
+    and where the split model's own generate first differs from dense's."""
     if "margin" not in where:
         return ""
     kind = "a rounding tie" if where["rounding"] else "beyond rounding"
-    return f", logit margin {where['margin']:.3g}, split moves {where['split_shift']:.3g}: {kind}"
+    note = f", logit margin {where['margin']:.3g}, split moves {where['split_shift']:.3g}: {kind}"
+    if "split_divergence" in where:
+        split = where["split_divergence"]
+        note += ("; split generate identical to dense" if split is None else
+                 f"; split generate differs from row {split['row']}, new token {split['position']}")
+    return note
 
 
 def line_parts(row):

@@ -45,6 +45,8 @@ def _check_generate_row(r):
     else:
         d = r["first_divergence"]
         assert 0 <= d["row"] < r["batch"] and 0 <= d["position"] < 4
+        split = d["split_divergence"]  # the split MLPs' own generate
+        assert split is None or (0 <= split["row"] < r["batch"] and 0 <= split["position"] < 4)
     assert 0 < r["density"] <= 1 and r["density_min"] <= r["density"] <= r["density_max"]
     assert r["energy_j_per_token_dense"] is None and r["idle_power_w"] is None  # no NVML
 
@@ -250,3 +252,27 @@ def test_model_bench_divergence_margin():
     assert far["rounding"] is False
     assert "a rounding tie" in mg.tie_note(tie) and "beyond rounding" in mg.tie_note(far)
     assert mg.tie_note({"row": 0, "position": 1}) == ""
+    far["split_divergence"] = None
+    assert mg.tie_note(far).endswith("beyond rounding; split generate identical to dense")
+    far["split_divergence"] = {"row": 3, "position": 0}
+    assert mg.tie_note(far).endswith("; split generate differs from row 3, new token 0")
+
+
+def test_model_bench_split_divergence():
+    """The split model's own generate, compared with dense's tokens, with the split MLPs in place."""
+    import torch
+
+    mg = _bench().model_generate
+    ref = torch.tensor([[1, 1, 3], [1, 1, 1]])
+    used = []
+
+    class FakeSwap:
+        def use(self, which):
+            used.append(which)
+
+    def step(which=None):
+        return {"split": torch.tensor([[1, 1, 3], [1, 2, 1]])}[used[-1]]
+
+    assert mg.split_divergence(FakeSwap(), step, ref) == {"row": 1, "position": 1}
+    assert used == ["split"]
+    assert mg.split_divergence(FakeSwap(), lambda which=None: ref.clone(), ref) is None
