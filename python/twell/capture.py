@@ -369,7 +369,7 @@ def capture(model, batches, out, tokens, dtype=None, *, manifest=None, progress=
         raise ValueError(f"capture: the text gave {min(filled)} tokens, fewer than {tokens}")
     for x in xs:
         x.flush()
-    del xs
+    xs.clear()  # releases the memmaps (the removed hooks close over this list)
     for i, (_, m, g) in enumerate(mlps):
         weights = {"up": m.up_proj.weight, "down": m.down_proj.weight.t()}
         if g:
