@@ -118,6 +118,24 @@ INSTANTIATE_TEST_SUITE_P(Generators, CpuTraining, ::testing::ValuesIn(cases()),
                                   std::to_string(c.m) + "_" + std::to_string(i.index);
                          });
 
+// Options left at 0: tile 256 and, for the state training saves, tile / 16 slots (inference's pack
+// keeps tile / 8); a tile of its own gives its own sixteenth, and a capacity given is kept.
+TEST(CpuTrainingApi, DefaultCapacityIsASixteenthOfTheTile) {
+  Problem p = testing::make_problem({FfnKind::gated, 8, 24, 200, DType::f32, Pattern::uniform, 0.05, 64, seed(40)});
+  EXPECT_EQ(TrainingPlan(p.weights()).options().capacity, 16);
+  EXPECT_EQ(TrainingPlan(p.weights()).saved_shape(8).capacity, 16);
+  EXPECT_EQ(InferencePlan(p.weights()).options().capacity, 32);
+  TrainingOptions opt;
+  opt.tile = 64;
+  EXPECT_EQ(TrainingPlan(p.weights(), opt).options().capacity, 4);
+  opt.tile = 8;
+  EXPECT_EQ(TrainingPlan(p.weights(), opt).options().capacity, 1);
+  opt.capacity = 8;
+  EXPECT_EQ(TrainingPlan(p.weights(), opt).options().capacity, 8);
+  opt.tile = -1;
+  EXPECT_THROW(TrainingPlan(p.weights(), opt), Error);
+}
+
 // The caller-owned form (one byte buffer, as a framework tensor would hold it) gives the same result
 // as the plan-allocated one, and a mismatched saved shape is refused.
 TEST(CpuTrainingApi, CallerOwnedSavedStateMatches) {
