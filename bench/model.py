@@ -119,7 +119,8 @@ def parse_args(argv, **defaults):
                    help="L1 coefficient of twell's layers (default 2e-5, or the checkpoint's)")
     p.add_argument("--dispatch", choices=["auto", "sparse", "dense"], default="auto")
     p.add_argument("--capacity", type=int, default=0,
-                   help="TwELL slots per (row, tile) of twell's layers (default 0: the backend's, tile / 16 for training)")
+                   help="TwELL slots per (row, tile) of twell's layers (default 0: the backend's, "
+                        "tile / 8 for inference, tile / 16 for training)")
     p.add_argument("--warmup", type=int, default=6)
     p.add_argument("--reps", type=int, default=10)
     # Both models round in bf16 at different places (twell keeps h and dh in fp32), and over tens

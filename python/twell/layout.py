@@ -13,7 +13,9 @@ def resolve_tile(tile, capacity, training=False):
     """(tile, capacity) with 0 meaning the backend default: tile 256; capacity tile // 8 for
     inference, tile // 16 for what training saves (twell::TrainingOptions)."""
     tile = tile or DEFAULT_TILE
-    return tile, capacity or max(1, tile // (16 if training else 8))
+    if capacity:
+        return tile, capacity
+    return tile, max(1, tile // 16) if training else tile // 8
 
 
 def _aligned(nbytes):

@@ -281,7 +281,7 @@ def test_nearly_all_dead_is_reported():
 
 
 def test_monitor_reads_the_saved_form_and_routed_rows():
-    """sparse_rows: 1 where every row fits the tile capacity (32 of 256), 0 where every row
+    """sparse_rows: 1 where every row fits the tile capacity (16 of 256), 0 where every row
     overflows it (about half the units active); density is the modules' L0 / N."""
     import twell.torch as tt
     from twell.train.sparsity import LayerMonitor
