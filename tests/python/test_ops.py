@@ -7,8 +7,8 @@ import twell  # noqa: E402
 import twell.torch as tt  # noqa: E402
 from twell import layout  # noqa: E402
 
-from torch_cases import (FLOOR, dense_step, devices, dtypes, module_for, problem,  # noqa: E402
-                         rel_error, skip_unless_trainable)
+from torch_cases import (FLOOR, dense_step, devices, dtypes, module_for, off_the_kink,  # noqa: E402
+                         problem, rel_error, skip_unless_trainable)
 
 SHAPES = [  # M, K, N, tile, capacity (K, N multiples of 8 and tiles the CUDA backend supports)
     (1, 16, 64, 64, 8),
@@ -125,7 +125,8 @@ def test_training(seed, device, dtype, gated, shape):
     m, k, n, tile, capacity = shape
     p = problem(seed, m, k, n, gated)
     mod = module_for(p, dtype, device, tile=tile, capacity=capacity, l1_coef=0.25).train()
-    x = torch.from_numpy(p.x).to(device, dtype).requires_grad_()
+    first = mod.gate_proj.weight if gated else mod.up_proj.weight
+    x = off_the_kink(torch.from_numpy(p.x).to(device, dtype), first).requires_grad_()
     dy = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(device, dtype)
     y = mod(x)
     l1_scale = 3.0  # the loss uses the L1 term scaled: its gradient must follow
