@@ -29,7 +29,7 @@ TrainingOptions resolve_training_options(const TrainingOptions& o, Device dev) {
   InferenceOptions io;
   io.tile = o.tile;
   io.capacity = o.capacity;
-  if (o.capacity == 0)  // training's own default (policy.hpp), checked as inference checks its
+  if (o.capacity == 0)  // training's own default (policy.hpp); resolve_inference_options checks it
     io.capacity = std::max(1, (o.tile == 0 ? policy::kDefaultTile : o.tile) / policy::kTrainingCapacityDivisor);
   io = resolve_inference_options(io, dev);
   TrainingOptions r = o;

@@ -7,8 +7,8 @@ import twell  # noqa: E402
 import twell.torch as tt  # noqa: E402
 from twell import layout  # noqa: E402
 
-from torch_cases import (FLOOR, dense_step, devices, dtypes, module_for, off_the_kink,  # noqa: E402
-                         problem, rel_error, skip_unless_trainable)
+from torch_cases import (FLOOR, dense_step, devices, dtypes, kink_bound, module_for,  # noqa: E402
+                         off_the_kink, problem, rel_error, skip_unless_trainable)
 
 SHAPES = [  # M, K, N, tile, capacity (K, N multiples of 8 and tiles the CUDA backend supports)
     (1, 16, 64, 64, 8),
@@ -146,12 +146,9 @@ def test_training(seed, device, dtype, gated, shape):
     for name, got, ref, plain in zip(names, grads, g_ref, g_plain):
         assert got.dtype == dtype and got.shape == ref.shape, name
         within(got, ref, plain, dtype, f"d {name}")
-    # L0 against the exact pre-activations; those within the fp32 accumulation bound of zero
-    # (k unit roundoffs of |x| |W|^T, twice over) may fall either way in the kernels' sums.
-    xd = x.detach().double()
-    first = torch.from_numpy(p.gate if gated else p.up).to(device, dtype).double()
-    pre = xd @ first.T
-    bound = 2 * k * 2.0**-24 * (xd.abs() @ first.abs().T)
+    # L0 against the exact pre-activations; those within the fp32 accumulation bound of zero may
+    # fall either way in the kernels' sums (none should remain after off_the_kink).
+    pre, bound = kink_bound(x.detach(), first)
     sure, either = (pre > bound).sum().item(), (pre.abs() <= bound).sum().item()
     rows, slack = max(m, 1), 0.5 / max(m, 1) + 1e-6
     assert sure / rows - slack <= float(mod.l0) <= (sure + either) / rows + slack

@@ -64,25 +64,30 @@ def dense_step(module, x, dy, l1_scale, dtype):
     return y.detach(), l1.detach(), [xd.grad] + [params[n].grad for n, _ in module.named_parameters()]
 
 
+def kink_bound(xd, first):
+    """(x first^T, its float32 accumulation bound: k unit roundoffs of |x| |first|^T, twice over),
+    float64, from x and first as rounded: within the bound of zero a kernel's sum may land on
+    either side of the ReLU's kink, depending on its summation order."""
+    xd, fd = xd.double(), first.detach().double().to(xd.device)
+    return xd @ fd.T, 2 * xd.shape[1] * 2.0**-24 * (xd.abs() @ fd.abs().T)
+
+
 def off_the_kink(x, first):
-    """x (rounded to its dtype) with no pre-activation x first^T within the float32 accumulation
-    bound of zero (k unit roundoffs of |x| |first|^T, twice over). There the ReLU's gradient jumps
+    """x (rounded to its dtype) with no pre-activation x first^T within kink_bound of zero. There
+    the ReLU's gradient jumps
     (the unit's dh, and the L1 term's sign, appear or vanish), and which side a sum lands on is its
     summation order, not an error of either side. A row near the kink has its column 0 (make_problem's
     bias column, never 0) moved by 1, 2, 4, ... units in the last place, until none is."""
     x = x.detach().clone()
     if x.numel() == 0:
         return x
-    k = x.shape[1]
-    fd = first.detach().double().to(x.device)
     eps = torch.finfo(x.dtype).eps
     for i in range(32):
-        xd = x.double()
-        bound = 2 * k * 2.0**-24 * (xd.abs() @ fd.abs().T)
-        rows = ((xd @ fd.T).abs() <= bound).any(dim=1)
+        pre, bound = kink_bound(x, first)
+        rows = (pre.abs() <= bound).any(dim=1)
         if not rows.any():
             return x
-        x[rows, 0] = (xd[rows, 0] * (1 + eps * 2.0**i)).to(x.dtype)
+        x[rows, 0] = (x[rows, 0].double() * (1 + eps * 2.0**i)).to(x.dtype)
     raise AssertionError("off_the_kink: rows stay within the rounding bound of a ReLU kink")
 
 
