@@ -184,11 +184,14 @@ class CudaTrainingRunner final : public TrainingRunner {
 
   // As a framework does before each step: allocate the saved form the plan asks for (automatic
   // dispatch: each form for three timed steps per regime, then the faster; dense above its
-  // threshold), and the workspace that form needs (one buffer: forward and backward in turn).
-  // Outside the timed region; settles during warm-up.
+  // threshold; the compact form's capacity sized to the density), and the workspace that form
+  // needs (one buffer: forward and backward in turn). Outside the timed region; settles during
+  // warm-up.
   void follow_saved_form() {
     const TwellShape shape = plan_->saved_shape(s_.m);
-    if (saved_.p != nullptr && shape.backup_capacity == view_.shape.backup_capacity) return;
+    if (saved_.p != nullptr && shape.backup_capacity == view_.shape.backup_capacity &&
+        shape.capacity == view_.shape.capacity)
+      return;
     saved_.reset();
     saved_.alloc(shape.bytes(plan_->saved_dtype()));
     view_ = make_twell_view(saved_.p, shape, plan_->saved_dtype(), Device::cuda(0));

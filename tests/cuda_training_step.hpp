@@ -112,8 +112,16 @@ struct DeviceStep {
     return dpair.get() != nullptr ? static_cast<char*>(dpair.get()) + grad_bytes() : dup.get();
   }
   double l1_coef() const { return l1_from == L1From::tensor ? double(l1_tensor) : options.l1_coef; }
-  TwellView new_view(const DeviceBuffer& b) const {
-    return make_twell_view(b.get(), plan->saved_shape(p.spec.m), plan->saved_dtype(), Device::cuda(0));
+  TwellView new_view(const DeviceBuffer& b) const { return new_view(b, plan->saved_shape(p.spec.m)); }
+  TwellView new_view(const DeviceBuffer& b, const TwellShape& shape) const {
+    return make_twell_view(b.get(), shape, plan->saved_dtype(), Device::cuda(0));
+  }
+  // A saved buffer and view of the shape the plan asks for now (asked once: under automatic
+  // dispatch each ask polls the calibration).
+  void renew_saved() {
+    const TwellShape shape = plan->saved_shape(p.spec.m);
+    saved = DeviceBuffer(shape.bytes(plan->saved_dtype()));
+    view = new_view(saved, shape);
   }
 
   FfnWeights weights() const {
@@ -325,7 +333,7 @@ inline OracleStep expect_grads_match(const ref::Weights& w, const ref::Matrix& x
 inline void expect_matches_oracle(DeviceStep& d, const StepOutputs& o, const std::string& what) {
   const ProblemSpec& s = d.p.spec;
   const std::string where = what + ": " + s.describe() + " tile=" + std::to_string(d.plan->options().tile) +
-                            " capacity=" + std::to_string(d.plan->options().capacity);
+                            " capacity=" + std::to_string(d.view.shape.capacity);
   const ref::Weights w = ref::from_weights(d.p.weights());
   const ref::Matrix x = ref::from_view(d.p.x_view());
   const ref::Matrix dy = ref::from_view(TensorView::matrix(d.dy_host.data(), s.dtype, s.m, s.k));
@@ -356,7 +364,7 @@ inline void expect_matches_oracle(DeviceStep& d, const StepOutputs& o, const std
     return;
   }
   if (s.pattern == Pattern::all_zero) EXPECT_EQ(o.routed, 0) << where;
-  const int32_t tile = d.plan->options().tile, capacity = d.plan->options().capacity;
+  const int32_t tile = d.plan->options().tile, capacity = d.view.shape.capacity;  // the step's
   if (s.pattern == Pattern::all_dense && capacity < std::min<int64_t>(tile, s.n)) EXPECT_EQ(o.routed, s.m) << where;
   if (capacity >= std::min<int64_t>(tile, s.n)) {  // no tile overflows: only long rows route, and only in fast
     if (d.plan->options().determinism == Determinism::deterministic) {

@@ -1,5 +1,7 @@
 // CPU training: forward (y, L0, L1) and every gradient vs the oracle, with the L1 term.
 #include "common.hpp"
+#include "core/backend.hpp"
+#include "core/capacity.hpp"
 
 namespace twell::test {
 namespace {
@@ -134,6 +136,90 @@ TEST(CpuTrainingApi, DefaultCapacityIsASixteenthOfTheTile) {
   EXPECT_EQ(TrainingPlan(p.weights(), opt).options().capacity, 8);
   opt.tile = -1;
   EXPECT_THROW(TrainingPlan(p.weights(), opt), Error);
+}
+
+// min_capacity: a default capacity under automatic dispatch on CUDA may be sized down to tile / 64
+// (at least 1), or to a min_capacity given; a capacity given, force_sparse or force_dense, and the
+// CPU backend keep one capacity; a min_capacity outside 0..capacity is refused by name.
+TEST(CpuTrainingApi, MinCapacityResolves) {
+  using detail::resolve_training_options;
+  const Device gpu = Device::cuda(0), cpu = Device::cpu();
+  TrainingOptions o;
+  TrainingOptions r = resolve_training_options(o, gpu);
+  EXPECT_EQ(r.capacity, 16);
+  EXPECT_EQ(r.min_capacity, 4);
+  EXPECT_EQ(resolve_training_options(o, cpu).min_capacity, 16);
+  o.tile = 64;
+  EXPECT_EQ(resolve_training_options(o, gpu).min_capacity, 1);
+  o.tile = 0;
+  o.min_capacity = 8;
+  EXPECT_EQ(resolve_training_options(o, gpu).min_capacity, 8);
+  o.min_capacity = 0;
+  o.capacity = 12;
+  EXPECT_EQ(resolve_training_options(o, gpu).min_capacity, 12);
+  o.capacity = 0;
+  for (Dispatch d : {Dispatch::force_sparse, Dispatch::force_dense}) {
+    o.dispatch = d;
+    EXPECT_EQ(resolve_training_options(o, gpu).min_capacity, 16);
+  }
+  o.dispatch = Dispatch::automatic;
+  for (int32_t bad : {-1, 17}) {
+    o.min_capacity = bad;
+    try {
+      (void)resolve_training_options(o, gpu);
+      ADD_FAILURE() << "min_capacity " << bad << " was taken";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "options.min_capacity") << e.what();
+    }
+  }
+}
+
+// The rule that sizes the compact state (core/capacity.hpp): the smallest candidate holding 16x a
+// tile's mean entries, and a floor one candidate above a capacity whose forward routed more than
+// M / 256 rows.
+TEST(CpuTrainingApi, CapacityChoiceFollowsDensityAndRoutedRows) {
+  using detail::saved_capacities;
+  EXPECT_EQ(saved_capacities(16, 4), (std::vector<int32_t>{16, 8, 4}));
+  EXPECT_EQ(saved_capacities(12, 3), (std::vector<int32_t>{12, 6, 3}));
+  EXPECT_EQ(saved_capacities(1, 1), (std::vector<int32_t>{1}));
+  EXPECT_EQ(saved_capacities(4, 4), (std::vector<int32_t>{4}));
+  detail::CapacityChoice c(256, 16, 4);
+  EXPECT_EQ(c.choose(-1), 16);      // nothing measured yet
+  EXPECT_EQ(c.choose(0.0), 4);
+  EXPECT_EQ(c.choose(0.0001), 4);   // 16 x 0.0256 entries a tile = 0.41
+  EXPECT_EQ(c.choose(0.00097), 4);  // 3.97
+  EXPECT_EQ(c.choose(0.001), 8);    // 4.10
+  EXPECT_EQ(c.choose(0.0019), 8);   // 7.78
+  EXPECT_EQ(c.choose(0.005), 16);
+  EXPECT_EQ(c.choose(0.5), 16);     // above every candidate: the largest
+  c.routed(16384, 4, 64);           // exactly M / 256: kept
+  EXPECT_EQ(c.choose(0.0001), 4);
+  c.routed(16384, 4, 65);
+  EXPECT_EQ(c.floor(), 8);
+  EXPECT_EQ(c.choose(0.0001), 8);
+  EXPECT_EQ(c.choose(0.005), 16);
+  c.routed(16384, 4, 1000);         // a stale count at 4: the floor stays where it is
+  EXPECT_EQ(c.floor(), 8);
+  c.routed(16384, 16, 16384);       // nothing above the largest
+  EXPECT_EQ(c.floor(), 8);
+  c.routed(0, 8, 5);
+  EXPECT_EQ(c.floor(), 8);
+  c.routed(16384, 8, 100);
+  EXPECT_EQ(c.choose(0.0), 16);
+}
+
+// On the CPU backend every saved state has the options' capacity: one compact shape.
+TEST(CpuTrainingApi, SavedShapesOnTheCpu) {
+  Problem p = testing::make_problem({FfnKind::gated, 8, 24, 200, DType::f32, Pattern::uniform, 0.05, 64, seed(42)});
+  const TrainingPlan plan(p.weights());
+  EXPECT_EQ(plan.options().min_capacity, plan.options().capacity);
+  for (int64_t m : {0, 1, 65}) {
+    const std::vector<TwellShape> shapes = plan.saved_shapes(m);
+    ASSERT_EQ(shapes.size(), 1u);
+    EXPECT_EQ(shapes[0].bytes(DType::f32), plan.saved_shape(m).bytes(DType::f32));
+    EXPECT_EQ(shapes[0].capacity, 16);
+    EXPECT_EQ(shapes[0].backup_capacity, 0);
+  }
 }
 
 // The caller-owned form (one byte buffer, as a framework tensor would hold it) gives the same result

@@ -330,6 +330,76 @@ TEST(CudaTrainingApi, AutomaticDispatchTimesBothForms) {
   EXPECT_EQ(dense, (std::vector<bool>{false, true, false, true, false, true, dense[6], dense[6]}));
 }
 
+// Automatic dispatch with the default capacity sizes each step's compact state to the density the
+// last forward measured (TrainingOptions::min_capacity): tile / 16 before any measurement, tile /
+// 64 at 0.01-0.08%; a forward at a capacity that routes more than M / 256 rows raises it a step for
+// good (hot rows route at any capacity here, so it climbs back to tile / 16). Every step matches
+// the oracle whatever its form and capacity; dense-form trial steps are skipped in the sequence.
+std::vector<int32_t> compact_capacities(bool hot_rows, uint64_t seed) {
+  TrainingOptions o;
+  o.l1_coef = kOptionsL1;
+  Case c = problem_case<Case>(FfnKind::gated, DType::bf16, Pattern::uniform, 0.0001, 1024, 64, 4096);
+  DeviceStep d(spec_of(c, seed), o, L1From::options, 0.0f);
+  EXPECT_EQ(d.plan->options().capacity, 16);
+  EXPECT_EQ(d.plan->options().min_capacity, 4);
+  if (hot_rows) {  // every 100th row fires its whole first tile (the generator's hot control channel)
+    for (int64_t r = 0; r < c.m; r += 100) store_float(d.p.x.data(), c.dtype, r * c.k + c.k - 2, 1.0f);
+    d.x.upload(d.p.x);
+  }
+  std::vector<int32_t> capacities;
+  for (int i = 0; i < 8; ++i) {
+    d.renew_saved();
+    const bool dense = d.view.shape.backup_capacity == c.m;
+    if (!dense) capacities.push_back(d.view.shape.capacity);
+    expect_matches_oracle(d, run_step(d), "step " + std::to_string(i));  // run_step synchronises
+  }
+  return capacities;
+}
+
+TEST(CudaTrainingApi, CompactStateFollowsTheDensity) {
+  TWELL_REQUIRE_DEVICE();
+  const std::vector<int32_t> quiet = compact_capacities(false, 1901);
+  ASSERT_GE(quiet.size(), 3u);
+  EXPECT_EQ(quiet[0], 16);
+  for (size_t i = 1; i < quiet.size(); ++i) EXPECT_EQ(quiet[i], 4) << "compact step " << i;
+  const std::vector<int32_t> hot = compact_capacities(true, 1902);
+  ASSERT_GE(hot.size(), 3u);
+  EXPECT_EQ(std::vector<int32_t>(hot.begin(), hot.begin() + 3), (std::vector<int32_t>{16, 4, 8}));
+  for (size_t i = 3; i < hot.size(); ++i) EXPECT_EQ(hot[i], 16) << "compact step " << i;
+}
+
+// The capacities a state may have are the plan's set: any other is refused by name, and a state
+// sized at any capacity of the set runs (the backward takes the view's).
+TEST(CudaTrainingApi, SavedShapesOfAnAdaptivePlan) {
+  TWELL_REQUIRE_DEVICE();
+  TrainingOptions o;
+  o.l1_coef = kOptionsL1;
+  Case c = problem_case<Case>(FfnKind::gated, DType::bf16, Pattern::uniform, 0.002, 257, 64, 1000);
+  DeviceStep d(spec_of(c, 1903), o, L1From::options, 0.0f);
+  const std::vector<TwellShape> shapes = d.plan->saved_shapes(c.m);
+  ASSERT_EQ(shapes.size(), 4u);  // compact at 16, 8, 4; dense
+  EXPECT_EQ(shapes[0].capacity, 16);
+  EXPECT_EQ(shapes[1].capacity, 8);
+  EXPECT_EQ(shapes[2].capacity, 4);
+  EXPECT_EQ(shapes[3].backup_capacity, c.m);
+  for (size_t i = 0; i < 3; ++i) {
+    d.saved = DeviceBuffer(shapes[i].bytes(d.plan->saved_dtype()));
+    d.view = d.new_view(d.saved, shapes[i]);
+    expect_matches_oracle(d, run_step(d), "capacity " + std::to_string(shapes[i].capacity));
+  }
+  TwellShape other = shapes[0];
+  other.capacity = 2;
+  DeviceBuffer b(other.bytes(d.plan->saved_dtype()));
+  const TwellView v = d.new_view(b, other);
+  try {
+    d.plan->forward(d.forward_args(), v);
+    ADD_FAILURE() << "a compact state at capacity 2 was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "saved shape") << e.what();
+    EXPECT_NE(std::string(e.what()).find("capacity one of 16, 8, 4"), std::string::npos) << e.what();
+  }
+}
+
 #endif  // TWELL_WITH_CUDA
 
 }  // namespace

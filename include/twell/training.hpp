@@ -13,12 +13,14 @@
 //   dense (backup_capacity = M, capacity 1, CUDA only): every row routed to its own backup row,
 //     which holds the dense planes; forward and backward run dense cuBLAS GEMMs. For early training, when
 //     activations are not sparse yet and the sparse path would be slower.
-// Either size depends on M alone, so it can live in framework-allocated tensors and a step can be
-// captured in a CUDA graph, and no capacity anywhere can drop data. saved_shape(M) says which
-// form the plan wants for the next step (TrainingOptions::dispatch).
+// Either size depends on M and the compact form's capacity alone, so it can live in
+// framework-allocated tensors and a step can be captured in a CUDA graph, and no capacity anywhere
+// can drop data. saved_shape(M) says which form, and which capacity, the plan wants for the next
+// step (TrainingOptions::dispatch, min_capacity).
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "twell/ffn.hpp"
 #include "twell/format.hpp"
@@ -35,7 +37,17 @@ enum class TrainingCall : uint8_t { both, forward, backward };
 
 struct TrainingOptions {
   int32_t tile = 0;       // 0 = backend default
-  int32_t capacity = 0;   // 0 = tile / 16 (inference's default is tile / 8)
+  // Slots per (row, tile) of the compact form: 0 = tile / 16 (inference's default is tile / 8).
+  int32_t capacity = 0;
+  // The smallest capacity a compact state may be sized to. Under automatic dispatch on CUDA,
+  // saved_shape(M) sizes each step's compact state to the density the last forward measured:
+  // the smallest of capacity, capacity / 2, capacity / 4, ... (none below min_capacity) that
+  // holds 8x a tile's mean entries, and one step larger each time a forward at a capacity routed
+  // more than M / 256 rows (never smaller again). A routed row stays exact: the choice moves
+  // memory and time, never results. 0 = tile / 64 (at least 1) when capacity is 0, else
+  // capacity: a capacity given is kept, and so is every capacity under force_sparse (a fixed size,
+  // as a compiled graph needs), force_dense and on the CPU backend.
+  int32_t min_capacity = 0;
   double l1_coef = 0.0;   // finite and >= 0 (Error otherwise)
   // Determinism (ffn.hpp). fast on CUDA also routes rows of more than N / 44 entries (at least
   // 96, at most 512): cuBLAS computes them faster than the compact-row kernels; deterministic
@@ -110,9 +122,13 @@ class TrainingPlan {
   // make_twell_view. Ask again before each step: under automatic dispatch the form follows the
   // measured density. forward and backward accept either form (CPU: compact only).
   TwellShape saved_shape(int64_t rows) const;
-  // The shape of one form, whatever dispatch would ask (a caller that kept only the saved bytes
-  // tells the forms apart by their size).
+  // The shape of one form, whatever dispatch would ask, the compact one at options().capacity.
   TwellShape saved_shape(int64_t rows, SavedForm form) const;
+  // Every shape a saved state of M rows may have under this plan: the compact form at each
+  // capacity from options().capacity down to options().min_capacity by halves, then the dense
+  // form where the backend runs it (M > 0). A caller that kept only the saved bytes takes the
+  // first of them with that size (at M > 0 the compact ones' sizes differ).
+  std::vector<TwellShape> saved_shapes(int64_t rows) const;
   DType saved_dtype() const;
   // Scratch bytes one forward or backward of M rows needs in a caller workspace (0: none needed),
   // whichever saved form it runs: enough for every form dispatch may ask for.

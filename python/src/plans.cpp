@@ -4,6 +4,7 @@
 // does, keying each plan on the weights' addresses and dropping it when a weight dies).
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <string>
 #include <vector>
@@ -182,19 +183,22 @@ class PyTrainingPlan {
 
  private:
   // The saved layout for x's rows (x is checked by the plan; an x of the wrong rank gets 0 rows
-  // here and the plan's own error), in the form whose size the buffer has: the dense form's bytes
-  // exactly (and not also the compact form's), else the compact form. Not the form saved_shape
-  // would ask for now: under automatic dispatch that may change between a forward and its
-  // backward.
+  // here and the plan's own error): the first of saved_shapes(rows) whose size the buffer has.
+  // Not the shape saved_shape would ask for now: under automatic dispatch the form and capacity
+  // may change between a forward and its backward.
   TwellView saved(const ArrayArg& saved, const TensorView& x, const char* op) const {
     const int64_t rows = x.rank == 2 ? x.shape[0] : 0;
     const DType dt = plan_.saved_dtype();
-    const TwellShape compact = plan_.saved_shape(rows, SavedForm::compact);
-    const TwellShape dense = plan_.saved_shape(rows, SavedForm::dense);
+    const std::vector<TwellShape> shapes = plan_.saved_shapes(rows);
     const TensorView& v = saved.view;
-    const bool is_dense = v.rank == 1 && v.dtype == DType::u8 && size_t(v.shape[0]) == dense.bytes(dt) &&
-                          size_t(v.shape[0]) != compact.bytes(dt);
-    return saved_view(saved, is_dense ? dense : compact, dt, held_.weights.up.device, op);
+    const TwellShape* pick = &shapes.front();  // no size matches: the largest compact one's error
+    if (v.rank == 1 && v.dtype == DType::u8)
+      for (const TwellShape& s : shapes)
+        if (size_t(v.shape[0]) == s.bytes(dt)) {
+          pick = &s;
+          break;
+        }
+    return saved_view(saved, *pick, dt, held_.weights.up.device, op);
   }
 
   HeldWeights held_;
@@ -213,10 +217,12 @@ InferenceOptions inference_options(int32_t tile, int32_t capacity, Dispatch disp
 }
 
 TrainingOptions training_options(int32_t tile, int32_t capacity, double l1_coef,
-                                 Determinism determinism, Dispatch dispatch, double dense_above) {
+                                 Determinism determinism, Dispatch dispatch, double dense_above,
+                                 int32_t min_capacity) {
   TrainingOptions o;
   o.tile = tile;
   o.capacity = capacity;
+  o.min_capacity = min_capacity;
   o.l1_coef = l1_coef;
   o.determinism = determinism;
   o.dispatch = dispatch;
@@ -316,20 +322,25 @@ void bind_training_plan(nb::module_& m) {
       .def("__init__",
            [](PyTrainingPlan* self, nb::handle gate, nb::handle up, nb::handle down,
               int32_t tile, int32_t capacity, double l1_coef, Determinism determinism,
-              Dispatch dispatch, double dense_above, bool borrow) {
-             new (self) PyTrainingPlan(
-                 gate, up, down,
-                 training_options(tile, capacity, l1_coef, determinism, dispatch, dense_above), borrow);
+              Dispatch dispatch, double dense_above, bool borrow, int32_t min_capacity) {
+             new (self) PyTrainingPlan(gate, up, down,
+                                       training_options(tile, capacity, l1_coef, determinism, dispatch,
+                                                        dense_above, min_capacity),
+                                       borrow);
            },
            "gate"_a.none(), "up"_a.none(), "down"_a.none(), "tile"_a = 0, "capacity"_a = 0,
            "l1_coef"_a = 0.0,
            "determinism"_a = Determinism::fast, "dispatch"_a = Dispatch::automatic,
-           "dense_above"_a = -1.0, "borrow"_a = false)
+           "dense_above"_a = -1.0, "borrow"_a = false, "min_capacity"_a = 0)
       .def("saved_shape", [](const PyTrainingPlan& p, int64_t rows) { return p.plan().saved_shape(rows); },
            "rows"_a, "The form dispatch asks for now (backup_capacity 0: compact; M: dense).")
       .def("saved_shape",
            [](const PyTrainingPlan& p, int64_t rows, SavedForm form) { return p.plan().saved_shape(rows, form); },
-           "rows"_a, "form"_a, "The shape of one form.")
+           "rows"_a, "form"_a, "The shape of one form (the compact one at the options' capacity).")
+      .def("saved_shapes", [](const PyTrainingPlan& p, int64_t rows) { return p.plan().saved_shapes(rows); },
+           "rows"_a,
+           "Every shape a saved state of `rows` rows may have: the compact form at each capacity "
+           "automatic dispatch may pick (largest first), then the dense form (CUDA).")
       .def("saved_dtype", [](const PyTrainingPlan& p) { return p.plan().saved_dtype(); })
       .def("saved_bytes", &PyTrainingPlan::saved_bytes, "rows"_a)
       .def("set_weights", &PyTrainingPlan::set_weights, "gate"_a.none(), "up"_a.none(),
@@ -356,6 +367,7 @@ void bind_training_plan(nb::module_& m) {
            "gradients NaN where dense autograd's are (read on the device, unchecked, on CUDA).")
       .def_prop_ro("tile", [](const PyTrainingPlan& p) { return p.plan().options().tile; })
       .def_prop_ro("capacity", [](const PyTrainingPlan& p) { return p.plan().options().capacity; })
+      .def_prop_ro("min_capacity", [](const PyTrainingPlan& p) { return p.plan().options().min_capacity; })
       .def_prop_ro("l1_coef", [](const PyTrainingPlan& p) { return p.plan().options().l1_coef; })
       .def_prop_ro("dispatch", [](const PyTrainingPlan& p) { return p.plan().options().dispatch; });
 }

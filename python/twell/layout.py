@@ -18,6 +18,19 @@ def resolve_tile(tile, capacity, training=False):
     return tile, max(1, tile // 16) if training else tile // 8
 
 
+def training_capacities(tile, capacity, adaptive):
+    """The capacities training's compact state may have, largest first, as twell::TrainingOptions
+    resolves min_capacity: a default capacity (0) under automatic dispatch on CUDA (`adaptive`)
+    may be sized down by halves to tile // 64 (at least 1); any other has its one capacity."""
+    tile, top = resolve_tile(tile, capacity, training=True)
+    low = max(1, tile // 64) if adaptive and not capacity else top
+    out, c = [], top
+    while c >= low:
+        out.append(c)
+        c //= 2
+    return out or [top]
+
+
 def _aligned(nbytes):
     return (nbytes + 15) // 16 * 16
 

@@ -53,6 +53,9 @@ class TrainingBackend {
   // waits for the device), and whether the backend runs that form at all.
   virtual bool wants_dense_layout(int64_t rows) = 0;
   virtual bool supports_dense_layout() const = 0;
+  // The compact form's capacity for saved_shape(rows): one of saved_capacities(options.capacity,
+  // options.min_capacity) (capacity.hpp; never waits for the device).
+  virtual int32_t compact_capacity(int64_t rows) = 0;
   // Scratch for a step of either form this backend runs (TrainingPlan::workspace_bytes(M)).
   size_t any_form_workspace_bytes(int64_t rows) const {
     const size_t compact = workspace_bytes(rows, SavedForm::compact, TrainingCall::both);

@@ -15,6 +15,15 @@ constexpr int32_t kDefaultCapacityDivisor = 8;
 // average) half of inference's slots route almost no row. A tile / 8 state costs 35 MB more per
 // layer at M = 16384, N = 5632; tile / 32 routes enough rows at 1% to slow the step.
 constexpr int32_t kTrainingCapacityDivisor = 16;
+// Under automatic dispatch (CUDA) a step's compact state is sized to the last forward's density
+// (capacity.hpp), down to tile / 64 slots by default: a trained model at 0.01% holds its rows in 4
+// slots, a quarter of the state. A capacity holds kCapacityEntriesHeadroom x a tile's mean entries
+// (at 16x, a Poisson count overflows fewer than 1 tile in 10^5 at capacity 4 and above), and a
+// halving is undone for good once a forward at it routes more than M / kCapacityRoutedDivisor rows
+// (a heavy-tailed density the mean does not show). Uniform 0.5% or denser keeps tile / 16.
+constexpr int32_t kTrainingMinCapacityDivisor = 64;
+constexpr double kCapacityEntriesHeadroom = 16.0;
+constexpr int64_t kCapacityRoutedDivisor = 256;
 
 // Density (fraction of N) above which automatic dispatch runs dense.
 // CPU: at M = 256 the sparse stage costs ~1 us per active (row, neuron) streaming weight rows from

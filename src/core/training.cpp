@@ -7,12 +7,15 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/capacity.hpp"
 #include "core/check.hpp"
 #include "core/checked.hpp"
 #include "core/policy.hpp"
 #include "twell/training.hpp"
 
 namespace twell {
+
+using detail::saved_capacities;
 
 SavedActivations::SavedActivations() : impl_(std::make_unique<Impl>()) {}
 SavedActivations::~SavedActivations() = default;
@@ -35,6 +38,16 @@ TrainingOptions resolve_training_options(const TrainingOptions& o, Device dev) {
   TrainingOptions r = o;
   r.tile = io.tile;
   r.capacity = io.capacity;
+  // The capacities automatic dispatch may size the compact state to (capacity.hpp): only a default
+  // capacity shrinks, and only where dispatch is automatic on CUDA.
+  if (r.min_capacity < 0 || r.min_capacity > r.capacity)
+    throw Error("TrainingPlan", "options.min_capacity",
+                "0 (the default) or 1.." + std::to_string(r.capacity) + " (at most the capacity)",
+                std::to_string(r.min_capacity));
+  if (o.capacity != 0 || o.dispatch != Dispatch::automatic || dev.type != DeviceType::cuda)
+    r.min_capacity = r.capacity;
+  else if (r.min_capacity == 0)
+    r.min_capacity = std::max(1, r.tile / policy::kTrainingMinCapacityDivisor);
   if (!(r.l1_coef >= 0.0) || !std::isfinite(r.l1_coef))
     throw Error("TrainingPlan", "options.l1_coef", "a finite value >= 0", std::to_string(r.l1_coef));
   if (std::isnan(r.dense_above) || r.dense_above > 1.0)
@@ -57,13 +70,20 @@ class TrainingPlan::Impl {
     return rows > 0 && saved.shape.backup_capacity == rows ? SavedForm::dense : SavedForm::compact;
   }
 
+  // Whether the compact form may have this capacity (TrainingOptions::min_capacity).
+  bool accepts_capacity(int32_t capacity) const {
+    const std::vector<int32_t> c = saved_capacities(options.capacity, options.min_capacity);
+    return std::find(c.begin(), c.end(), capacity) != c.end();
+  }
+
   void check_saved(const char* op, const TwellView& saved, int64_t rows) const {
     const TwellShape& got = saved.shape;
     const bool dense = form_of(saved, rows) == SavedForm::dense;
     if (dense && !backend->supports_dense_layout())
       throw Error(op, "saved shape", "backup 0 (this backend saves the compact form only)",
                   "backup " + std::to_string(got.backup_capacity));
-    const TwellShape want = shape(rows, dense);
+    const TwellShape want =
+        shape(rows, dense, !dense && accepts_capacity(got.capacity) ? got.capacity : options.capacity);
     auto str = [](const TwellShape& s) {
       return "rows " + std::to_string(s.rows) + ", cols " + std::to_string(s.cols) + ", tile " +
              std::to_string(s.tile) + ", capacity " + std::to_string(s.capacity) + ", planes " +
@@ -71,8 +91,13 @@ class TrainingPlan::Impl {
     };
     if (got.rows != want.rows || got.cols != want.cols || got.tile != want.tile ||
         got.capacity != want.capacity || got.planes != want.planes ||
-        got.backup_capacity != want.backup_capacity)
-      throw Error(op, "saved shape", str(want), str(got));
+        got.backup_capacity != want.backup_capacity) {
+      std::string capacities;
+      if (!dense && options.min_capacity < options.capacity)
+        for (int32_t c : saved_capacities(options.capacity, options.min_capacity))
+          capacities += (capacities.empty() ? " (capacity one of " : ", ") + std::to_string(c);
+      throw Error(op, "saved shape", str(want) + (capacities.empty() ? "" : capacities + ")"), str(got));
+    }
     if (saved.dtype != backend->saved_dtype())
       throw Error(op, "saved dtype", dtype_name(backend->saved_dtype()), dtype_name(saved.dtype));
     if (saved.device != weights.up.device)
@@ -122,14 +147,14 @@ class TrainingPlan::Impl {
   }
 
   // dense: the dense form (backup row m = row m), whose compact slots no row uses: capacity 1, so
-  // that it holds little more than the dense planes.
-  TwellShape shape(int64_t rows, bool dense) const {
+  // that it holds little more than the dense planes. Else the compact form at `capacity`.
+  TwellShape shape(int64_t rows, bool dense, int32_t capacity) const {
     dense = dense && rows > 0;
     TwellShape s;
     s.rows = rows;
     s.cols = weights.intermediate();
     s.tile = options.tile;
-    s.capacity = dense ? 1 : options.capacity;
+    s.capacity = dense ? 1 : capacity;
     s.planes = weights.kind == FfnKind::gated ? 2 : 1;
     s.backup_capacity = dense ? rows : 0;
     return s;
@@ -146,14 +171,24 @@ TrainingPlan& TrainingPlan::operator=(TrainingPlan&&) noexcept = default;
 const TrainingOptions& TrainingPlan::options() const { return impl_->options; }
 TwellShape TrainingPlan::saved_shape(int64_t rows) const {
   impl_->backend->raise_reported_fault("TrainingPlan::saved_shape");
-  const TwellShape s = impl_->shape(rows, impl_->backend->wants_dense_layout(rows));
+  const bool dense = impl_->backend->wants_dense_layout(rows);
+  const int32_t capacity = dense ? 1 : impl_->backend->compact_capacity(rows);
+  const TwellShape s = impl_->shape(rows, dense, capacity);
   s.validate("TrainingPlan::saved_shape");  // rows, and sizes that fit in int64 bytes
   return s;
 }
 TwellShape TrainingPlan::saved_shape(int64_t rows, SavedForm form) const {
-  const TwellShape s = impl_->shape(rows, form == SavedForm::dense);
+  const TwellShape s = impl_->shape(rows, form == SavedForm::dense, impl_->options.capacity);
   s.validate("TrainingPlan::saved_shape");
   return s;
+}
+std::vector<TwellShape> TrainingPlan::saved_shapes(int64_t rows) const {
+  std::vector<TwellShape> shapes;
+  for (int32_t c : saved_capacities(impl_->options.capacity, impl_->options.min_capacity))
+    shapes.push_back(impl_->shape(rows, false, c));
+  if (impl_->backend->supports_dense_layout() && rows > 0) shapes.push_back(impl_->shape(rows, true, 1));
+  for (const TwellShape& s : shapes) s.validate("TrainingPlan::saved_shapes");
+  return shapes;
 }
 size_t TrainingPlan::workspace_bytes(int64_t rows) const {
   detail::check_workspace_rows("TrainingPlan::workspace_bytes", rows);

@@ -34,6 +34,7 @@ class CpuTraining final : public TrainingBackend {
   DType saved_dtype() const override { return DType::f32; }
   bool wants_dense_layout(int64_t) override { return false; }
   bool supports_dense_layout() const override { return false; }
+  int32_t compact_capacity(int64_t) override { return opt_.capacity; }  // min_capacity == capacity here
   size_t workspace_bytes(int64_t, SavedForm, TrainingCall) const override { return 0; }  // host scratch is its own
   void set_weights(const FfnWeights& w) override { w_ = w; }
 

@@ -150,6 +150,10 @@ def test_saved_layout_mirror(m, n, tile, capacity, gated):
     w = np.zeros((n, k), np.float32)
     plan = twell.TrainingPlan(w if gated else None, w, w, tile=tile, capacity=capacity)
     assert (plan.tile, plan.capacity) == layout.resolve_tile(tile, capacity, training=True)
+    # The CPU backend keeps one capacity (only automatic dispatch on CUDA sizes it to the density).
+    assert plan.min_capacity == plan.capacity
+    assert layout.training_capacities(tile, capacity, False) == [plan.capacity]
+    assert [s.capacity for s in plan.saved_shapes(m)] == [plan.capacity]
     shape = plan.saved_shape(m)
     assert (shape.rows, shape.cols, shape.planes, shape.backup_capacity) == (m, n, 1 + gated, 0)
     assert plan.saved_dtype() == twell.DType.f32  # the CPU backend saves float32

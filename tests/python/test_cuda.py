@@ -199,6 +199,48 @@ def test_training_dispatch_moves_to_the_dense_form(seed):
     assert seen[0] == sizes["compact"] and set(seen[1:]) == {sizes["dense"]}, seen
 
 
+def test_training_state_follows_the_density(seed):
+    """Eager training under "auto" with the default capacity: once a forward's density has
+    arrived (~0.02% here), the compact state shrinks from tile / 16 to tile / 64 slots per tile
+    (its size tells; the capacities are twell.layout's mirror of the plan's), and every step's
+    output and gradients are the fixed-size "sparse" run's to bf16 rounding."""
+    from twell import layout
+
+    skip_unless_trainable("cuda")
+    m, n = 512, 1024
+    p = problem(seed, m, 64, n, True, rate=1e-4, special_rows=False)
+    t = lambda a: torch.from_numpy(a).to("cuda", DTYPE)
+    leaves = [a.clone().requires_grad_() for a in (t(p.x), t(p.gate), t(p.up), t(p.down.T))]
+    plan = twell.TrainingPlan(*[tt._plans.dl(a.detach()) for a in leaves[1:3]],
+                              tt._plans.dl(leaves[3].detach().t().contiguous()))
+    capacities = layout.training_capacities(0, 0, True)
+    assert capacities == [16, 8, 4] and plan.min_capacity == 4
+    assert [s.capacity for s in plan.saved_shapes(m)] == capacities + [1]
+    sizes = {c: layout.saved_bytes(m, n, 256, c, 2, DTYPE) for c in capacities}
+    dense = layout.saved_bytes(m, n, 256, 1, 2, DTYPE, dense=True)
+
+    def run(dispatch):
+        for a in leaves:
+            a.grad = None
+        y, saved, stats = torch.ops.twell.ffn_train(*leaves, 0, 0, dispatch, -1.0)
+        (y.float().square().mean() + 0.01 * stats[1]).backward()
+        torch.cuda.synchronize()  # the calibration polls finished forwards only
+        return saved.numel(), [y.detach()] + [a.grad for a in leaves]
+
+    tt.clear_plans()
+    size, want = run("sparse")
+    assert size == sizes[16]
+    seen = []
+    for _ in range(6):
+        size, got = run("auto")
+        seen.append(size)
+        for a, b in zip(got, want):
+            err = float((a.float() - b.float()).norm() / b.float().norm())
+            assert err <= 2e-2, f"{err:.3g}"
+    compact = [s for s in seen if s != dense]
+    assert compact[0] == sizes[16] and set(compact[1:]) == {sizes[4]}, (seen, sizes)
+
+
 def step(model, opt, x):
     opt.zero_grad(set_to_none=True)  # inside a capture: backward allocates the grads it writes
     loss = model(x).float().square().mean() + tt.l1_loss(model)

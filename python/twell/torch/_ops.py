@@ -13,8 +13,9 @@ graphs.
 ffn_train's dispatch picks the saved form: "sparse" the compact form (its size depends on the
 shapes alone, as torch.compile's fake tensors need: the modules pass it while compiling),
 "dense" the dense form (CUDA), "auto" the form the plan's timing dispatch asks for (CUDA: the
-compact form until measured, then the faster per density regime; a data-dependent size).
-Backward takes the form from the saved tensor's size.
+compact form until measured, then the faster per density regime, the compact form with a default
+capacity sized to the last forward's density: a data-dependent size). Backward takes the form and
+capacity from the saved tensor's size.
   twell::ffn_train_backward  [dx, dgate, dup, ddown] (weights' gradients in float32, each
                                                     [N, K]: ddown neuron-major; no dgate for a
                                                     plain FFN)
@@ -39,9 +40,19 @@ def saved_dtype(device_type, weight_dtype):
 
 
 def _saved_bytes(x, gate, up, tile, capacity, dense=False):
+    """Bytes of the saved state: the dense form's, or the compact form's at `capacity` (0: the
+    default, the largest automatic dispatch may pick and force_sparse's fixed one)."""
     tile, capacity = layout.resolve_tile(tile, capacity, training=True)
     return layout.saved_bytes(x.shape[0], up.shape[0], tile, capacity, 2 if gate is not None else 1,
                               saved_dtype(x.device.type, up.dtype), dense=dense)
+
+
+def _compact_sizes(x, gate, up, tile, capacity, dispatch):
+    """Bytes of the compact state at each capacity the plan may size it to (largest first):
+    automatic dispatch on CUDA sizes a default capacity to the density (twell.layout)."""
+    adaptive = x.device.type == "cuda" and dispatch == "auto"
+    return [_saved_bytes(x, gate, up, tile, c)
+            for c in layout.training_capacities(tile, capacity, adaptive)]
 
 
 @torch.library.custom_op("twell::ffn", mutates_args=())
@@ -119,7 +130,11 @@ def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile:
               capacity: int, dispatch: str, dense_above: float) -> Tuple[Tensor, Tensor, Tensor]:
     plan, down_nk = _training_plan(gate, up, down, tile, capacity, dispatch, dense_above, "ffn_train")
     nbytes = plan.saved_bytes(x.shape[0])
-    mirror = {_saved_bytes(x, gate, up, tile, capacity, dense=d): d for d in _forms(x, dispatch)}
+    mirror = {}
+    if True in _forms(x, dispatch):
+        mirror[_saved_bytes(x, gate, up, tile, capacity, dense=True)] = True
+    if False in _forms(x, dispatch):  # the compact sizes win a tie, as in the plan's backward
+        mirror.update({b: False for b in _compact_sizes(x, gate, up, tile, capacity, dispatch)})
     if nbytes not in mirror:  # the fake implementation would disagree with this one
         raise RuntimeError(f"twell.torch: the C++ plan saves {nbytes} bytes, twell.layout says "
                            f"{sorted(mirror)}: update twell/layout.py or saved_dtype()")
@@ -160,9 +175,9 @@ def ffn_train_backward(dy: Tensor, x: Tensor, gate: Optional[Tensor], up: Tensor
                        dense_above: float) -> List[Tensor]:
     plan, down_nk = _training_plan(gate, up, down, tile, capacity, dispatch, dense_above,
                                    "ffn_train_backward")
-    # The saved form from the buffer's size: the compact form's bytes, else the dense form's (a
-    # buffer of neither size is the plan's error).
-    dense = saved.numel() != _saved_bytes(x, gate, up, tile, capacity)
+    # The saved form from the buffer's size: a compact state's bytes (at any capacity the plan may
+    # pick), else the dense form's (a buffer of neither size is the plan's error).
+    dense = saved.numel() not in _compact_sizes(x, gate, up, tile, capacity, dispatch)
     dx = x.new_empty(x.shape)
     grads = [up.new_empty(up.shape, dtype=torch.float32) for _ in range(3 if gate is not None else 2)]
     dgate = grads[0] if gate is not None else None

@@ -8,7 +8,8 @@
                the rest saved the dense form (CUDA: the dense cuBLAS path, every row dense)
   sparse_rows  fraction of the interval's rows the sparse kernels carried: rows of compact-form
                forwards not routed to the dense backup (a row is routed when a tile of it has more
-               active units than the tile's capacity, 16 of 256 by default)
+               active units than the tile's capacity: 16 of 256 by default, sized down to 4 where
+               automatic dispatch on CUDA follows the density)
 
 The form and routed rows are read from the state each forward saves for backward (the autograd
 node of twell::ffn_train): its size tells the form (twell.layout.saved_bytes), its num_routed
@@ -108,15 +109,20 @@ class LayerMonitor:
             saved = node.saved_tensors[-1]
             x = args[0]
             rows = x.numel() // module.hidden_size
-            tile, capacity = twell.layout.resolve_tile(module.tile, module.capacity, training=True)
+            tile = twell.layout.resolve_tile(module.tile, module.capacity, training=True)[0]
             planes = 2 if module.gated else 1
             dtype = tt.saved_dtype(x.device.type, module.up_proj.weight.dtype)
-            compact = twell.layout.saved_bytes(rows, module.intermediate_size, tile, capacity,
-                                               planes, dtype)
+            adaptive = x.device.type == "cuda" and module.dispatch == "auto"
             nbytes = saved.numel()
             acc["known"][i] += 1
             acc["rows"][i] += rows
-            if nbytes != compact:
+            # The compact form at the capacity whose size the state has (automatic dispatch sizes
+            # a default capacity to the density), else the dense form.
+            sizes = {twell.layout.saved_bytes(rows, module.intermediate_size, tile, c, planes,
+                                              dtype): c
+                     for c in twell.layout.training_capacities(tile, module.capacity, adaptive)}
+            capacity = sizes.get(nbytes)
+            if capacity is None:
                 return
             acc["compact"][i] += 1
             acc["compact_rows"][i] += rows

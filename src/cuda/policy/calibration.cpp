@@ -140,6 +140,19 @@ int64_t RoutedCapacity::capacity(int64_t rows, int64_t limit, bool capturing) {
   return capacity_;
 }
 
+void SavedCapacity::record(const int32_t* device_routed, int64_t rows, int32_t capacity, cudaStream_t s) {
+  if (count_.pending()) return;  // one count in flight at a time
+  count_.record(device_routed, s);
+  pending_rows_ = rows;
+  pending_capacity_ = capacity;
+}
+
+int32_t SavedCapacity::capacity(double density) {
+  const RelaxedCapture relaxed;  // saved_shape may be asked inside a framework's capture
+  if (count_.poll()) choice_.routed(pending_rows_, pending_capacity_, count_.value());
+  return choice_.choose(density);
+}
+
 DispatchCalibration::DispatchCalibration()
     : begin_(cudaEventDefault, kOp), end_(cudaEventDefault, kOp), probe_(kRunOp) {}
 

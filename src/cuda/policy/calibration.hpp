@@ -23,6 +23,7 @@
 #include <map>
 #include <utility>
 
+#include "core/capacity.hpp"
 #include "cuda/runtime/no_copy.hpp"
 #include "twell/ffn.hpp"
 
@@ -135,6 +136,25 @@ class RoutedCapacity {
   int64_t capacity_ = 0;                // the last C handed out (kept while it still fits)
 };
 
+// The compact saved state's capacity under automatic dispatch (TrainingOptions::min_capacity;
+// detail::CapacityChoice has the rule): each eager compact forward's routed count is recorded with
+// its rows and capacity, and capacity() polls the last one before choosing.
+class SavedCapacity {
+ public:
+  SavedCapacity(const char* op, int32_t tile, int32_t capacity, int32_t min_capacity)
+      : count_(op), choice_(tile, capacity, min_capacity) {}
+
+  void record(const int32_t* device_routed, int64_t rows, int32_t capacity, cudaStream_t s);
+  // The next step's capacity at `density` (TrainingCalibration::density()). Polls, never waits.
+  int32_t capacity(double density);
+
+ private:
+  PinnedCount<int32_t> count_;
+  detail::CapacityChoice choice_;
+  int64_t pending_rows_ = 0;
+  int32_t pending_capacity_ = 0;
+};
+
 class DispatchCalibration {
  public:
   DispatchCalibration();
@@ -195,6 +215,8 @@ class TrainingCalibration {
   // The saved form for a step of `rows` rows (true: dense), as PathTimes chooses at the density
   // the last finished forward measured.
   bool prefer_dense(int64_t rows, double dense_above);
+  // The density the last finished forward measured, as prefer_dense last polled it (-1: none yet).
+  double density() const { return probe_.density(); }
   // Eager forwards and backwards only. `saved` identifies the step (the saved buffer).
   void forward_start(const void* saved, cudaStream_t s);
   void forward_finish(const unsigned long long* device_active, int64_t rows, int64_t cols, bool dense,

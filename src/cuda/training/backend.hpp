@@ -63,6 +63,7 @@ class CudaTraining final : public detail::TrainingBackend {
   size_t workspace_bytes(int64_t rows, SavedForm form, TrainingCall call) const override;
   bool supports_dense_layout() const override { return options_.dispatch != Dispatch::force_sparse; }
   bool wants_dense_layout(int64_t rows) override;
+  int32_t compact_capacity(int64_t rows) override;
 
   void forward(const TrainingForwardArgs& args, const TwellView& saved, Stream stream) override;
   void backward(const TrainingBackwardArgs& args, const TensorView& x, const TwellView& saved,
@@ -125,6 +126,8 @@ class CudaTraining final : public detail::TrainingBackend {
   // Determinism::fast: the routed rows' first C through cuBLAS, C learned from earlier forwards.
   RoutedCapacity routed_capacity_{kForwardOp, options_.determinism};
   TrainingCalibration calibration_;  // automatic dispatch: timed steps of either saved form
+  // Automatic dispatch with min_capacity < capacity: the compact state sized to the density.
+  SavedCapacity saved_capacity_{kForwardOp, options_.tile, options_.capacity, options_.min_capacity};
   std::unique_ptr<RunOrder> order_;  // runs across streams; the plan's own workspace
   SavedFault* fault_flag_ = nullptr;    // device: the running saved-state check's first fault
   SavedFault* fault_report_ = nullptr;  // host-mapped: the first fault not yet raised

@@ -92,6 +92,12 @@ bool CudaTraining::wants_dense_layout(int64_t rows) {
   return calibration_.prefer_dense(rows, options_.dense_above);
 }
 
+int32_t CudaTraining::compact_capacity(int64_t rows) {
+  if (rows == 0 || options_.min_capacity == options_.capacity) return options_.capacity;
+  // The density as wants_dense_layout just polled it (saved_shape asks that first).
+  return saved_capacity_.capacity(calibration_.density());
+}
+
 void CudaTraining::seal_saved(const TwellView& saved, const TwellHeader& header, Stream stream) {
   DeviceGuard guard(device_.index, kForwardOp);
   launch_write_header(saved.header, header, resolve_stream(stream), kForwardOp);
@@ -231,6 +237,8 @@ void CudaTraining::forward_compact(const TrainingForwardArgs& args, const TwellV
   launch_routed(routed, device_, s);
   launch_routed_renumber(saved, s);
   routed_capacity_.record(saved.num_routed, rows, capturing, s);
+  if (!capturing && options_.min_capacity < options_.capacity)
+    saved_capacity_.record(saved.num_routed, rows, saved.shape.capacity, s);
 
   // 4. Statistics.
   launch_statistics(saved, hidden, active, row_l1, stats, rows, s);
