@@ -43,7 +43,8 @@ One whole generate() call is timed (at least one warm-up of each); tokens/s and 
 new tokens. Agreement: identical_tokens (the two models' greedy ids equal) and first_divergence;
 bf16 rounding can flip a near-tie, so a difference is reported, never failed, with the dense logit
 margin between the two tokens there beside the largest logit change of the exact split model at
-that point (first_divergence.rounding: the margin is within it), and where one generate() with the
+that point (first_divergence.rounding: the margin is within it, or dense's own forward of the
+prefix ranks twell's token first), and where one generate() with the
 split MLPs first leaves dense's tokens (first_divergence.split_divergence; null: never). The density
 is over every token the FFNs saw in one twell generate.
 
