@@ -158,6 +158,10 @@ std::string Cases::source(size_t i) const {
   return captured() ? o_.from_dir + " layer " + std::to_string(i) : std::string();
 }
 
+std::string Cases::model(size_t i) const {
+  return captured() ? testing::capture_model_fields(o_.from_dir, int(i)) : std::string();
+}
+
 std::string Cases::name(size_t i) const { return captured() ? source(i) : specs_[i].describe(); }
 
 std::vector<Row> run(const Options& o, std::ostream& progress) {
@@ -178,6 +182,7 @@ std::vector<Row> run(const Options& o, std::ostream& progress) {
     r.backend = runner->backend();
     r.spec = p.spec;
     r.source = cases.source(i);
+    r.model = cases.model(i);
     progress << "[" << i + 1 << "/" << cases.size() << "] "
              << (cases.captured() ? r.source + ": " : std::string()) << r.spec.describe() << " ..."
              << std::flush;
@@ -242,11 +247,11 @@ void write_results(const std::vector<Row>& rows, const std::string& dir, const s
     std::snprintf(line, sizeof line,
                   "\"twell_ms\": {\"median\": %.4f, \"p20\": %.4f, \"p80\": %.4f}, \"speedup\": %.3f, "
                   "\"routed_rows\": %lld, \"ran_dense\": %s, \"rel_error\": %.3e, \"tolerance\": "
-                  "%.3e, \"tflops\": %.2f, \"gbps\": %.1f, \"source\": \"%s\"}%s\n",
+                  "%.3e, \"tflops\": %.2f, \"gbps\": %.1f, \"source\": \"%s\"",
                   r.twell.median, r.twell.p20, r.twell.p80, r.speedup, (long long)r.routed_rows,
                   r.ran_dense ? "true" : "false", r.error, r.tolerance, r.tflops, r.gbps,
-                  json_escape(r.source).c_str(), i + 1 < rows.size() ? "," : "");
-    js << line;
+                  json_escape(r.source).c_str());
+    js << line << r.model << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
   }
   js << "]\n";
 }

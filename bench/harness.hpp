@@ -35,6 +35,7 @@ struct Row {
   double tflops = 0;           // dense-equivalent FLOPs / twell time
   double gbps = 0;             // x + y + all weights bytes / twell time
   std::string source;          // captured problems: "<folder> layer <i>"; empty: generated
+  std::string model;           // captured: the model behind it (Cases::model), JSON members
 };
 
 struct Options {
@@ -67,6 +68,9 @@ class Cases {
   bool captured() const { return !o_.from_dir.empty(); }
   testing::Problem load(size_t i) const;
   std::string source(size_t i) const;  // "<folder> layer <i>"; empty for generated cases
+  // Captured: what the capture's manifest says of the model (checkpoint, its L1 coefficient and
+  // training log, the layer's densest token) as JSON members for a row; empty otherwise.
+  std::string model(size_t i) const;
   std::string name(size_t i) const;    // for progress lines: the source, or the spec
 
  private:

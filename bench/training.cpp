@@ -184,6 +184,7 @@ std::vector<TrainingRow> run_training(const Options& o, std::ostream& progress,
     try {
       r = run_case(*runner, cases.load(i), o, warmup, reps);
       r.source = cases.source(i);
+      r.model = cases.model(i);
       runner->release();  // each case's buffers go before the next one's
     } catch (const SkipCase& e) {
       runner->release();
@@ -259,7 +260,7 @@ void write_training_results(const std::vector<TrainingRow>& rows, const std::str
       << ", \"ddown\": " << num("%.3e", r.diff_ddown) << "}, \"grad_rel_diff\": "
       << num("%.3e", r.grad_rel_diff) << ", \"grad_tolerance\": " << fmt("%.3e", r.grad_tolerance)
       << ", \"dense_tflops\": " << num("%.2f", r.dense_tflops) << ", \"twell_tflops\": "
-      << num("%.2f", r.twell_tflops) << ", \"source\": \"" << json_escape(r.source) << "\"}"
+      << num("%.2f", r.twell_tflops) << ", \"source\": \"" << json_escape(r.source) << "\"" << r.model << "}"
       << (i + 1 < rows.size() ? "," : "") << "\n";
     js << j.str();
   }

@@ -46,6 +46,7 @@ struct TrainingRow {
   double grad_rel_diff = -1, grad_tolerance = 0;
   double dense_tflops = 0, twell_tflops = 0;  // 18 M K N (gated step) / time
   std::string source;            // captured layers: "<folder> layer <i>"; empty: generated
+  std::string model;             // captured: the model behind it (Cases::model), JSON members
   bool ok() const { return grad_rel_diff <= grad_tolerance; }  // false for NaN
 };
 

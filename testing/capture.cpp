@@ -133,6 +133,61 @@ void write_npy(const std::string& path, const NpyArray& a) {
   if (!f) throw Error("write_npy", "file", "a complete write", path);
 }
 
+namespace {
+
+// The JSON value of a top-level `key` in `doc` as written (a string with its quotes, a number,
+// null, or an array with its brackets); "null" where the key is absent. Enough for the manifest
+// python -m twell.capture writes (no nesting inside the values read).
+std::string json_member(const std::string& doc, const std::string& key) {
+  const std::string quoted = "\"" + key + "\"";
+  size_t at = doc.find(quoted);
+  if (at == std::string::npos) return "null";
+  at = doc.find(':', at + quoted.size());
+  if (at == std::string::npos) return "null";
+  at = doc.find_first_not_of(" \t\r\n", at + 1);
+  if (at == std::string::npos) return "null";
+  size_t end = at;
+  if (doc[at] == '"') {
+    for (end = at + 1; end < doc.size() && doc[end] != '"'; ++end)
+      if (doc[end] == '\\') ++end;
+    return doc.substr(at, end + 1 - at);
+  }
+  if (doc[at] == '[') {
+    end = doc.find(']', at);
+    return end == std::string::npos ? "null" : doc.substr(at, end + 1 - at);
+  }
+  end = doc.find_first_of(",}\r\n", at);
+  std::string v = doc.substr(at, end == std::string::npos ? std::string::npos : end - at);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.pop_back();
+  return v.empty() ? "null" : v;
+}
+
+// Element i of a flat JSON array as written ("null" past its end or for anything else).
+std::string json_item(const std::string& array, int i) {
+  if (array.size() < 2 || array.front() != '[') return "null";
+  size_t at = 1;
+  for (int k = 0; k < i; ++k) {
+    at = array.find(',', at);
+    if (at == std::string::npos) return "null";
+    ++at;
+  }
+  size_t end = array.find_first_of(",]", at);
+  std::string v = array.substr(at, end - at);
+  const size_t a = v.find_first_not_of(" \t\r\n"), b = v.find_last_not_of(" \t\r\n");
+  return a == std::string::npos ? "null" : v.substr(a, b + 1 - a);
+}
+
+}  // namespace
+
+std::string capture_model_fields(const std::string& dir, int layer) {
+  std::ifstream f(dir + "/manifest.json");
+  if (!f) return "";
+  const std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return ", \"checkpoint\": " + json_member(doc, "checkpoint") + ", \"checkpoint_l1_coef\": " +
+         json_member(doc, "l1_coef") + ", \"train_log\": " + json_member(doc, "train_log") +
+         ", \"max_row_active\": " + json_item(json_member(doc, "max_row_active"), layer);
+}
+
 int captured_layers(const std::string& dir) {
   int n = 0;
   while (exists(layer_file(dir, n, "x"))) ++n;

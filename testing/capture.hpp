@@ -32,5 +32,10 @@ void write_npy(const std::string& path, const NpyArray& a);
 Problem load_captured_layer(const std::string& dir, int layer, int64_t max_rows = 0);
 // The layers a capture folder holds (layer0 .. layer{L-1}); Error if it holds none.
 int captured_layers(const std::string& dir);
+// What the capture's manifest.json says of the model behind layer i, as JSON object members for a
+// result row: ', "checkpoint": ..., "checkpoint_l1_coef": ..., "train_log": ...,
+// "max_row_active": ...' (each value copied as the manifest writes it; null where it has none; the
+// last one its per-layer entry). Empty without a manifest.json.
+std::string capture_model_fields(const std::string& dir, int layer);
 
 }  // namespace twell::testing

@@ -182,6 +182,7 @@ TEST(Capture, TrainingSuiteRunsEveryLayer) {
                                           0.02, 64, seed(720 + i)}));
     write_layer(d, i, made.back());
   }
+  std::ofstream(d.path() + "/manifest.json") << "{\"checkpoint\": \"c.pt\", \"max_row_active\": [3, 4]}";
   bench::Options o = captured_suite("real_training", d);
   std::ostringstream progress;
   std::vector<std::string> errors;
@@ -196,6 +197,8 @@ TEST(Capture, TrainingSuiteRunsEveryLayer) {
     EXPECT_GT(r.density, 0);
     EXPECT_EQ(r.spec.density, r.density);
     EXPECT_TRUE(r.ok()) << "layer " << i << ": twell vs dense " << r.grad_rel_diff;
+    EXPECT_EQ(r.model, ", \"checkpoint\": \"c.pt\", \"checkpoint_l1_coef\": null, \"train_log\": null, "
+                       "\"max_row_active\": " + std::to_string(3 + i));
   }
   o.from_rows = 7;  // the first 7 rows of each layer
   const auto cut = bench::run_training(o, progress);
@@ -220,7 +223,33 @@ TEST(Capture, InferenceSuiteRunsEveryLayer) {
     EXPECT_EQ(rows[i].source, d.path() + " layer " + std::to_string(i));
     EXPECT_EQ(rows[i].spec.m, 30 + int64_t(i));
     EXPECT_GE(rows[i].tolerance, 0) << "layer " << i << ": error " << rows[i].error;
+    EXPECT_EQ(rows[i].model, "") << "no manifest.json: nothing to name";
   }
+}
+
+// The rows name the model behind a capture as its manifest.json does: the checkpoint, its L1
+// coefficient and log, and each layer's densest token (values copied as written; null where the
+// manifest has none or the layer is past its list).
+TEST(Capture, RowsNameTheModelOfTheManifest) {
+  TempDir d;
+  EXPECT_EQ(testing::capture_model_fields(d.path(), 0), "");
+  {
+    std::ofstream f(d.path() + "/manifest.json");
+    f << "{\n \"format\": \"twell-capture-1\",\n \"checkpoint\": \"/runs/a \\\"b\\\"/checkpoint.pt\",\n"
+         " \"l1_coef\": 0.0003,\n \"train_log\": null,\n \"modules\": [\n  \"m.0\",\n  \"m.1\"\n ],\n"
+         " \"max_row_active\": [\n  57,\n  1204\n ]\n}\n";
+  }
+  const std::string common = ", \"checkpoint\": \"/runs/a \\\"b\\\"/checkpoint.pt\", \"checkpoint_l1_coef\": 0.0003, "
+                              "\"train_log\": null, \"max_row_active\": ";
+  EXPECT_EQ(testing::capture_model_fields(d.path(), 0), common + "57");
+  EXPECT_EQ(testing::capture_model_fields(d.path(), 1), common + "1204");
+  EXPECT_EQ(testing::capture_model_fields(d.path(), 2), common + "null");
+  {
+    std::ofstream f(d.path() + "/manifest.json");
+    f << "{\"format\": \"twell-capture-1\", \"l1_coef\": null}";
+  }
+  EXPECT_EQ(testing::capture_model_fields(d.path(), 0),
+            ", \"checkpoint\": null, \"checkpoint_l1_coef\": null, \"train_log\": null, \"max_row_active\": null");
 }
 
 TEST(Capture, MismatchedLayerFilesRaise) {

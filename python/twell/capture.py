@@ -20,7 +20,9 @@ dtype: float32 '<f4', float16 '<f2', bfloat16 as its raw bits, '<u2' (uint16); a
 capture share one dtype (--dtype, default the model's). manifest.json, written last:
   {"format": "twell-capture-1", "layers": L, "kind": "gated"|"plain", "hidden": K,
    "intermediate": N, "dtype": "bfloat16"|"float16"|"float32", "tokens": M, "checkpoint": path,
-   "l1_coef": float or null, "source_text": str, "activation", "seq_len", "modules", ...}
+   "l1_coef": float or null, "train_log": the checkpoint's log.jsonl or null, "source_text": str,
+   "activation", "seq_len", "modules", "max_row_active": [per layer: the most active units
+   (gate > 0) of one captured token, from the model's own gate GEMM], ...}
 """
 import argparse
 import contextlib
@@ -102,7 +104,8 @@ def load_model(path, device="cpu", dtype=None, mlp="auto"):
         raise ValueError(f"mlp: expected auto, twell or dense, got {mlp!r}")
     device = torch.device(device)
     kind, file = resolve_checkpoint(path)
-    info = {"kind": kind, "checkpoint": os.path.abspath(file), "args": None, "l1_coef": None}
+    info = {"kind": kind, "checkpoint": os.path.abspath(file), "args": None, "l1_coef": None,
+            "train_log": None}
     if kind == "twell.train":
         from twell.train import checkpoint, models
         state = checkpoint.read(file)
@@ -115,8 +118,10 @@ def load_model(path, device="cpu", dtype=None, mlp="auto"):
                                 heads=a.get("heads"), kv_heads=a.get("kv_heads"))
         activation = a.get("activation", "relu")
         relu = activation == "relu"
+        log = os.path.join(os.path.dirname(file), "log.jsonl")
+        info["train_log"] = log if os.path.isfile(log) else None
         if relu:
-            info["l1_coef"] = _last_l1_coef(os.path.join(os.path.dirname(file), "log.jsonl"))
+            info["l1_coef"] = _last_l1_coef(log)
             if info["l1_coef"] is None:
                 info["l1_coef"] = a.get("l1")
         if relu:  # the ReLU Llama MLPs twell.train trained (patched back below if dense is asked)
@@ -319,6 +324,8 @@ def capture(model, batches, out, tokens, dtype=None, *, manifest=None, progress=
                                     dtype=DTYPES[dtype], shape=(tokens, K))
           for i in range(len(mlps))]
     filled = [0] * len(mlps)
+    max_active = [0] * len(mlps)  # per layer: the most active units of one captured token
+    first_weights = [(m.gate_proj if g else m.up_proj).weight for _, m, g in mlps]
 
     def make_hook(i):
         def hook(module, args, kwargs):
@@ -328,8 +335,12 @@ def capture(model, batches, out, tokens, dtype=None, *, manifest=None, progress=
                                  f"expected [..., {K}]")
             take = min(tokens - filled[i], x.numel() // K)
             if take > 0:
-                xs[i][filled[i]:filled[i] + take] = to_numpy(x.reshape(-1, K)[:take], dtype)
+                rows = x.reshape(-1, K)[:take]
+                xs[i][filled[i]:filled[i] + take] = to_numpy(rows, dtype)
                 filled[i] += take
+                w = first_weights[i]
+                active = int(((rows.to(w.dtype) @ w.t()) > 0).sum(dim=1).max())
+                max_active[i] = max(max_active[i], active)
         return hook
 
     bar = None
@@ -383,6 +394,7 @@ def capture(model, batches, out, tokens, dtype=None, *, manifest=None, progress=
            "checkpoint": None, "l1_coef": None, "source_text": None}
     doc.update(manifest or {})
     doc["modules"] = [n for n, _, _ in mlps]
+    doc["max_row_active"] = max_active
     tmp = os.path.join(out, "manifest.json.tmp")
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1)
@@ -461,6 +473,7 @@ def main(argv=None):
                   file=sys.stderr)
             tokens = available
         meta = {"checkpoint": info["checkpoint"], "l1_coef": info["l1_coef"],
+                "train_log": info["train_log"],
                 "source_text": source, "activation": info["activation"],
                 "seq_len": int(batches[0].shape[1] - 1), "model_dtype": info["model_dtype"],
                 "mlp": info["mlp"], "step": info.get("step")}

@@ -99,6 +99,7 @@ def test_capture_twell_train_checkpoint(run, tmp_path, mlp):
     assert m["l1_coef"] == pytest.approx(1e-3) and m["activation"] == "relu" and m["step"] == 3
     assert m["source_text"].endswith("corpus (validation split)")
     assert m["modules"] == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    assert m["train_log"] == str(run["dir"] / "log.jsonl")
     names = sorted(os.listdir(out))
     assert names == sorted(["manifest.json"] + [f"layer{i}.{n}.npy" for i in range(2)
                                                 for n in ("x", "gate", "up", "down")])
@@ -122,6 +123,10 @@ def test_capture_twell_train_checkpoint(run, tmp_path, mlp):
             np.testing.assert_allclose(x, want[i].numpy(), rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(np.load(out / f"layer{i}.gate.npy"),
                                       mod.gate_proj.weight.detach().numpy())
+        # The densest token's active units, from the captured x and gate (a gate value within
+        # fp32 rounding of 0 may count on one side only).
+        active = int(((x @ np.load(out / f"layer{i}.gate.npy").T) > 0).sum(axis=1).max())
+        assert abs(m["max_row_active"][i] - active) <= 1, (m["max_row_active"], i, active)
         np.testing.assert_array_equal(np.load(out / f"layer{i}.up.npy"),
                                       mod.up_proj.weight.detach().numpy())
         np.testing.assert_array_equal(np.load(out / f"layer{i}.down.npy"),

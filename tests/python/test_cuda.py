@@ -157,6 +157,31 @@ def test_nonfinite_l1_gradient_reaches_the_gradients(seed, dispatch):
         assert torch.isnan(dup).all() and torch.isnan(x.grad).all()
 
 
+def auto_step_sizes(leaves, tile, capacity, steps):
+    """(the saved size of one eager training step under "sparse", those of `steps` steps under
+    "auto" after it): every auto step's output and gradients match the sparse step's to bf16
+    rounding. leaves: x, gate, up, down (nn.Linear layout, [K, N]), the same tensors every call
+    (plans are cached on the weights' addresses, and the calibration is the plan's)."""
+    def run(dispatch):
+        for a in leaves:
+            a.grad = None
+        y, saved, stats = torch.ops.twell.ffn_train(*leaves, tile, capacity, dispatch, -1.0)
+        (y.float().square().mean() + 0.01 * stats[1]).backward()
+        torch.cuda.synchronize()  # the calibration polls finished forwards only
+        return saved.numel(), [y.detach()] + [a.grad for a in leaves]
+
+    tt.clear_plans()
+    first, want = run("sparse")
+    seen = []
+    for _ in range(steps):
+        size, got = run("auto")
+        seen.append(size)
+        for a, b in zip(got, want):
+            err = float((a.float() - b.float()).norm() / b.float().norm())
+            assert err <= 2e-2, f"{err:.3g}"
+    return first, seen
+
+
 def test_training_dispatch_moves_to_the_dense_form(seed):
     """Eager training under "auto": the first forward saves the compact form; once it has finished,
     a density above dense_above (this problem: ~8% against 4%) moves the saved state to the dense
@@ -168,34 +193,12 @@ def test_training_dispatch_moves_to_the_dense_form(seed):
     skip_unless_trainable("cuda")
     p = problem(seed, 96, 64, 512, True)
     t = lambda a: torch.from_numpy(a).to("cuda", DTYPE)
-    x, gate, up, down = t(p.x), t(p.gate), t(p.up), t(p.down)
     tile, capacity = 128, 16
     sizes = {form: layout.saved_bytes(96, 512, tile, capacity, 2, DTYPE, dense=form == "dense")
              for form in ("compact", "dense")}
-
-    # The same weight tensors every call: plans are cached on the weights' addresses, and the
-    # calibration is the plan's.
-    # down in nn.Linear layout ([K, N]), as the training ops take it.
-    leaves = [a.clone().requires_grad_() for a in (x, gate, up, down.t().contiguous())]
-
-    def run(dispatch):
-        for a in leaves:
-            a.grad = None
-        y, saved, stats = torch.ops.twell.ffn_train(*leaves, tile, capacity, dispatch, -1.0)
-        (y.float().square().mean() + 0.01 * stats[1]).backward()
-        torch.cuda.synchronize()  # the calibration polls finished forwards only
-        return saved.numel(), [y.detach()] + [a.grad for a in leaves]
-
-    tt.clear_plans()
-    size, want = run("sparse")
-    assert size == sizes["compact"]
-    seen = []
-    for _ in range(4):
-        size, got = run("auto")
-        seen.append(size)
-        for a, b in zip(got, want):
-            err = float((a.float() - b.float()).norm() / b.float().norm())
-            assert err <= 2e-2, f"{err:.3g}"
+    leaves = [a.clone().requires_grad_() for a in (t(p.x), t(p.gate), t(p.up), t(p.down).t().contiguous())]
+    first, seen = auto_step_sizes(leaves, tile, capacity, 4)
+    assert first == sizes["compact"]
     assert seen[0] == sizes["compact"] and set(seen[1:]) == {sizes["dense"]}, seen
 
 
@@ -210,7 +213,7 @@ def test_training_state_follows_the_density(seed):
     m, n = 512, 1024
     p = problem(seed, m, 64, n, True, rate=1e-4, special_rows=False)
     t = lambda a: torch.from_numpy(a).to("cuda", DTYPE)
-    leaves = [a.clone().requires_grad_() for a in (t(p.x), t(p.gate), t(p.up), t(p.down.T))]
+    leaves = [a.clone().requires_grad_() for a in (t(p.x), t(p.gate), t(p.up), t(p.down).t().contiguous())]
     plan = twell.TrainingPlan(*[tt._plans.dl(a.detach()) for a in leaves[1:3]],
                               tt._plans.dl(leaves[3].detach().t().contiguous()))
     capacities = layout.training_capacities(0, 0, True)
@@ -218,25 +221,8 @@ def test_training_state_follows_the_density(seed):
     assert [s.capacity for s in plan.saved_shapes(m)] == capacities + [1]
     sizes = {c: layout.saved_bytes(m, n, 256, c, 2, DTYPE) for c in capacities}
     dense = layout.saved_bytes(m, n, 256, 1, 2, DTYPE, dense=True)
-
-    def run(dispatch):
-        for a in leaves:
-            a.grad = None
-        y, saved, stats = torch.ops.twell.ffn_train(*leaves, 0, 0, dispatch, -1.0)
-        (y.float().square().mean() + 0.01 * stats[1]).backward()
-        torch.cuda.synchronize()  # the calibration polls finished forwards only
-        return saved.numel(), [y.detach()] + [a.grad for a in leaves]
-
-    tt.clear_plans()
-    size, want = run("sparse")
-    assert size == sizes[16]
-    seen = []
-    for _ in range(6):
-        size, got = run("auto")
-        seen.append(size)
-        for a, b in zip(got, want):
-            err = float((a.float() - b.float()).norm() / b.float().norm())
-            assert err <= 2e-2, f"{err:.3g}"
+    first, seen = auto_step_sizes(leaves, 0, 0, 6)
+    assert first == sizes[16]
     compact = [s for s in seen if s != dense]
     assert compact[0] == sizes[16] and set(compact[1:]) == {sizes[4]}, (seen, sizes)
 
