@@ -128,10 +128,10 @@ def divergence_margin(swap, step, got, ref, where):
     (split: exact, rounded differently). `margin`: the dense logit of dense's token minus that of
     twell's token; `twell_shift` / `split_shift`: the largest logit change of twell / split from
     dense there. `rounding`: the margin is within what the exact split model moves (a tie that
-    rounding alone can flip), or not positive: dense's own forward of the prefix ranks twell's
-    token at least as high as the token dense's generate() chose, so dense's two computations of
-    the same prefix (its decoding steps, whose cache each step rounded, and one forward) already
-    disagree there."""
+    rounding alone can flip), or negative by no more than the larger shift: dense's own forward of
+    the prefix ranks twell's token above the token dense's generate() chose, so dense's two
+    computations of the same prefix (its decoding steps, whose cache each step rounded, and one
+    forward) already disagree there, by as much as rounding moves a logit."""
     r, p = where["row"], where["position"]
     ids = torch.cat([step.prompt[r], ref[r, :p]]).unsqueeze(0)
     logits = {}
@@ -143,7 +143,8 @@ def divergence_margin(swap, step, got, ref, where):
     margin = float(dense[ref[r, p]] - dense[got[r, p]])
     shift = {w: float((logits[w] - dense).abs().max()) for w in ("twell", "split")}
     return {"margin": margin, "twell_shift": shift["twell"], "split_shift": shift["split"],
-            "rounding": margin <= shift["split"]}
+            "rounding": (margin <= shift["split"] if margin >= 0
+                         else -margin <= max(shift.values()))}
 
 
 def split_divergence(swap, step, ref):

@@ -149,14 +149,23 @@ TEST(CpuTrainingApi, MinCapacityResolves) {
   EXPECT_EQ(r.capacity, 16);
   EXPECT_EQ(r.min_capacity, 4);
   EXPECT_EQ(resolve_training_options(o, cpu).min_capacity, 16);
-  o.tile = 64;
-  EXPECT_EQ(resolve_training_options(o, gpu).min_capacity, 1);
+  o.tile = 64;  // tile / 16 = 4 slots: nothing below the default minimum of 4
+  EXPECT_EQ(resolve_training_options(o, gpu).min_capacity, 4);
+  o.tile = 128;
+  EXPECT_EQ(resolve_training_options(o, gpu).capacity, 8);
+  EXPECT_EQ(resolve_training_options(o, gpu).min_capacity, 4);
+  o.tile = 1024;
+  EXPECT_EQ(resolve_training_options(o, gpu).min_capacity, 16);
   o.tile = 0;
   o.min_capacity = 8;
   EXPECT_EQ(resolve_training_options(o, gpu).min_capacity, 8);
   o.min_capacity = 0;
-  o.capacity = 12;
+  o.capacity = 12;  // a capacity given is kept ...
   EXPECT_EQ(resolve_training_options(o, gpu).min_capacity, 12);
+  o.min_capacity = 3;  // ... unless a min_capacity is given too
+  EXPECT_EQ(resolve_training_options(o, gpu).min_capacity, 3);
+  EXPECT_EQ(resolve_training_options(o, cpu).min_capacity, 12);
+  o.min_capacity = 0;
   o.capacity = 0;
   for (Dispatch d : {Dispatch::force_sparse, Dispatch::force_dense}) {
     o.dispatch = d;
@@ -206,6 +215,17 @@ TEST(CpuTrainingApi, CapacityChoiceFollowsDensityAndRoutedRows) {
   EXPECT_EQ(c.floor(), 8);
   c.routed(16384, 8, 100);
   EXPECT_EQ(c.choose(0.0), 16);
+  // kCapacityRetryForwards clean forwards at the raised floor lower it a step again.
+  for (int i = 0; i < 99; ++i) c.routed(16384, 16, 64);
+  EXPECT_EQ(c.floor(), 16);
+  c.routed(16384, 4, 0);  // a forward at another capacity does not count
+  c.routed(16384, 16, 0);
+  EXPECT_EQ(c.floor(), 8);
+  EXPECT_EQ(c.choose(0.0), 8);
+  for (int i = 0; i < 100; ++i) c.routed(16384, 8, 0);
+  EXPECT_EQ(c.floor(), 4);
+  for (int i = 0; i < 200; ++i) c.routed(16384, 4, 0);  // the lowest: nothing below
+  EXPECT_EQ(c.floor(), 4);
 }
 
 // On the CPU backend every saved state has the options' capacity: one compact shape.

@@ -42,11 +42,12 @@ struct TrainingOptions {
   // The smallest capacity a compact state may be sized to. Under automatic dispatch on CUDA,
   // saved_shape(M) sizes each step's compact state to the density the last forward measured:
   // the smallest of capacity, capacity / 2, capacity / 4, ... (none below min_capacity) that
-  // holds 8x a tile's mean entries, and one step larger each time a forward at a capacity routed
-  // more than M / 256 rows (never smaller again). A routed row stays exact: the choice moves
-  // memory and time, never results. 0 = tile / 64 (at least 1) when capacity is 0, else
-  // capacity: a capacity given is kept, and so is every capacity under force_sparse (a fixed size,
-  // as a compiled graph needs), force_dense and on the CPU backend.
+  // holds 16x a tile's mean entries, and one step larger after a forward at a capacity routed
+  // more than M / 256 rows (a step lower again after 100 forwards at it that did not). A routed
+  // row stays exact: the choice moves memory and time, never results. 0 = min(capacity, max(4,
+  // tile / 64)) when capacity is 0, else capacity (a capacity given is kept unless a
+  // min_capacity is given too). force_sparse (a fixed size, as a compiled graph needs),
+  // force_dense and the CPU backend always keep one capacity.
   int32_t min_capacity = 0;
   double l1_coef = 0.0;   // finite and >= 0 (Error otherwise)
   // Determinism (ffn.hpp). fast on CUDA also routes rows of more than N / 44 entries (at least
@@ -127,7 +128,8 @@ class TrainingPlan {
   // Every shape a saved state of M rows may have under this plan: the compact form at each
   // capacity from options().capacity down to options().min_capacity by halves, then the dense
   // form where the backend runs it (M > 0). A caller that kept only the saved bytes takes the
-  // first of them with that size (at M > 0 the compact ones' sizes differ).
+  // first of them with that size: saved_shape(M) is always that one (at a few rows two
+  // capacities can take the same 16-byte-aligned bytes; it then gives the larger).
   std::vector<TwellShape> saved_shapes(int64_t rows) const;
   DType saved_dtype() const;
   // Scratch bytes one forward or backward of M rows needs in a caller workspace (0: none needed),

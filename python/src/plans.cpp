@@ -191,14 +191,25 @@ class PyTrainingPlan {
     const DType dt = plan_.saved_dtype();
     const std::vector<TwellShape> shapes = plan_.saved_shapes(rows);
     const TensorView& v = saved.view;
-    const TwellShape* pick = &shapes.front();  // no size matches: the largest compact one's error
+    const TwellShape* pick = nullptr;
     if (v.rank == 1 && v.dtype == DType::u8)
       for (const TwellShape& s : shapes)
         if (size_t(v.shape[0]) == s.bytes(dt)) {
           pick = &s;
           break;
         }
-    return saved_view(saved, *pick, dt, held_.weights.up.device, op);
+    // No size matches: a buffer of at least the largest compact state's bytes is read as that
+    // state; a smaller one is refused, naming every size a state of these rows may have.
+    if (pick == nullptr && v.rank == 1 && v.dtype == DType::u8 && shapes.size() > 1 &&
+        size_t(v.shape[0]) < shapes.front().bytes(dt)) {
+      std::string sizes;
+      for (const TwellShape& s : shapes)
+        sizes += (sizes.empty() ? "" : ", ") + std::to_string(s.bytes(dt)) +
+                 (s.backup_capacity > 0 ? " (dense form)" : " (capacity " + std::to_string(s.capacity) + ")");
+      throw Error(op, "saved", "a state's bytes for " + std::to_string(rows) + " rows: " + sizes,
+                  std::to_string(v.shape[0]) + " bytes");
+    }
+    return saved_view(saved, pick ? *pick : shapes.front(), dt, held_.weights.up.device, op);
   }
 
   HeldWeights held_;

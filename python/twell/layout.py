@@ -20,10 +20,12 @@ def resolve_tile(tile, capacity, training=False):
 
 def training_capacities(tile, capacity, adaptive):
     """The capacities training's compact state may have, largest first, as twell::TrainingOptions
-    resolves min_capacity: a default capacity (0) under automatic dispatch on CUDA (`adaptive`)
-    may be sized down by halves to tile // 64 (at least 1); any other has its one capacity."""
+    resolves a min_capacity left at 0 (what the torch ops pass): a default capacity (0) under
+    automatic dispatch on CUDA (`adaptive`) may be sized down by halves to min(capacity,
+    max(4, tile // 64)); any other has its one capacity. Where two of them take the same bytes (a
+    few rows), the plans and the ops take the first."""
     tile, top = resolve_tile(tile, capacity, training=True)
-    low = max(1, tile // 64) if adaptive and not capacity else top
+    low = min(top, max(4, tile // 64)) if adaptive and not capacity else top
     out, c = [], top
     while c >= low:
         out.append(c)

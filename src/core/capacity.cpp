@@ -27,9 +27,20 @@ int32_t CapacityChoice::choose(double density) const {
 }
 
 void CapacityChoice::routed(int64_t rows, int32_t capacity, int64_t routed) {
-  if (rows <= 0 || routed * policy::kCapacityRoutedDivisor <= rows) return;
-  const auto above = std::upper_bound(ascending_.begin(), ascending_.end(), capacity);
-  if (above != ascending_.end()) floor_ = std::max(floor_, *above);
+  if (rows <= 0) return;
+  if (routed * policy::kCapacityRoutedDivisor > rows) {  // too many: one step up, for now
+    const auto above = std::upper_bound(ascending_.begin(), ascending_.end(), capacity);
+    if (above != ascending_.end() && *above > floor_) {
+      floor_ = *above;
+      clean_ = 0;
+    }
+    return;
+  }
+  // Forwards at the floor that routed few rows: after enough of them, try one step lower again.
+  if (capacity != floor_ || floor_ == ascending_.front()) return;
+  if (++clean_ < policy::kCapacityRetryForwards) return;
+  floor_ = *(std::lower_bound(ascending_.begin(), ascending_.end(), floor_) - 1);
+  clean_ = 0;
 }
 
 }  // namespace twell::detail

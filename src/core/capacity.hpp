@@ -19,7 +19,8 @@ class CapacityChoice {
   // policy::kCapacityEntriesHeadroom times a tile's mean entries, at least the floor.
   int32_t choose(double density) const;
   // A forward of `rows` rows at `capacity` routed `routed` rows: more than rows /
-  // policy::kCapacityRoutedDivisor raises the floor to the next candidate above `capacity`.
+  // policy::kCapacityRoutedDivisor raises the floor to the next candidate above `capacity`;
+  // policy::kCapacityRetryForwards forwards at the floor with fewer lower it a step again.
   void routed(int64_t rows, int32_t capacity, int64_t routed);
   int32_t floor() const { return floor_; }
 
@@ -27,6 +28,7 @@ class CapacityChoice {
   int32_t tile_;
   std::vector<int32_t> ascending_;  // the candidates, smallest first
   int32_t floor_;
+  int32_t clean_ = 0;  // forwards at the raised floor since it was raised or last lowered
 };
 
 }  // namespace twell::detail

@@ -20,8 +20,14 @@ constexpr int32_t kTrainingCapacityDivisor = 16;
 // slots, a quarter of the state. A capacity holds kCapacityEntriesHeadroom x a tile's mean entries
 // (at 16x, a Poisson count overflows fewer than 1 tile in 10^5 at capacity 4 and above), and a
 // halving is undone for good once a forward at it routes more than M / kCapacityRoutedDivisor rows
-// (a heavy-tailed density the mean does not show). Uniform 0.5% or denser keeps tile / 16.
+// (a heavy-tailed density the mean does not show), and lowered a step again after
+// kCapacityRetryForwards forwards at the raised capacity that routed few rows (a model that was
+// denser earlier in its training). Uniform 0.5% or denser keeps tile / 16. Never below
+// kTrainingMinCapacity by default: at 1 or 2 slots the Poisson tail at the same headroom routes
+// percents of the rows.
 constexpr int32_t kTrainingMinCapacityDivisor = 64;
+constexpr int32_t kTrainingMinCapacity = 4;
+constexpr int32_t kCapacityRetryForwards = 100;
 constexpr double kCapacityEntriesHeadroom = 16.0;
 constexpr int64_t kCapacityRoutedDivisor = 256;
 

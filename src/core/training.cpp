@@ -38,16 +38,19 @@ TrainingOptions resolve_training_options(const TrainingOptions& o, Device dev) {
   TrainingOptions r = o;
   r.tile = io.tile;
   r.capacity = io.capacity;
-  // The capacities automatic dispatch may size the compact state to (capacity.hpp): only a default
-  // capacity shrinks, and only where dispatch is automatic on CUDA.
+  // The capacities automatic dispatch may size the compact state to (capacity.hpp): only under
+  // automatic dispatch on CUDA; by default only a default capacity, down to tile / 64 but not
+  // below kTrainingMinCapacity, and any capacity down to a min_capacity given.
   if (r.min_capacity < 0 || r.min_capacity > r.capacity)
     throw Error("TrainingPlan", "options.min_capacity",
                 "0 (the default) or 1.." + std::to_string(r.capacity) + " (at most the capacity)",
                 std::to_string(r.min_capacity));
-  if (o.capacity != 0 || o.dispatch != Dispatch::automatic || dev.type != DeviceType::cuda)
+  if (o.dispatch != Dispatch::automatic || dev.type != DeviceType::cuda)
     r.min_capacity = r.capacity;
   else if (r.min_capacity == 0)
-    r.min_capacity = std::max(1, r.tile / policy::kTrainingMinCapacityDivisor);
+    r.min_capacity = o.capacity != 0 ? r.capacity
+                                     : std::min(r.capacity, std::max(policy::kTrainingMinCapacity,
+                                                                     r.tile / policy::kTrainingMinCapacityDivisor));
   if (!(r.l1_coef >= 0.0) || !std::isfinite(r.l1_coef))
     throw Error("TrainingPlan", "options.l1_coef", "a finite value >= 0", std::to_string(r.l1_coef));
   if (std::isnan(r.dense_above) || r.dense_above > 1.0)
@@ -172,9 +175,17 @@ const TrainingOptions& TrainingPlan::options() const { return impl_->options; }
 TwellShape TrainingPlan::saved_shape(int64_t rows) const {
   impl_->backend->raise_reported_fault("TrainingPlan::saved_shape");
   const bool dense = impl_->backend->wants_dense_layout(rows);
-  const int32_t capacity = dense ? 1 : impl_->backend->compact_capacity(rows);
-  const TwellShape s = impl_->shape(rows, dense, capacity);
+  TwellShape s = impl_->shape(rows, dense, dense ? 1 : impl_->backend->compact_capacity(rows));
   s.validate("TrainingPlan::saved_shape");  // rows, and sizes that fit in int64 bytes
+  // Where a larger capacity takes the same bytes (arrays are 16-byte aligned: a few rows), that
+  // one: the first of saved_shapes(rows) with this size, as a caller that kept the bytes finds it.
+  if (!dense) {
+    const DType dt = impl_->backend->saved_dtype();
+    for (int32_t c : saved_capacities(impl_->options.capacity, impl_->options.min_capacity)) {
+      const TwellShape larger = impl_->shape(rows, false, c);
+      if (larger.bytes(dt) == s.bytes(dt)) return larger;
+    }
+  }
   return s;
 }
 TwellShape TrainingPlan::saved_shape(int64_t rows, SavedForm form) const {

@@ -227,6 +227,29 @@ def test_training_state_follows_the_density(seed):
     assert compact[0] == sizes[16] and set(compact[1:]) == {sizes[4]}, (seen, sizes)
 
 
+@pytest.mark.parametrize("tile", [0, 64, 128, 1024])
+@pytest.mark.parametrize("capacity", [0, 8])
+@pytest.mark.parametrize("dispatch", ["auto", "sparse", "dense"])
+def test_training_capacities_mirror_the_plan(tile, capacity, dispatch):
+    """twell.layout's capacities and sizes (the torch ops' fake and their form detection) are the
+    CUDA plan's saved_shapes, for every tile, capacity and dispatch the ops pass."""
+    from twell import layout
+    from twell.torch import _ops
+
+    skip_unless_trainable("cuda")
+    m, n, k = 33, 1000, 64
+    w = torch.zeros(n, k, device="cuda", dtype=DTYPE)
+    plan = twell.TrainingPlan(*[tt._plans.dl(w) for _ in range(3)], tile=tile, capacity=capacity,
+                              dispatch=tt._plans.dispatch_value(dispatch))
+    want = layout.training_capacities(tile, capacity, dispatch == "auto")
+    shapes = plan.saved_shapes(m)
+    assert [s.capacity for s in shapes if s.backup_capacity == 0] == want
+    x = torch.zeros(m, k, device="cuda", dtype=DTYPE)
+    assert [s.bytes(twell.DType.bf16) for s in shapes if s.backup_capacity == 0] == \
+        _ops._compact_sizes(x, w, w, tile, capacity, dispatch)
+    assert plan.saved_bytes(m) in [s.bytes(twell.DType.bf16) for s in shapes]
+
+
 def step(model, opt, x):
     opt.zero_grad(set_to_none=True)  # inside a capture: backward allocates the grads it writes
     loss = model(x).float().square().mean() + tt.l1_loss(model)

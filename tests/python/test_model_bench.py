@@ -256,13 +256,18 @@ def test_model_bench_divergence_margin():
     assert mg.tie_note(far).endswith("beyond rounding; split generate identical to dense")
     far["split_divergence"] = {"row": 3, "position": 0}
     assert mg.tie_note(far).endswith("; split generate differs from row 3, new token 0")
-    # Dense's own forward of the prefix ranks twell's token first (margin -0.01): a tie within
-    # dense's own rounding, however little the split model moves.
-    own = mg.divergence_margin(FakeSwap({"dense": 0.02, "twell": 0.02, "split": 0.0195}), step, got,
+    # Dense's own forward of the prefix ranks twell's token first (margin -0.01), by less than
+    # twell moves a logit (0.02): a tie within rounding, however little the split model moves;
+    # by far more than either moves, beyond it.
+    own = mg.divergence_margin(FakeSwap({"dense": 0.02, "twell": 0.0, "split": 0.0195}), step, got,
                                ref, where)
     assert own["margin"] == pytest.approx(-0.01, abs=1e-5) and own["split_shift"] < 1e-3
     assert own["rounding"] is True
     assert "a rounding tie (dense's own forward of the prefix ranks twell's token first)" in mg.tie_note(own)
+    odd = mg.divergence_margin(FakeSwap({"dense": 0.5, "twell": 0.5, "split": 0.5}), step, got, ref,
+                               where)
+    assert odd["margin"] < -0.4 and odd["rounding"] is False
+    assert "beyond rounding (dense's own forward" in mg.tie_note(odd)
 
 
 def test_model_bench_split_divergence():

@@ -118,9 +118,10 @@ class LayerMonitor:
             acc["rows"][i] += rows
             # The compact form at the capacity whose size the state has (automatic dispatch sizes
             # a default capacity to the density), else the dense form.
-            sizes = {twell.layout.saved_bytes(rows, module.intermediate_size, tile, c, planes,
-                                              dtype): c
-                     for c in twell.layout.training_capacities(tile, module.capacity, adaptive)}
+            sizes = {}  # bytes -> capacity, the first (largest) of equal sizes, as the plan's
+            for c in twell.layout.training_capacities(tile, module.capacity, adaptive):
+                size = twell.layout.saved_bytes(rows, module.intermediate_size, tile, c, planes, dtype)
+                sizes.setdefault(size, c)
             capacity = sizes.get(nbytes)
             if capacity is None:
                 return
