@@ -18,13 +18,12 @@ constexpr int32_t kTrainingCapacityDivisor = 16;
 // Under automatic dispatch (CUDA) a step's compact state is sized to the last forward's density
 // (capacity.hpp), down to tile / 64 slots by default: a trained model at 0.01% holds its rows in 4
 // slots, a quarter of the state. A capacity holds kCapacityEntriesHeadroom x a tile's mean entries
-// (at 16x, a Poisson count overflows fewer than 1 tile in 10^5 at capacity 4 and above), and a
-// halving is undone for good once a forward at it routes more than M / kCapacityRoutedDivisor rows
-// (a heavy-tailed density the mean does not show), and lowered a step again after
-// kCapacityRetryForwards forwards at the raised capacity that routed few rows (a model that was
-// denser earlier in its training). Uniform 0.5% or denser keeps tile / 16. Never below
-// kTrainingMinCapacity by default: at 1 or 2 slots the Poisson tail at the same headroom routes
-// percents of the rows.
+// (at 16x, a Poisson count overflows fewer than 1 tile in 10^5 at capacity 4 and above). A forward
+// at a capacity that routes more than M / kCapacityRoutedDivisor rows (a heavy-tailed density the
+// mean does not show) raises the floor a step above it; kCapacityRetryForwards forwards at the
+// raised floor that route fewer lower it a step again (a model that was denser earlier in its
+// training). Uniform 0.5% or denser keeps tile / 16. Never below kTrainingMinCapacity by default:
+// at 1 or 2 slots the Poisson tail at the same headroom routes percents of the rows.
 constexpr int32_t kTrainingMinCapacityDivisor = 64;
 constexpr int32_t kTrainingMinCapacity = 4;
 constexpr int32_t kCapacityRetryForwards = 100;
