@@ -151,13 +151,15 @@ def agreement(mlp, dense, x, dy):
 
 
 def plan_fields(mlp, x):
-    """The twell plan's view of the step: the saved form its dispatch asks for now (what the last
-    steps saved), the bytes it saves and the scratch each form's step takes."""
+    """The twell plan's view of the step: the saved form and capacity its dispatch asks for now
+    (what the last steps saved), the bytes it saves and the scratch each form's step takes."""
     plan, _ = _ops._training_plan(mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight,
                                   mlp.tile, mlp.capacity, mlp.dispatch, mlp.dense_above, "op_train")
     m = x.shape[0]
-    return {"saved_form": "dense" if plan.saved_shape(m).backup_capacity == m else "compact",
-            "twell_saved_mb": plan.saved_bytes(m) / MB,
+    shape = plan.saved_shape(m)  # asked once: under automatic dispatch each ask polls
+    return {"saved_form": "dense" if shape.backup_capacity == m else "compact",
+            "saved_capacity": shape.capacity,
+            "twell_saved_mb": shape.bytes(plan.saved_dtype()) / MB,
             "workspace_mb": {f"{form}_{call}": plan.workspace_bytes(
                 m, getattr(twell.SavedForm, form), getattr(twell.TrainingCall, call)) / MB
                 for form in ("compact", "dense") for call in ("forward", "backward")}}

@@ -79,6 +79,31 @@ TEST(CudaTrainingGraph, CaptureAndReplay) {
   cudaStreamDestroy(s);
 }
 
+// A framework asks for the saved shape inside its capture with the default capacity too: the
+// capacity's poll of the routed count must not invalidate a global-mode capture either, and a
+// step at the capacity asked for then matches the oracle.
+TEST(CudaTrainingGraph, CaptureAsksForTheDensitySizedState) {
+  TWELL_REQUIRE_DEVICE();
+  Case c = problem_case<Case>(FfnKind::gated, DType::bf16, Pattern::uniform, 0.0001, 512, 64, 1024);
+  TrainingOptions o = options_of(c);
+  o.capacity = 0;
+  o.dispatch = Dispatch::automatic;
+  DeviceStep d(spec_of(c, 1305), o, L1From::options, 0.0f);
+  ASSERT_EQ(d.plan->options().min_capacity, 4);
+  run_step(d);  // a density and a routed count to poll
+  cudaStream_t s = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  cudaGraph_t graph = nullptr;
+  cuda_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "begin capture");
+  const TwellShape during = d.plan->saved_shape(c.m);
+  cuda_ok(cudaStreamEndCapture(s, &graph), "end capture: the poll left it valid");
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  EXPECT_EQ(during.backup_capacity == 0 ? during.capacity : 4, 4) << "the compact state at 0.01%";
+  d.renew_saved();
+  expect_matches_oracle(d, run_step(d), "after the capture");
+  cudaStreamDestroy(s);
+}
+
 TEST(CudaTrainingGraph, CaptureBeforeWorkspaceExistsRaises) {
   TWELL_REQUIRE_DEVICE();
   Case c;
