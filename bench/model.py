@@ -44,9 +44,9 @@ new tokens. Agreement: identical_tokens (the two models' greedy ids equal) and f
 bf16 rounding can flip a near-tie, so a difference is reported, never failed, with the dense logit
 margin between the two tokens there beside the largest logit change of the exact split model at
 that point (first_divergence.rounding: the margin is within it, or dense's own forward of the
-prefix ranks twell's token first), and where one generate() with the
-split MLPs first leaves dense's tokens (first_divergence.split_divergence; null: never). The density
-is over every token the FFNs saw in one twell generate.
+prefix ranks twell's token first by no more than either model moves a logit), and where one
+generate() with the split MLPs first leaves dense's tokens (first_divergence.split_divergence;
+null: never). The density is over every token the FFNs saw in one twell generate.
 
 --checkpoint PATH (a checkpoint.pt of python -m twell.train or its run folder, or a Hugging Face
 model folder) times that trained model instead: its own shape and weights, no calibration (the

@@ -35,7 +35,7 @@ import twell
 import twell.torch as tt
 from twell.torch import _ops
 
-if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # timing, model_agreement: beside this file
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # timing.py, model_agreement.py
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model_agreement import rel  # noqa: E402
 from timing import Timer, summary  # noqa: E402

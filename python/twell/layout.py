@@ -33,6 +33,17 @@ def training_capacities(tile, capacity, adaptive):
     return out or [top]
 
 
+def compact_capacity_of(nbytes, rows, cols, tile, capacity, adaptive, planes, dtype):
+    """The capacity of a compact training state of `nbytes` bytes: the first of
+    training_capacities with that size (as the plans read a buffer), or None where no compact state
+    has it (the dense form's, or no state at all)."""
+    tile = resolve_tile(tile, capacity, training=True)[0]
+    for c in training_capacities(tile, capacity, adaptive):
+        if saved_bytes(rows, cols, tile, c, planes, dtype) == nbytes:
+            return c
+    return None
+
+
 def _aligned(nbytes):
     return (nbytes + 15) // 16 * 16
 

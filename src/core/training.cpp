@@ -73,10 +73,12 @@ class TrainingPlan::Impl {
     return rows > 0 && saved.shape.backup_capacity == rows ? SavedForm::dense : SavedForm::compact;
   }
 
-  // Whether the compact form may have this capacity (TrainingOptions::min_capacity).
+  // Whether the compact form may have this capacity: one of saved_capacities (checked each call,
+  // without building the list).
   bool accepts_capacity(int32_t capacity) const {
-    const std::vector<int32_t> c = saved_capacities(options.capacity, options.min_capacity);
-    return std::find(c.begin(), c.end(), capacity) != c.end();
+    for (int32_t c = options.capacity; c >= std::max(options.min_capacity, 1); c /= 2)
+      if (c == capacity) return true;
+    return false;
   }
 
   void check_saved(const char* op, const TwellView& saved, int64_t rows) const {

@@ -159,6 +159,11 @@ def test_saved_layout_mirror(m, n, tile, capacity, gated):
     assert plan.saved_dtype() == twell.DType.f32  # the CPU backend saves float32
     want = layout.saved_bytes(m, n, plan.tile, plan.capacity, 1 + gated, np.dtype(np.float32))
     assert plan.saved_bytes(m) == shape.bytes(twell.DType.f32) == want
+    f32 = np.dtype(np.float32)
+    assert layout.compact_capacity_of(want, m, n, tile, capacity, False, 1 + gated, f32) == plan.capacity
+    if m:  # the dense form's bytes are no compact state's
+        dense_bytes = layout.saved_bytes(m, n, plan.tile, plan.capacity, 1 + gated, f32, dense=True)
+        assert layout.compact_capacity_of(dense_bytes, m, n, tile, capacity, False, 1 + gated, f32) is None
     assert plan.saved_shape(m, twell.SavedForm.compact).bytes(twell.DType.f32) == want
     # The dense form (the CUDA backend's; its shape does not depend on the backend).
     dense = plan.saved_shape(m, twell.SavedForm.dense)

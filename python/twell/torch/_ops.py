@@ -177,7 +177,10 @@ def ffn_train_backward(dy: Tensor, x: Tensor, gate: Optional[Tensor], up: Tensor
                                    "ffn_train_backward")
     # The saved form from the buffer's size: a compact state's bytes (at any capacity the plan may
     # pick), else the dense form's (a buffer of neither size is the plan's error).
-    dense = saved.numel() not in _compact_sizes(x, gate, up, tile, capacity, dispatch)
+    dense = layout.compact_capacity_of(
+        saved.numel(), x.shape[0], up.shape[0], tile, capacity,
+        x.device.type == "cuda" and dispatch == "auto", 2 if gate is not None else 1,
+        saved_dtype(x.device.type, up.dtype)) is None
     dx = x.new_empty(x.shape)
     grads = [up.new_empty(up.shape, dtype=torch.float32) for _ in range(3 if gate is not None else 2)]
     dgate = grads[0] if gate is not None else None

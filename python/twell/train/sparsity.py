@@ -118,11 +118,9 @@ class LayerMonitor:
             acc["rows"][i] += rows
             # The compact form at the capacity whose size the state has (automatic dispatch sizes
             # a default capacity to the density), else the dense form.
-            sizes = {}  # bytes -> capacity, the first (largest) of equal sizes, as the plan's
-            for c in twell.layout.training_capacities(tile, module.capacity, adaptive):
-                size = twell.layout.saved_bytes(rows, module.intermediate_size, tile, c, planes, dtype)
-                sizes.setdefault(size, c)
-            capacity = sizes.get(nbytes)
+            capacity = twell.layout.compact_capacity_of(nbytes, rows, module.intermediate_size,
+                                                        module.tile, module.capacity, adaptive,
+                                                        planes, dtype)
             if capacity is None:
                 return
             acc["compact"][i] += 1

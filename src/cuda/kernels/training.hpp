@@ -104,8 +104,8 @@ void launch_routed_renumber(const TwellView& saved, cudaStream_t s);
 // among its neuron's records (col_ptr[n] + position[slot] is where its record goes, an int32 since
 // a neuron has at most M entries), so that records[col_ptr[n] .. col_ptr[n+1]) are neuron n's
 // entries, rows ascending (launch_backward_rows stores them), and heavy = {H, threshold, the H
-// neurons with more entries than the threshold, ascending}: the neurons whose weight gradients are split over a CTA
-// (threshold = max(kHeavyMin, kHeavyFactor x the mean entries per neuron)). Reads the layout alone,
+// neurons with more entries than the threshold, ascending}: the neurons whose weight gradients
+// are split over a CTA (threshold = max(kHeavyMin, kHeavyFactor x the mean entries per neuron)). Reads the layout alone,
 // so it runs before the backward rows. Deterministic.
 struct ColumnIndexArgs {
   TwellView saved;

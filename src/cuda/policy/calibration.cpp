@@ -148,8 +148,10 @@ void SavedCapacity::record(const int32_t* device_routed, int64_t rows, int32_t c
 }
 
 int32_t SavedCapacity::capacity(double density) {
-  const RelaxedCapture relaxed;  // saved_shape may be asked inside a framework's capture
-  if (count_.poll()) choice_.routed(pending_rows_, pending_capacity_, count_.value());
+  if (count_.pending()) {  // else no driver call
+    const RelaxedCapture relaxed;  // saved_shape may be asked inside a framework's capture
+    if (count_.poll()) choice_.routed(pending_rows_, pending_capacity_, count_.value());
+  }
   return choice_.choose(density);
 }
 

@@ -127,7 +127,7 @@ struct BackwardPass : rows::TrainWarpPass<BackwardPass, WarpArgs> {
     if constexpr (kPhase != Phase::axpys) {
       warp_rows::load_row<T, kChunks>(static_cast<const T*>(a.dy) + row * k, lane, dyr);
       bool nonfinite = false;
-  #pragma unroll
+#pragma unroll
       for (int c = 0; c < kChunks; ++c) nonfinite |= any_nonfinite<T>(dyr[c]);
       if (__any_sync(kFullMask, nonfinite) && lane == 0) atomicOr(a.nonfinite_dy, 1);
     }
