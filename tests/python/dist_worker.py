@@ -1,6 +1,7 @@
 """One rank of the distributed tests: a training step under DDP or FSDP2 (gloo, CPU) or DDP over
 NCCL (one GPU per rank, bfloat16), gradients saved to <out>/rank<r>.pt. The reference is the same
 step in one process on the whole batch."""
+import os
 import sys
 
 import torch
@@ -76,3 +77,10 @@ def run(rank, mode, init_file, out):
 
 if __name__ == "__main__":
     run(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4])
+    # A finished rank leaves without interpreter finalization: Gloo's worker threads can still hold
+    # work objects whose tensors need the GIL as the interpreter tears down, which aborts the
+    # process after everything succeeded ("terminate called without an active exception", exit
+    # -6, once in CI after the barrier above). An exception in run() still exits non-zero above.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
