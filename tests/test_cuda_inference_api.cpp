@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <random>
@@ -306,6 +307,49 @@ INSTANTIATE_TEST_SUITE_P(Modes, CudaGraph,
                            return dispatch_name(i.param.dispatch) + "_M" + std::to_string(i.param.m);
                          });
 
+// The long-row limit follows the measured density under Determinism::fast (long_row_limit): a
+// plan under automatic dispatch at 0.5% of N = 1000 (5 entries a row) moves the rows of 21 - 96
+// entries from a warp to a CTA once its first run's density arrives (its trials alternate sparse
+// and dense). Every run exact against one oracle of all rows; one column range and two (the long
+// rows' split passes), gated and plain (one fused row kernel).
+TEST(CudaInference, LongRowLimitMovesRowsExactly) {
+  TWELL_REQUIRE_DEVICE();
+  for (const auto& [kind, k] : {std::pair{FfnKind::gated, int64_t(2048)}, std::pair{FfnKind::gated, int64_t(2560)},
+                                std::pair{FfnKind::plain, int64_t(2048)}}) {
+    ProblemSpec spec = small_spec(kind, Pattern::heavy_tailed, 717);
+    spec.m = 384;
+    spec.k = k;
+    spec.density = 0.005;
+    DeviceProblem d(spec);
+    const std::string where = spec.describe();
+    std::vector<int64_t> all(size_t(spec.m));
+    for (int64_t r = 0; r < spec.m; ++r) all[size_t(r)] = r;
+    const ref::Weights w = ref::from_weights(d.p.weights());
+    const ref::Matrix x = testing::rows_of(d.p.x_view(), all);
+    const ref::Forward f = ref::ffn_forward(w, x);
+    const double tolerance = testing::tolerance(w, x, f, spec.dtype);
+    const int32_t limit = gpu::long_row_limit(0.005, spec.n, Determinism::fast);
+    int64_t moved = 0;  // rows a warp takes before the density arrives and a CTA after
+    for (int64_t r = 0; r < spec.m; ++r) {
+      int64_t active = 0;
+      for (int64_t c = 0; c < spec.n; ++c) active += round_to(spec.dtype, float(f.gate_pre.at(r, c))) > 0.0f;
+      moved += active > limit && active <= gpu::RowConfig::kLongRow;
+    }
+    EXPECT_GT(moved, 0) << where << ": no row between the limits " << limit << " and " << gpu::RowConfig::kLongRow;
+    InferencePlan plan(d.weights());
+    for (int run = 0; run < 6; ++run) {
+      d.y.poison();
+      plan.run(d.args());
+      cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "run");
+      const std::vector<uint8_t> y_host = d.y_host();
+      const ref::Matrix y = testing::rows_of(TensorView::matrix(const_cast<uint8_t*>(y_host.data()), spec.dtype,
+                                                                spec.m, spec.k),
+                                             all);
+      EXPECT_LE(ref::rel_error(y, f.y), tolerance) << where << ", run " << run;
+    }
+  }
+}
+
 // Dispatch's trials up to DispatchConfig::kGraphTimedRows rows run as private graphs on the plan's
 // own stream, joined to the caller's: every run exact on the per-thread, the legacy and a created
 // stream, through every trial and the decision after them, and a capture afterwards replays exactly.
@@ -500,6 +544,20 @@ TEST(DispatchRule, AlternatesThenTakesTheFaster) {
   EXPECT_FALSE(t.prefer_dense(m, 2 * d, above)) << "twice the density: another regime";
   t.add(m, d, false, 1.5f);
   EXPECT_FALSE(t.prefer_dense(m, d, above)) << "sparse became the faster";
+}
+
+// The row kernels' long-row limit (calibration.hpp): kLongRow before a density and under
+// Determinism::deterministic; otherwise kLongRowMeans x the mean entries, clamped.
+TEST(DispatchRule, LongRowLimitFollowsTheDensity) {
+  using gpu::RowConfig;
+  const auto fast = Determinism::fast;
+  EXPECT_EQ(gpu::long_row_limit(-1.0, 5632, fast), RowConfig::kLongRow) << "no density yet";
+  EXPECT_EQ(gpu::long_row_limit(1e-4, 5632, Determinism::deterministic), RowConfig::kLongRow);
+  EXPECT_EQ(gpu::long_row_limit(0.01, 5632, fast), RowConfig::kLongRow) << "56 entries a row: the cap";
+  EXPECT_EQ(gpu::long_row_limit(1e-4, 5632, fast), RowConfig::kMinLongRow) << "0.56 entries a row: the floor";
+  EXPECT_EQ(gpu::long_row_limit(0.0, 5632, fast), RowConfig::kMinLongRow) << "no entries";
+  EXPECT_EQ(gpu::long_row_limit(0.001, 5632, fast), int32_t(std::ceil(RowConfig::kLongRowMeans * 5.632)));
+  EXPECT_LE(gpu::long_row_limit(0.2, 65536, fast), RowConfig::kLongRow);
 }
 
 #endif  // TWELL_WITH_CUDA

@@ -115,6 +115,10 @@ class CudaInference final : public detail::InferenceBackend {
     return tw;
   }
 
+  // The most entries of a compact row one warp of the row kernels takes (RowConfig::kLongRow;
+  // under Determinism::fast it follows the last measured density).
+  int32_t long_row() const { return long_row_limit(calibration_->density(), dims_.n, options_.determinism); }
+
   const void* first_weight() const {
     return dims_.kind == FfnKind::gated ? weights_.gate.data : weights_.up.data;
   }
@@ -274,6 +278,7 @@ void CudaInference::run_sparse(const InferenceArgs& args, int64_t rows, const Bu
       row.ready_target = gate_ready_target(dims_.n);
       row.route_overflow = true;
     }
+    row.long_row = long_row();
     launch_row_ffn(row, device_, s);
   } else {
     launch_compact_ffn(compact, s);

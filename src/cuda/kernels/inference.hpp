@@ -131,6 +131,9 @@ struct RowArgs {
   const int32_t* ready = nullptr;
   int32_t ready_target = 0;
   bool route_overflow = false;
+  // Compact rows of more entries than this (at most RowConfig::kLongRow) go to the long-row
+  // kernels (a CTA each) instead of one warp.
+  int32_t long_row = RowConfig::kLongRow;
 };
 // Whether launch_row_ffn takes a layer: K a multiple of 256 up to ShapeLimits::kMaxHidden; a gated
 // layer whose K needs passes keeps its h values in G's rows, which takes N >= 2 kLongRow.

@@ -116,6 +116,12 @@ bool DensityProbe::poll() {
   return true;
 }
 
+int32_t long_row_limit(double density, int64_t cols, Determinism determinism) {
+  if (determinism == Determinism::deterministic || !(density >= 0.0)) return RowConfig::kLongRow;
+  const double limit = std::ceil(RowConfig::kLongRowMeans * density * double(cols));
+  return int32_t(std::clamp<double>(limit, RowConfig::kMinLongRow, RowConfig::kLongRow));
+}
+
 void RoutedCapacity::record(const int32_t* device_count, int64_t rows, bool capturing, cudaStream_t s) {
   if (!enabled_ || capturing) return;
   count_.record(device_count, s);

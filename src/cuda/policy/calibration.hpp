@@ -136,6 +136,12 @@ class RoutedCapacity {
   int64_t capacity_ = 0;                // the last C handed out (kept while it still fits)
 };
 
+// The most entries of a compact row that one warp of inference's row kernels computes (longer
+// rows: a CTA of the long-row kernel): RowConfig::kLongRow, or under Determinism::fast, once a
+// density (fraction of `cols`; < 0: none yet) was measured, kLongRowMeans x a row's mean entries
+// within [kMinLongRow, kLongRow].
+int32_t long_row_limit(double density, int64_t cols, Determinism determinism);
+
 // The compact saved state's capacity under automatic dispatch (TrainingOptions::min_capacity;
 // detail::CapacityChoice has the rule): each eager compact forward's routed count is recorded with
 // its rows and capacity, and capacity() polls the last one before choosing.
@@ -177,6 +183,8 @@ class DispatchCalibration {
   void start(const Choice& c, cudaStream_t s);
   void finish(const unsigned long long* device_active, int64_t rows, int64_t cols, bool dense,
               cudaStream_t s);
+  // The density the last probed run measured (-1: none yet).
+  double density() const { return probe_.density(); }
 
  private:
   void poll();

@@ -117,6 +117,12 @@ struct RowConfig {
   static constexpr int kMaxPasses = int(ShapeLimits::kMaxHidden / kMaxHidden);
   // Compact rows with more entries than this go to the long-row kernels, split over a CTA's warps.
   static constexpr int kLongRow = 96;
+  // Under Determinism::fast, once a density is known, the limit follows it: kLongRowMeans x the
+  // mean entries of a row, at least kMinLongRow (at most kLongRow). At the trained models'
+  // densities (under one entry a row) a token of 30 - 70 entries otherwise ends the row stage
+  // alone, one pair of entries at a time on one warp.
+  static constexpr int kLongRowMeans = 4;
+  static constexpr int kMinLongRow = 8;
   // Rows with more active neurons than N / kHeavyRowDivisor (at least kLongRow, at most
   // kMaxDenseRow), compact or routed, go to the dense backup, the compact ones written densely
   // into G.

@@ -2,9 +2,11 @@
 //   row kernel (rows::warp_row_kernel with RowPass): CTA = RowConfig::kWarps warps of a persistent
 //     grid; a warp takes compact rows from a queue, one at a time: its x row and fp32
 //     accumulators in registers; 32 TwELL entries decoded at once (one per lane), consumed two at
-//     a time (dot with Wu rows, warp butterfly, axpy of Wd rows). Rows over kLongRow entries are
-//     listed for the long-row kernels. Gated (N >= 2 kLongRow): run as two kernels, a dots phase (h = g * dot in fp32, kept in the row's
-//     dead G row) and an axpys phase (Wd), so each streams one weight matrix (warp_rows::Phase).
+//     a time (dot with Wu rows, warp butterfly, axpy of Wd rows). Rows over the run's long-row
+//     limit (KernelArgs::long_row, at most kLongRow) are listed for the long-row kernels. Gated
+//     (N >= 2 kLongRow): run as two kernels, a dots phase (h = g * dot in fp32, kept in the row's
+//     dead G row) and an axpys phase (Wd), so each streams one weight matrix (warp_rows::Phase);
+//     the first dots pass writes the zero y rows of rows without entries, which the axpys skip.
 //   column ranges: K over RowConfig::kMaxHidden (the columns a lane's registers hold) runs each
 //     kernel once per range of K, each launch with its own queue. The dots passes add their
 //     partial dots into h in range order (the last multiplies by g); the axpys passes (and a
@@ -143,6 +145,11 @@ struct KernelArgs {
   bool last = true;
   // Rows with more active neurons than this go to the tensor-core backup (RowConfig::kDenseRowDivisor).
   int dense_row = RowConfig::kMaxDenseRow;
+  // Compact rows of more entries than this go to the long-row kernels (RowArgs::long_row).
+  int long_row = RowConfig::kLongRow;
+  // Split phases: the first dots pass writes the zero y rows of rows without entries (beside the
+  // gate, when overlapped), which the axpys passes then skip.
+  bool zero_empty = false;
   // Overlap (RowArgs::ready): the first dots pass waits for each row's block.
   const int32_t* ready = nullptr;
   int32_t ready_target = 0;
@@ -231,7 +238,8 @@ struct RowPass {
   using Args = KernelArgs;
   static constexpr int kWarps = RowConfig::kWarps;
   static constexpr int kMinCtasPerSm = 0;  // no cap: a fused pass at K = 2048 takes up to 248 registers
-  static constexpr int kLongRow = RowConfig::kLongRow;
+
+  static __device__ int long_row(const Args& a) { return a.long_row; }
 
   static __device__ void enter(const Args& a) {
     if (a.ready != nullptr)
@@ -249,8 +257,21 @@ struct RowPass {
     if (a.ready != nullptr) warp_rows::wait_for_block(a.ready, a.ready_target, row, known, lane);
   }
 
+  // `skip` (the per-row extra of warp_row_kernel) set: store writes nothing (an empty row whose y
+  // row the first dots pass wrote).
   template <typename T, FfnKind kKind, int kChunks, Phase kPhase>
-  static __device__ void row(const Args& a, int64_t row, int lane, float (&acc)[kChunks][kVecElems], float&) {
+  static __device__ void row(const Args& a, int64_t row, int lane, float (&acc)[kChunks][kVecElems], float& skip) {
+    if constexpr (kPhase != Phase::fused) {
+      if (a.zero_empty && warp_rows::row_entries(a.tw, row, lane) == 0) {
+        if (kPhase == Phase::dots && a.first) {
+          T* yrow = static_cast<T*>(a.y) + row * a.k;
+          for (int64_t c = warp_rows::lane_col(lane); c < a.k; c += RowConfig::kChunk)
+            *reinterpret_cast<uint4*>(yrow + c) = make_uint4(0, 0, 0, 0);
+        }
+        skip = 1.0f;
+        return;
+      }
+    }
     RowState<T, kKind, kChunks, kPhase> st;
     if constexpr (kPhase != Phase::fused)
       st.h = reinterpret_cast<float*>(const_cast<T*>(static_cast<const T*>(a.hidden)) + row * a.tw.shape.cols);
@@ -269,7 +290,8 @@ struct RowPass {
 
   template <typename T, int kChunks>
   static __device__ void store(const Args& a, int64_t row, int lane, const float (&acc)[kChunks][kVecElems],
-                               float) {
+                               float skip) {
+    if (skip != 0.0f) return;
     warp_rows::store_row<T, kChunks>(static_cast<T*>(a.y) + row * a.k + a.col0, lane, acc);
   }
 };
@@ -422,6 +444,8 @@ void launch_with(const RowArgs& a, const DeviceInfo& dev, cudaStream_t s) {
                a.hidden,      a.heavy_rows, a.long_rows, a.control};
   k.dense_row = int(std::clamp<int64_t>(c.twell.shape.cols / RowConfig::kDenseRowDivisor, RowConfig::kLongRow,
                                         RowConfig::kMaxDenseRow));
+  k.long_row = int(std::clamp<int64_t>(a.long_row, 0, RowConfig::kLongRow));
+  k.zero_empty = row_kernel_splits(kKind, c.twell.shape.cols);
   const int64_t ctas = std::min<int64_t>(
       int64_t(dev.sm_count) * RowConfig::kCtasPerSm,
       (c.twell.shape.rows + RowConfig::kWarps - 1) / RowConfig::kWarps);

@@ -67,7 +67,7 @@ struct TrainWarpPass {
   using Args = ArgsT;
   static constexpr int kWarps = TrainRowConfig::kWarpRowWarps;
   static constexpr int kMinCtasPerSm = TrainRowConfig::kWarpRowCtasPerSm;
-  static constexpr int kLongRow = TrainRowConfig::kLongRow;
+  static __device__ int long_row(const Args&) { return TrainRowConfig::kLongRow; }
 
   static __device__ void enter(const Args&) { chain_entry(); }
 
