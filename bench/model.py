@@ -33,6 +33,9 @@ model runs again for about --energy-seconds in blocks ordered dense, twell, twel
 device's total-energy counter read (after a synchronisation) around each block; joules per token
 = the counter's delta over the tokens of those steps; energy_ratio = twell / dense (below 1: twell
 spends less; the paper's 6.51 / 7.85 mJ is 0.83). idle_power_w: the GPU's mean power over ~1 s sampled, idle, before the first case.
+--floor adds, to prefill rows, the same model with each MLP reduced to its gate GEMM
+(bench/model_floor.py): floor_ms, floor_speedup and floor_energy_ratio, what no exact sparse FFN
+can beat on that model.
 
 Generate (--modes generate; the default modes are inference,training): Hugging Face
 model.generate() of the same model, both MLPs in turn, greedy, a prompt of --prompt-len tokens (the
@@ -80,6 +83,7 @@ if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # model_generate
 import model_generate  # noqa: E402
 from timing import Timer, summary  # noqa: E402
 from model_agreement import SplitMLP, agrees, distance  # noqa: E402,F401  (tests use SplitMLP)
+from model_floor import GateOnlyMLP, floor_fields, floor_note  # noqa: E402
 
 MODES = ("inference", "training", "generate")
 
@@ -138,6 +142,9 @@ def parse_args(argv, **defaults):
                         "(default: the checkpoint's --data; random ids where there is none)")
     p.add_argument("--energy-seconds", type=float, default=2.0,
                    help="seconds of each model's energy loop (CUDA with NVML; 0: no energy)")
+    p.add_argument("--floor", action="store_true",
+                   help="inference: also time the model with each MLP reduced to its gate GEMM "
+                        "(bench/model_floor.py: the floor of any exact sparse FFN)")
     p.add_argument("--out", default=None, help="folder for model.json (default: no file)")
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--append", action="store_true",
@@ -197,8 +204,8 @@ def calibrate(model, ids, density):
 
 
 class Swap:
-    """Puts the twell modules, the model's own MLPs or those rounded differently ("split",
-    SplitMLP) in place."""
+    """Puts the twell modules, the model's own MLPs, those rounded differently ("split",
+    SplitMLP) or their gate GEMMs alone ("floor", GateOnlyMLP) in place."""
 
     def __init__(self, model, l1, dispatch, capacity=0):
         tt.patch_model(model, l1_coef=l1, dispatch=dispatch, capacity=capacity)
@@ -207,9 +214,11 @@ class Swap:
         self.sparse = tt.sparse_modules(model)
         self.dense = [(n, m.__dict__["_twell_original"]) for n, m in self.sparse]
         self.split = [(n, SplitMLP(m)) for n, m in self.dense]
+        self.floor = [(n, GateOnlyMLP(m)) for n, m in self.dense]
 
     def use(self, which):
-        for name, module in {"twell": self.sparse, "split": self.split}.get(which, self.dense):
+        for name, module in {"twell": self.sparse, "split": self.split,
+                             "floor": self.floor}.get(which, self.dense):
             set_module(self.model, name, module)
 
 
@@ -295,6 +304,9 @@ def run_case(args, model, swap, ids, mode, device, meter=None):
     del ref_grads
     times, peaks = measure(args, swap, step, device, args.warmup)
     extra.update(energy_case(args, meter, swap, step, times, device, args.batch * args.seq))
+    if mode == "inference" and args.floor:
+        extra.update(floor_fields(args, swap, step, device, meter, times, energy_case,
+                                  args.batch * args.seq))
     for p in params:
         p.grad = None
     return l0, times, peaks, {"rel_diff": diff, "rel_diff_floor": floor,
@@ -316,18 +328,19 @@ def run_generate(args, model, swap, ids, batch, device, meter=None):
     return l0, times, peaks, {"gen_cache": step.cache, **fields}, extra
 
 
-def energy_case(args, meter, swap, step, times, device, tokens):
+def energy_case(args, meter, swap, step, times, device, tokens, pair=("dense", "twell")):
     """Row fields of joules per token (the NVML counter over each model's steps, `tokens` a
-    step), in blocks dense, twell, twell, dense of about --energy-seconds / 2 each; null without a
-    meter."""
-    fields = {"energy_j_per_token_dense": None, "energy_j_per_token_twell": None,
-              "energy_ratio": None, "avg_power_w_dense": None, "avg_power_w_twell": None,
+    step), in blocks dense, twell, twell, dense (`pair`) of about --energy-seconds / 2 each; null
+    without a meter."""
+    a, b = pair
+    fields = {f"energy_j_per_token_{a}": None, f"energy_j_per_token_{b}": None,
+              "energy_ratio": None, f"avg_power_w_{a}": None, f"avg_power_w_{b}": None,
               "energy_steps": None}
     if meter is None or args.energy_seconds <= 0:
         return fields
     steps = {w: max(1, math.ceil(args.energy_seconds / 2 * 1e3 / statistics.median(times[w])))
-             for w in ("dense", "twell")}
-    total = {w: [0.0, 0.0, 0] for w in ("dense", "twell")}  # joules, seconds, steps
+             for w in pair}
+    total = {w: [0.0, 0.0, 0] for w in pair}  # joules, seconds, steps
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
 
     def block(which):
@@ -341,15 +354,15 @@ def energy_case(args, meter, swap, step, times, device, tokens):
         t = total[which]
         t[0], t[1], t[2] = t[0] + joules, t[1] + seconds, t[2] + n
 
-    for which in ("dense", "twell", "twell", "dense"):
+    for which in (a, b, b, a):
         block(which)
-    for w in ("dense", "twell"):
+    for w in pair:
         joules, seconds, n = total[w]
         fields[f"energy_j_per_token_{w}"] = energy.joules_per_token(joules, n * tokens)
         fields[f"avg_power_w_{w}"] = joules / seconds if seconds > 0 else None
-    d, t = fields["energy_j_per_token_dense"], fields["energy_j_per_token_twell"]
+    d, t = fields[f"energy_j_per_token_{a}"], fields[f"energy_j_per_token_{b}"]
     fields["energy_ratio"] = t / d if t is not None and d else None
-    fields["energy_steps"] = {w: total[w][2] for w in ("dense", "twell")}
+    fields["energy_steps"] = {w: total[w][2] for w in pair}
     return fields
 
 
@@ -518,7 +531,7 @@ def report(n, row):
           f"{100 * row['density']:.2f}% (layers {100 * row['density_min']:.2f}-"
           f"{100 * row['density_max']:.2f}%): dense {d:.2f} ms, twell {t:.2f} ms, "
           f"{row['speedup']:.3f}x; peak {gb(row['peak_bytes_dense'])} / "
-          f"{gb(row['peak_bytes_twell'])} GB; {agree}" + energy_note(row), flush=True)
+          f"{gb(row['peak_bytes_twell'])} GB; {agree}" + energy_note(row) + floor_note(row), flush=True)
     return ok
 
 

@@ -113,3 +113,10 @@ def test_bench_energy_loop_arithmetic():
     assert f["avg_power_w_dense"] > 0
     none = bench.energy_case(args, None, Swap(), step, times, torch.device("cpu"), 16)
     assert set(none) == set(f) and all(v is None for v in none.values())
+    # Another pair (the --floor model against dense): its blocks and its own field names.
+    order.clear()
+    g = bench.energy_case(args, meter, Swap(), step, {"dense": times["dense"], "floor": times["twell"]},
+                          torch.device("cpu"), 16, pair=("dense", "floor"))
+    assert order == ["dense", "floor", "floor", "dense"]
+    assert g["energy_j_per_token_floor"] == pytest.approx(0.1 / 16) and g["energy_ratio"] == pytest.approx(1 / 3)
+    assert "energy_j_per_token_twell" not in g

@@ -68,6 +68,30 @@ def test_model_bench_writes_rows(tmp_path):
     assert rows[1]["loss_twell"] == pytest.approx(rows[1]["loss_dense"], rel=1e-5)
 
 
+def test_model_bench_floor(tmp_path, capsys):
+    """--floor: prefill rows gain the gate-only model's time; the floor MLP runs the gate GEMM and
+    returns zeros; training rows have no floor."""
+    bench = _bench()
+    assert bench.main([*TINY, "--densities", "0.05", "--floor", "--out", str(tmp_path)]) == 0
+    rows = json.load(open(tmp_path / "model.json"))
+    inference, training = rows
+    assert inference["floor_ms"]["median"] > 0
+    assert inference["floor_speedup"] == pytest.approx(
+        inference["dense_ms"]["median"] / inference["floor_ms"]["median"])
+    assert inference["floor_energy_ratio"] is None and inference["avg_power_w_floor"] is None  # no NVML
+    assert "floor_ms" not in training
+    assert "floor (gate GEMM only)" in capsys.readouterr().out
+
+    import torch
+    mlp = torch.nn.Module()
+    mlp.gate_proj = torch.nn.Linear(8, 16, bias=False)
+    floor = load("model_floor").GateOnlyMLP(mlp)
+    x = torch.randn(3, 8)
+    y = floor(x)
+    assert y.shape == x.shape and not y.any()
+    assert floor.weight is mlp.gate_proj.weight
+
+
 def test_model_bench_agreement_rule():
     """twell agrees within --tolerance, or within twice the differently rounded model's distance;
     never when the distance is not finite."""
