@@ -21,7 +21,7 @@ class GateOnlyMLP(torch.nn.Module):
 def floor_fields(args, swap, step, device, meter, times, energy_case, tokens):
     """Row fields of the floor model (swap.use("floor")): its times over args.reps steps after
     two warm-ups, its speedup over the dense median, and its energy per token against dense in
-    the blocks of energy_case."""
+    the blocks of energy_case. Leaves the model's own MLPs in place."""
     timer = Timer(device)
     swap.use("floor")
     for _ in range(2):
@@ -34,6 +34,7 @@ def floor_fields(args, swap, step, device, meter, times, energy_case, tokens):
                     pair=("dense", "floor"))
     fields["floor_energy_ratio"] = e["energy_ratio"]
     fields["avg_power_w_floor"] = e["avg_power_w_floor"]
+    swap.use("dense")  # energy_case returns early without a meter: the model's own MLPs back
     return fields
 
 

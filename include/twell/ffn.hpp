@@ -50,9 +50,9 @@ enum class GateKernel : uint8_t {
 // entries) run through cuBLAS for as many rows as the plan learned to expect from its earlier runs
 // (the rest, and all of them before anything is learned, on twell's tensor-core kernel), so a
 // backup row's rounding can differ between the first runs and later ones (each way exact to the
-// dtype's rounding); runs then agree while the counts stay within what was learned. Likewise
-// the most entries of a row one warp computes follows the density measured by earlier runs
-// (longer rows: a CTA, summed in another order).
+// dtype's rounding); runs then agree while the counts stay within what was learned. Likewise,
+// under automatic dispatch, the most entries of a row one warp computes follows the density
+// measured by earlier runs (longer rows: a CTA, summed in another order).
 // deterministic: every backup row on the kernel; reruns are bit-identical. Either way no float
 // atomics are used. The CPU backend is deterministic in both modes.
 enum class Determinism : uint8_t { fast, deterministic };

@@ -91,6 +91,20 @@ def test_model_bench_floor(tmp_path, capsys):
     assert y.shape == x.shape and not y.any()
     assert floor.weight is mlp.gate_proj.weight
 
+    # Without a meter energy_case returns at once: floor_fields itself puts the dense MLPs back.
+    used = []
+
+    class FakeSwap:
+        def use(self, which):
+            used.append(which)
+
+    import argparse
+    args = argparse.Namespace(reps=2, energy_seconds=1.0)
+    fields = load("model_floor").floor_fields(args, FakeSwap(), lambda which: None, torch.device("cpu"),
+                                              None, {"dense": [4.0, 4.0]}, bench.energy_case, 16)
+    assert used[0] == "floor" and used[-1] == "dense"
+    assert fields["floor_energy_ratio"] is None and fields["floor_ms"]["median"] >= 0
+
 
 def test_model_bench_agreement_rule():
     """twell agrees within --tolerance, or within twice the differently rounded model's distance;

@@ -110,7 +110,7 @@ struct CompactArgs {
 void launch_compact_ffn(const CompactArgs& a, cudaStream_t s);
 
 // row_ffn.cu: the up + down over compact rows for K a multiple of 256. A warp takes each compact
-// row of at most RowConfig::kLongRow entries (rows from a queue) and lists the longer ones in
+// row of at most RowArgs::long_row entries (rows from a queue) and lists the longer ones in
 // long_rows. K <= RowConfig::kMaxHidden: a second kernel gives each long row and each routed row
 // to a whole CTA (its warps split the row's neurons, partial sums meet in shared memory), so no
 // row 10-40x denser than the mean holds up the end of the run; routed rows are scanned straight

@@ -119,7 +119,7 @@ struct RowConfig {
   static constexpr int kLongRow = 96;
   // Under Determinism::fast, once a density is known, the limit follows it: kLongRowMeans x the
   // mean entries of a row, at least kMinLongRow (at most kLongRow). At the trained models'
-  // densities (under one entry a row) a token of 30 - 70 entries otherwise ends the row stage
+  // densities (under one entry a row) a token of 30 - 100 entries otherwise ends the row stage
   // alone, one pair of entries at a time on one warp.
   static constexpr int kLongRowMeans = 4;
   static constexpr int kMinLongRow = 8;
