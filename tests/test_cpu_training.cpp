@@ -1,5 +1,8 @@
 // CPU training: forward (y, L0, L1) and every gradient vs the oracle, with the L1 term.
 #include "common.hpp"
+
+#include <algorithm>
+
 #include "core/backend.hpp"
 #include "core/capacity.hpp"
 
@@ -192,6 +195,10 @@ TEST(CpuTrainingApi, CapacityChoiceFollowsDensityAndRoutedRows) {
   EXPECT_EQ(saved_capacities(12, 3), (std::vector<int32_t>{12, 6, 3}));
   EXPECT_EQ(saved_capacities(1, 1), (std::vector<int32_t>{1}));
   EXPECT_EQ(saved_capacities(4, 4), (std::vector<int32_t>{4}));
+  for (int32_t c = 0; c <= 17; ++c) {  // membership without the list agrees with the list
+    const std::vector<int32_t> all = saved_capacities(16, 4);
+    EXPECT_EQ(detail::is_saved_capacity(c, 16, 4), std::find(all.begin(), all.end(), c) != all.end()) << c;
+  }
   detail::CapacityChoice c(256, 16, 4);
   EXPECT_EQ(c.choose(-1), 16);      // nothing measured yet
   EXPECT_EQ(c.choose(0.0), 4);

@@ -6,11 +6,25 @@
 
 namespace twell::detail {
 
+namespace {
+// Calls f(v) for capacity, capacity / 2, ... while >= min_capacity (and >= 1); stops where f is true.
+template <typename F>
+bool for_each_capacity(int32_t capacity, int32_t min_capacity, F&& f) {
+  for (int32_t v = capacity; v >= std::max(min_capacity, 1); v /= 2)
+    if (f(v)) return true;
+  return false;
+}
+}  // namespace
+
 std::vector<int32_t> saved_capacities(int32_t capacity, int32_t min_capacity) {
   std::vector<int32_t> c;
-  for (int32_t v = capacity; v >= std::max(min_capacity, 1); v /= 2) c.push_back(v);
+  for_each_capacity(capacity, min_capacity, [&](int32_t v) { c.push_back(v); return false; });
   if (c.empty()) c.push_back(capacity);
   return c;
+}
+
+bool is_saved_capacity(int32_t c, int32_t capacity, int32_t min_capacity) {
+  return for_each_capacity(capacity, min_capacity, [&](int32_t v) { return v == c; });
 }
 
 CapacityChoice::CapacityChoice(int32_t tile, int32_t capacity, int32_t min_capacity)

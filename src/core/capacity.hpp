@@ -9,6 +9,8 @@ namespace twell::detail {
 
 // capacity, capacity / 2, capacity / 4, ... (integer halves) while >= min_capacity: largest first.
 std::vector<int32_t> saved_capacities(int32_t capacity, int32_t min_capacity);
+// Whether c is one of saved_capacities(capacity, min_capacity), without building the list.
+bool is_saved_capacity(int32_t c, int32_t capacity, int32_t min_capacity);
 
 class CapacityChoice {
  public:

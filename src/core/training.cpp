@@ -73,22 +73,14 @@ class TrainingPlan::Impl {
     return rows > 0 && saved.shape.backup_capacity == rows ? SavedForm::dense : SavedForm::compact;
   }
 
-  // Whether the compact form may have this capacity: one of saved_capacities (checked each call,
-  // without building the list).
-  bool accepts_capacity(int32_t capacity) const {
-    for (int32_t c = options.capacity; c >= std::max(options.min_capacity, 1); c /= 2)
-      if (c == capacity) return true;
-    return false;
-  }
-
   void check_saved(const char* op, const TwellView& saved, int64_t rows) const {
     const TwellShape& got = saved.shape;
     const bool dense = form_of(saved, rows) == SavedForm::dense;
     if (dense && !backend->supports_dense_layout())
       throw Error(op, "saved shape", "backup 0 (this backend saves the compact form only)",
                   "backup " + std::to_string(got.backup_capacity));
-    const TwellShape want =
-        shape(rows, dense, !dense && accepts_capacity(got.capacity) ? got.capacity : options.capacity);
+    const bool listed = !dense && detail::is_saved_capacity(got.capacity, options.capacity, options.min_capacity);
+    const TwellShape want = shape(rows, dense, listed ? got.capacity : options.capacity);
     auto str = [](const TwellShape& s) {
       return "rows " + std::to_string(s.rows) + ", cols " + std::to_string(s.cols) + ", tile " +
              std::to_string(s.tile) + ", capacity " + std::to_string(s.capacity) + ", planes " +

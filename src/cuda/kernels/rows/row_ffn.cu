@@ -257,21 +257,21 @@ struct RowPass {
     if (a.ready != nullptr) warp_rows::wait_for_block(a.ready, a.ready_target, row, known, lane);
   }
 
-  // `skip` (the per-row extra of warp_row_kernel) set: store writes nothing (an empty row whose y
-  // row the first dots pass wrote).
-  template <typename T, FfnKind kKind, int kChunks, Phase kPhase>
-  static __device__ void row(const Args& a, int64_t row, int lane, float (&acc)[kChunks][kVecElems], float& skip) {
-    if constexpr (kPhase != Phase::fused) {
-      if (a.zero_empty && warp_rows::row_entries(a.tw, row, lane) == 0) {
-        if (kPhase == Phase::dots && a.first) {
-          T* yrow = static_cast<T*>(a.y) + row * a.k;
-          for (int64_t c = warp_rows::lane_col(lane); c < a.k; c += RowConfig::kChunk)
-            *reinterpret_cast<uint4*>(yrow + c) = make_uint4(0, 0, 0, 0);
-        }
-        skip = 1.0f;
-        return;
-      }
+  // Split phases: the first dots pass writes an empty row's whole zero y row (every range of K);
+  // every other pass then has nothing to do for it.
+  template <typename T, Phase kPhase>
+  static __device__ bool empty_row(const Args& a, int64_t row, int lane) {
+    if (kPhase == Phase::fused || !a.zero_empty) return false;
+    if (kPhase == Phase::dots && a.first) {
+      T* yrow = static_cast<T*>(a.y) + row * a.k;
+      for (int64_t c = warp_rows::lane_col(lane); c < a.k; c += RowConfig::kChunk)
+        *reinterpret_cast<uint4*>(yrow + c) = make_uint4(0, 0, 0, 0);
     }
+    return true;
+  }
+
+  template <typename T, FfnKind kKind, int kChunks, Phase kPhase>
+  static __device__ void row(const Args& a, int64_t row, int lane, float (&acc)[kChunks][kVecElems], float&) {
     RowState<T, kKind, kChunks, kPhase> st;
     if constexpr (kPhase != Phase::fused)
       st.h = reinterpret_cast<float*>(const_cast<T*>(static_cast<const T*>(a.hidden)) + row * a.tw.shape.cols);
@@ -290,8 +290,7 @@ struct RowPass {
 
   template <typename T, int kChunks>
   static __device__ void store(const Args& a, int64_t row, int lane, const float (&acc)[kChunks][kVecElems],
-                               float skip) {
-    if (skip != 0.0f) return;
+                               float) {
     warp_rows::store_row<T, kChunks>(static_cast<T*>(a.y) + row * a.k + a.col0, lane, acc);
   }
 };

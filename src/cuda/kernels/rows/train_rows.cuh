@@ -68,6 +68,8 @@ struct TrainWarpPass {
   static constexpr int kWarps = TrainRowConfig::kWarpRowWarps;
   static constexpr int kMinCtasPerSm = TrainRowConfig::kWarpRowCtasPerSm;
   static __device__ int long_row(const Args&) { return TrainRowConfig::kLongRow; }
+  template <typename T, warp_rows::Phase kPhase>
+  static __device__ bool empty_row(const Args&, int64_t, int) { return false; }  // its L1 and dh rows too
 
   static __device__ void enter(const Args&) { chain_entry(); }
 

@@ -260,17 +260,19 @@ struct RowQueue {
   int32_t* num_long;
 };
 
-// The queue protocol of the warp-per-row kernels, for a row a warp has taken from its queue:
-// whether the row is the warp's, a compact row (row_slot -1: not routed, nor marked for routing;
-// the dense backup computes those) of at most long_row entries. A longer one is listed (RowQueue).
-__device__ __forceinline__ bool is_short_row(const TwellView& tw, int64_t row, int long_row, int lane,
-                                             const RowQueue& q) {
-  if (tw.row_slot[row] != -1) return false;
-  if (row_entries(tw, row, lane) > long_row) {
+// The queue protocol of the warp-per-row kernels, for a row a warp has taken from its queue: its
+// entries where the row is the warp's, a compact row (row_slot -1: not routed, nor marked for
+// routing; the dense backup computes those) of at most long_row entries, else -1. A longer one is
+// listed (RowQueue). Identical in every lane.
+__device__ __forceinline__ int short_row_entries(const TwellView& tw, int64_t row, int long_row, int lane,
+                                                 const RowQueue& q) {
+  if (tw.row_slot[row] != -1) return -1;
+  const int entries = row_entries(tw, row, lane);
+  if (entries > long_row) {
     if (q.long_rows != nullptr && lane == 0) q.long_rows[atomicAdd(q.num_long, 1)] = int32_t(row);
-    return false;
+    return -1;
   }
-  return true;
+  return entries;
 }
 
 // The long-row kernel's side of that protocol: row_fn(row) for each row listed at
