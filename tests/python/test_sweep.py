@@ -16,10 +16,8 @@ TINY = "--model tiny --data synthetic --device cpu --steps 4 --eval-every 0 --no
 
 
 def sweep(args, cwd):
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep
-               + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, SWEEP] + args, capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=600)
+                          timeout=600)
 
 
 def records(path):
