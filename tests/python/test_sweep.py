@@ -27,7 +27,7 @@ def records(path):
 
 def test_runs_stop_and_continue(tmp_path):
     runs = tmp_path / "runs.txt"
-    runs.write_text(f"# two tiny runs\nrelu-a {TINY} --l1 0\nrelu-b {TINY} --l1 1e-3  # L1\n")
+    runs.write_text(f"# two tiny runs\ndefaults: {TINY}\nrelu-a --l1 0\nrelu-b --l1 1e-3  # L1\n")
     out = tmp_path / "sweep"
     r = sweep([str(out), "--runs", str(runs), "--gpus", "0", "--per-gpu", "2", "--stop-at", "2"],
               tmp_path)
