@@ -43,6 +43,8 @@ def test_runs_stop_and_continue(tmp_path):
         assert [x for x in recs if x["kind"] == "resume"][0]["step"] == 2
         assert recs[-1]["kind"] == "end" and recs[-1]["reason"] == "done" and recs[-1]["step"] == 4
         assert recs[0]["args"]["l1"] == coef
+    r = sweep([str(out), "--runs", str(runs), "--gpus", "0", "--only", "relu-b"], tmp_path)
+    assert r.returncode == 0 and "1 of 1 runs done" in r.stdout and "relu-a" not in r.stdout
     r = sweep([str(out), "--runs", str(runs), "--gpus", "0"], tmp_path)  # nothing left to do
     assert r.returncode == 0 and "2 of 2 runs done" in r.stdout
 
@@ -62,6 +64,7 @@ def test_no_run_starts_without_time(tmp_path):
     ("# nothing\n", [], "names no run"),
     ("a --steps 1\n", ["--per-gpu", "0"], "--per-gpu"),
     ("a --steps 1\n", ["--minutes", "-1"], "--minutes"),
+    ("a --steps 1\n", ["--only", "b"], "--only"),
 ])
 def test_bad_arguments(tmp_path, text, args, what):
     runs = tmp_path / "runs.txt"
