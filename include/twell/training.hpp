@@ -1,8 +1,10 @@
 // Training: a forward that saves the compact hybrid layout, and an exact backward with the L1 term.
 //
-// L1 normalisation (the paper's): l1_value = (1/M) * sum_m sum_n |h[m, n]|, i.e. the per-token sum
-// of |h| averaged over tokens; the loss term is l1_coef * l1_value and its gradient w.r.t. h is
-// l1_coef * sign(h) / M. L0 = (1/M) * #{(m, n): gate active}, the mean active neurons per token.
+// L1 normalisation (one layer's term, as in the paper's released code; docs/training.md, "The L1
+// term"): l1_value = (1/M) * sum_m sum_n |h[m, n]|, i.e. the per-token sum of |h| averaged over
+// tokens; the layer's loss term is l1_coef * l1_value and its gradient w.r.t. h is
+// l1_coef * sign(h) / M (a model averages the layers' terms: twell.torch.l1_loss).
+// L0 = (1/M) * #{(m, n): gate active}, the mean active neurons per token.
 //
 // What forward saves (docs/format.md, "Hybrid training layout") takes one of two forms, and the
 // form of the saved view passed to forward decides the path:
@@ -63,12 +65,18 @@ struct TrainingOptions {
   Dispatch dispatch = Dispatch::automatic;
   double dense_above = -1.0;  // <0: backend default (CUDA 0.04)
   GateKernel gate = GateKernel::automatic;  // the compact forward's gate GEMM + pack (ffn.hpp)
+  // What identifies the writer of a saved state (its header's owner tag, with the kind and K):
+  // 0 (the default) = this plan alone (a number no other plan of the process gets), so backward
+  // refuses the state another plan's forward wrote, whatever its shape. A caller that may remake
+  // the plan of one layer between a forward and its backward (a plan cache) gives the plans it
+  // makes the same nonzero tag: they then accept each other's states of their shape.
+  uint64_t state_tag = 0;
 };
 
 // workspace (forward and backward, optional): uint8 [>= TrainingPlan::workspace_bytes(M, form of
-// the saved state, this call)] on x's device. Without one the plan grows its own (outside
-// CUDA-graph capture only); with one the caller's allocator owns the scratch, e.g. a framework's,
-// as graph capture of a training step needs.
+// the saved state, this call)] on x's device, 16-byte aligned. Without one the plan grows its own
+// (outside CUDA-graph capture only); with one the caller's allocator owns the scratch, e.g. a
+// framework's, as graph capture of a training step needs.
 struct TrainingForwardArgs {
   TensorView x;       // [M, K]
   TensorView y;       // [M, K], written

@@ -95,3 +95,14 @@ def test_dynamic_rows(seed):
         model.zero_grad()
         torch.testing.assert_close(loss_c, loss_e)
     assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_compiled_module_refuses_a_wrong_last_dimension(training):
+    """[2, 64] into a hidden-32 module would reshape to [4, 32] rows: refused as in eager mode."""
+    torch._dynamo.reset()
+    mod = tt.SparseGatedMLP(32, 128).train(training)
+    compiled = torch.compile(mod, backend="aot_eager")
+    refused = r"x: expected \[\.\.\., hidden_size=32\], got \[2, 64\]"
+    with torch.set_grad_enabled(training), pytest.raises(ValueError, match=refused):
+        compiled(torch.randn(2, 64))

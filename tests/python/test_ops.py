@@ -252,10 +252,57 @@ def test_bad_inputs():
         train(x, gate, up, down_kn, 64, 8, "fastest", -1.0)
     with pytest.raises(ValueError, match="dispatch"):
         ffn(x, gate, up, down, 64, 8, "fastest", -1.0)
-    mod = tt.SparseGatedMLP(16, 64)
-    expect("x", lambda: mod(torch.zeros(3, 16, dtype=torch.float64)))
-    with pytest.raises(RuntimeError):
-        mod(torch.zeros(3, 15))  # not a multiple of hidden_size: reshape fails
+
+
+@pytest.mark.parametrize("cls", ["SparseGatedMLP", "SparseMLP"])
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("shape", [(4, 32), (2, 3, 48), (3, 15), (32,), ()])
+def test_module_refuses_a_wrong_last_dimension(cls, training, shape):
+    """[4, 32] into a hidden-16 module would reshape to [8, 16] and run as more rows: refused,
+    naming the module, x and the hidden size, in inference and in training."""
+    mod = getattr(tt, cls)(16, 64).train(training)
+    x = torch.randn(shape, requires_grad=training)
+    with torch.set_grad_enabled(training):
+        e = expect("x", lambda: mod(x))
+    assert e.op == cls and e.expected == "[..., hidden_size=16]" and e.actual == str(list(shape))
+    assert mod.l1_loss is None and mod.l0 is None  # nothing recorded
+
+
+@pytest.mark.parametrize("cls", ["SparseGatedMLP", "SparseMLP"])
+@pytest.mark.parametrize("training", [False, True])
+def test_module_refuses_a_wrong_dtype_or_device(cls, training):
+    mod = getattr(tt, cls)(16, 64).train(training)
+    with torch.set_grad_enabled(training):
+        for dtype in (torch.float64, torch.bfloat16, torch.int64):
+            e = expect("x", lambda: mod(torch.zeros(3, 16, dtype=dtype)))
+            assert e.op == cls and "float32" in e.expected and e.actual == str(dtype)[6:]
+        meta = getattr(tt, cls)(16, 64, device="meta").train(training)  # weights elsewhere
+        e = expect("x", lambda: meta(torch.zeros(3, 16)))
+        assert e.op == cls and "meta" in e.expected and e.actual == "cpu"
+
+
+def test_fake_implementations_check_x():
+    """The fake implementations (torch.compile traces with them) refuse what the real ops refuse,
+    so a compiled graph fails as it is traced instead of giving a wrongly shaped result."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x, gate, up, down = sample_inputs("cpu", torch.float32, True)
+    down_kn = down.t().contiguous()
+    with FakeTensorMode() as mode:
+        x, gate, up, down, down_kn = (mode.from_tensor(t) for t in (x, gate, up, down, down_kn))
+        wide = torch.empty(4, 32)
+        for bad in (wide, x.double(), x.reshape(1, 9, 16)):
+            expect("x", lambda: torch.ops.twell.ffn(bad, gate, up, down, 64, 8, "sparse", -1.0))
+            expect("x", lambda: torch.ops.twell.ffn_train(bad, gate, up, down_kn, 64, 8, "sparse",
+                                                          -1.0))
+        _, saved, _ = torch.ops.twell.ffn_train(x, gate, up, down_kn, 64, 8, "sparse", -1.0)
+        l1 = torch.zeros(1)
+        backward = torch.ops.twell.ffn_train_backward
+        for bad in (wide, x[:4], x.double()):
+            expect("dy", lambda: backward(bad, x, gate, up, down_kn, saved, l1, 64, 8, "sparse",
+                                          -1.0))
+        expect("x", lambda: backward(wide, wide, gate, up, down_kn, saved, l1, 64, 8, "sparse",
+                                     -1.0))
 
 
 def test_state_dict_is_a_llama_mlps():

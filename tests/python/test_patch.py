@@ -129,3 +129,147 @@ def test_bad_l1_coef_is_refused_unchanged(l1_coef):
     assert not tt.sparse_modules(model)
     assert tt.patch_model(model, l1_coef=1e-3) == 2
     assert all(m.l1_coef == 1e-3 for _, m in tt.sparse_modules(model))
+
+
+def llama_mlp_class():
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    return LlamaMLP
+
+
+class PlainMLP(nn.Module):
+    """A Llama-shaped MLP of a class patch_model does not know (same function)."""
+
+    def __init__(self, mlp):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        self.act_fn = mlp.act_fn
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+def relu_model_and_logits(seed, change=None):
+    """A ReLU Llama, `change(model)` applied to it, a batch and the changed model's logits."""
+    model = tiny("Llama", hidden_act="relu")
+    if change is not None:
+        change(model)
+    ids = tokens(seed)
+    return model, ids, logits(model, ids)
+
+
+def test_known_models_patch_without_warning(recwarn):
+    assert tt.patch_model(tiny("Llama", hidden_act="relu")) == 2
+    assert not [w for w in recwarn if "patch_model" in str(w.message)]
+
+
+def test_subclass_with_an_extra_term_is_left_and_named(seed):
+    """A LlamaMLP subclass whose forward adds a term: patching it would drop the term."""
+    class Shifted(llama_mlp_class()):
+        def forward(self, x):
+            return super().forward(x) + 0.5 * x
+
+    def change(model):
+        model.model.layers[0].mlp.__class__ = Shifted
+
+    model, ids, want = relu_model_and_logits(seed, change)
+    with pytest.warns(UserWarning, match=r"left 1 module.*model\.layers\.0\.mlp \(Shifted "
+                                         r"overrides LlamaMLP\.forward\)"):
+        assert tt.patch_model(model) == 1
+    assert type(model.model.layers[0].mlp) is Shifted
+    assert [n for n, _ in tt.sparse_modules(model)] == ["model.layers.1.mlp"]
+    torch.testing.assert_close(logits(model, ids), want, rtol=1e-4, atol=1e-5)
+
+
+def test_subclass_keeping_forward_is_patched(seed):
+    class Renamed(llama_mlp_class()):
+        pass
+
+    def change(model):
+        for m in mlps(model):
+            m.__class__ = Renamed
+
+    model, ids, want = relu_model_and_logits(seed, change)
+    assert tt.patch_model(model) == 2
+    torch.testing.assert_close(logits(model, ids), want, rtol=1e-4, atol=1e-5)
+
+
+def test_hooks_and_replaced_forwards_are_left(seed):
+    """What a twell module would not run (a hook on the MLP or a projection, a forward set on the
+    instance, a projection of another class) keeps that MLP as it is."""
+    class Scaled(nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    def change(model):
+        m = model.model.layers
+        m[0].mlp.register_forward_hook(lambda mod, args, out: out * 3)
+        m[1].mlp.up_proj.register_forward_pre_hook(lambda mod, args: (args[0] + 1,))
+
+    model, ids, want = relu_model_and_logits(seed, change)
+    with pytest.raises(ValueError, match=r"no MLP to replace.*layers\.0\.mlp \(it has hooks.*"
+                                         r"layers\.1\.mlp \(up_proj has hooks"):
+        tt.patch_model(model)
+    assert not tt.sparse_modules(model)
+    torch.testing.assert_close(logits(model, ids), want, rtol=0, atol=0)
+
+    def change(model):
+        m = model.model.layers
+        m[0].mlp.forward = lambda x: 0 * x
+        m[1].mlp.down_proj.__class__ = Scaled
+
+    model, ids, want = relu_model_and_logits(seed, change)
+    with pytest.raises(ValueError, match=r"forward is replaced on the instance.*down_proj is a "
+                                         r"Scaled, not a plain nn\.Linear"):
+        tt.patch_model(model)
+    torch.testing.assert_close(logits(model, ids), want, rtol=0, atol=0)
+
+
+def test_unknown_class_needs_opting_in(seed):
+    def change(model):
+        for layer in model.model.layers:
+            layer.mlp = PlainMLP(layer.mlp)
+
+    model, ids, want = relu_model_and_logits(seed, change)
+    with pytest.raises(ValueError, match=r"no MLP to replace.*its class PlainMLP is not one "
+                                         r"patch_model knows.*extra_classes=\(PlainMLP,\)"):
+        tt.patch_model(model)
+    assert not tt.sparse_modules(model)
+    assert tt.patch_model(model, extra_classes=(PlainMLP,)) == 2
+    torch.testing.assert_close(logits(model, ids), want, rtol=1e-4, atol=1e-5)
+    assert tt.unpatch_model(model) == 2
+    assert all(type(layer.mlp) is PlainMLP for layer in model.model.layers)
+
+    model, ids, want = relu_model_and_logits(seed)
+    model.model.layers[1].mlp = PlainMLP(model.model.layers[1].mlp)
+    with pytest.warns(UserWarning, match=r"left 1 module.*layers\.1\.mlp \(its class PlainMLP"):
+        assert tt.patch_model(model) == 1
+
+
+@pytest.mark.parametrize("extra", [PlainMLP, (PlainMLP, 3), ("PlainMLP",), (int,), None])
+def test_bad_extra_classes_are_refused(extra):
+    model = tiny("Llama", hidden_act="relu")
+    with pytest.raises(ValueError, match="extra_classes: expected a tuple of nn.Module classes"):
+        tt.patch_model(model, extra_classes=extra)
+    assert not tt.sparse_modules(model)
+
+
+def test_an_activation_that_is_not_relu_is_refused(seed):
+    """An nn.ReLU subclass with its own forward, or ReLU modules in a model whose config names
+    another activation, is refused unless activation='relu' makes both ReLU."""
+    class Clipped(nn.ReLU):
+        def forward(self, x):
+            return x.clamp(0, 1)
+
+    model = tiny("Llama", hidden_act="relu")
+    model.model.layers[1].mlp.act_fn = Clipped()
+    with pytest.raises(ValueError, match=r"layers\.1\.mlp: the activation is Clipped, not ReLU"):
+        tt.patch_model(model)
+    assert not tt.sparse_modules(model)
+
+    model = tiny("Llama")  # hidden_act silu
+    for m in mlps(model):
+        m.act_fn = nn.ReLU()
+    with pytest.raises(ValueError, match=r"ReLU in act_fn but 'silu' in config\.hidden_act"):
+        tt.patch_model(model)
+    assert tt.patch_model(model, activation="relu") == 2
+    assert model.config.hidden_act == "relu"

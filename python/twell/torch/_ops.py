@@ -62,8 +62,8 @@ def ffn(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile: int, 
 
 
 def run_ffn(x, gate, up, down, tile, capacity, dispatch, dense_above):
-    """twell::ffn's body, which the modules also call directly in plain eager inference (the
-    custom op's dispatch costs more host time than a decoding step's kernels)."""
+    """twell::ffn's body (the modules' plain eager calls skip the op's dispatch, whose host time
+    is more than a decoding step's kernels take: run_ffn_eager)."""
     plan = _plans.inference_plan(gate, up, down, tile, capacity, dispatch, dense_above)
     y = x.new_empty(x.shape)
     counters = x.new_empty(2, dtype=torch.int64)
@@ -86,13 +86,15 @@ def run_ffn_eager(plan, x):
         nbytes = plan.workspace_bytes_for(rows)
         workspace = x.new_empty(nbytes, dtype=torch.uint8)
         stream = _plans.stream_of(x.device)
-    plan.run_addresses(x.data_ptr(), y.data_ptr(), rows, counters.data_ptr(),
-                       workspace.data_ptr() if workspace is not None else 0, nbytes, stream)
+    plan._run_addresses(x.data_ptr(), y.data_ptr(), rows, counters.data_ptr(),
+                        workspace.data_ptr() if workspace is not None else 0, nbytes, stream)
     return y, counters
 
 
 @ffn.register_fake
 def _(x, gate, up, down, tile, capacity, dispatch, dense_above):
+    _plans.dispatch_value(dispatch)  # the real op's error for an unknown name
+    _check_rows(x, up, "ffn")
     return x.new_empty(x.shape), x.new_empty(2, dtype=torch.int64)
 
 
@@ -106,14 +108,37 @@ def _workspace(plan, x, dense, call):
     return _plans.dl(x.new_empty(nbytes, dtype=torch.uint8)) if nbytes else None
 
 
+def error(op, argument, expected, actual):
+    """A twell.TwellError reading "<op>: <argument>: expected <expected>, got <actual>", carrying
+    the four as attributes as the C++ library's errors do."""
+    e = twell.TwellError(f"{op}: {argument}: expected {expected}, got {actual}")
+    e.op, e.argument, e.expected, e.actual = op, argument, expected, actual
+    return e
+
+
+def dtype_name(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+def _check_rows(x, up, op, argument="x"):
+    """x (or dy) against the weights, as the C++ plans check it: [M, K], the weights' dtype and
+    device. The fake implementations run it, so a compiled graph fails as it is traced."""
+    if x.dim() != 2 or up.dim() != 2 or x.shape[1] != up.shape[1]:
+        raise error(f"twell::{op}", argument, f"[M, {up.shape[-1]}]", str(list(x.shape)))
+    if x.dtype != up.dtype:
+        raise error(f"twell::{op}", argument, f"{dtype_name(up.dtype)} (the weights' dtype)",
+                    dtype_name(x.dtype))
+    if x.device != up.device:
+        raise error(f"twell::{op}", argument, f"a tensor on {up.device} (the weights' device)",
+                    str(x.device))
+
+
 def _check_down(up, down, op):
     """The training ops' down: down_proj.weight, [K, N] (the fake implementations check it too,
     so a compiled graph fails as it is traced)."""
     if down.dim() != 2 or up.dim() != 2 or tuple(down.shape) != (up.shape[1], up.shape[0]):
         expected = f"down_proj.weight, [K, N] = {list(up.shape[::-1])} for up {list(up.shape)}"
-        e = twell.TwellError(f"twell::{op}: down: expected {expected}, got {list(down.shape)}")
-        e.op, e.argument, e.expected, e.actual = f"twell::{op}", "down", expected, str(list(down.shape))
-        raise e
+        raise error(f"twell::{op}", "down", expected, str(list(down.shape)))
 
 
 def _training_plan(gate, up, down, tile, capacity, dispatch, dense_above, op):
@@ -159,6 +184,7 @@ def _forms(x, dispatch):
 @ffn_train.register_fake
 def _(x, gate, up, down, tile, capacity, dispatch, dense_above):
     _plans.dispatch_value(dispatch)  # the real op's error for an unknown name
+    _check_rows(x, up, "ffn_train")
     _check_down(up, down, "ffn_train")
     forms = _forms(x, dispatch)
     if len(forms) > 1:
@@ -193,6 +219,11 @@ def ffn_train_backward(dy: Tensor, x: Tensor, gate: Optional[Tensor], up: Tensor
 
 @ffn_train_backward.register_fake
 def _(dy, x, gate, up, down, saved, l1_coef, tile, capacity, dispatch, dense_above):
+    _check_rows(x, up, "ffn_train_backward")
+    _check_rows(dy, up, "ffn_train_backward", "dy")
+    if dy.shape != x.shape:
+        raise error("twell::ffn_train_backward", "dy", f"x's shape {list(x.shape)}",
+                    str(list(dy.shape)))
     _check_down(up, down, "ffn_train_backward")
     count = 3 if gate is not None else 2
     return [x.new_empty(x.shape)] + [up.new_empty(up.shape, dtype=torch.float32)

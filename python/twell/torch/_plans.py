@@ -20,6 +20,7 @@ import torch.utils.dlpack
 import twell
 
 MAX_PLANS = 512
+_STATE_TAG = 0x7477656C6C2E7474  # "twell.tt": every training plan of this cache (training_plan)
 
 _DISPATCH = {
     "auto": twell.Dispatch.automatic,
@@ -113,7 +114,9 @@ def inference_plan(gate, up, down, tile, capacity, dispatch, dense_above):
 
 def training_plan(gate, up, down, tile, capacity, dispatch, dense_above):
     # The L1 coefficient comes with each backward call (the upstream gradient of the L1 value).
-    options = (tile, capacity, 0.0, _determinism(), dispatch_value(dispatch), dense_above)
+    # A shared state_tag: the plan a backward finds may be another than its forward's (evicted,
+    # cleared, or FSDP2 moved the weights), and autograd hands each backward its own forward's state.
+    options = (tile, capacity, 0.0, _determinism(), dispatch_value(dispatch), dense_above, _STATE_TAG)
     return _get(twell.TrainingPlan, gate, up, down, options, rebind_down=True)
 
 

@@ -3,9 +3,11 @@
 Parameters and state dicts are those of a Llama MLP (gate_proj, up_proj, down_proj nn.Linear
 weights, no bias). With autograd recording and a parameter or the input requiring grad, forward
 runs the training op: it records `l0` (mean active units per token, detached) and
-`l1_loss` = l1_coef * (1/M) sum |h|, a differentiable term to add to the loss (the function
-`l1_loss(model)` sums them). `l1_coef` (constructor or attribute) must be a finite number >= 0
-(ValueError otherwise).
+`l1_loss` = l1_coef * (1/M) sum |h| over its M tokens, a differentiable term (the function
+`l1_loss(model)` averages them over the layers: add that to the loss; docs/training.md states the
+definition). `l1_coef` (constructor or attribute) must be a finite number >= 0 (ValueError
+otherwise). x must be [..., hidden_size] in the weights' dtype, on their device (a twell.TwellError,
+a ValueError, names it otherwise).
 Otherwise it runs the inference op and records `l0` only, and, where `record_dispatch` is set
 (False by default: it costs a plan look-up per call), `ran_dense`: whether twell's dispatch ran
 that call on the dense path (on the CPU: any block of its rows); None after a training forward
@@ -133,10 +135,25 @@ class _SparseFFN(nn.Module):
     def _weights(self):
         return (self.gate_proj.weight if self.gated else None), self.up_proj.weight
 
+    def _check_input(self, x, up):
+        """x: [..., K] (K = hidden_size, the weights' row length) in the weights' dtype, on their
+        device: a reshape alone would run an input whose last dimension is a multiple of K as more
+        rows."""
+        op = type(self).__name__
+        if x.dim() == 0 or x.shape[-1] != up.shape[-1]:
+            raise _ops.error(op, "x", f"[..., hidden_size={up.shape[-1]}]", str(list(x.shape)))
+        if x.dtype != up.dtype:
+            raise _ops.error(op, "x", f"{_ops.dtype_name(up.dtype)} (the weights' dtype)",
+                             _ops.dtype_name(x.dtype))
+        if x.device != up.device:
+            raise _ops.error(op, "x", f"a tensor on {up.device} (the weights' device)",
+                             str(x.device))
+
     def forward(self, x):
-        shape = x.shape
-        x2 = x.reshape(-1, self.hidden_size).contiguous()
         gate, up = self._weights()
+        self._check_input(x, up)
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).contiguous()
         if torch.is_grad_enabled() and (x.requires_grad or any(
                 p.requires_grad for p in self.parameters())):
             # Compiled graphs size the saved state from shapes alone: the compact form.
@@ -159,11 +176,8 @@ class _SparseFFN(nn.Module):
                 self._l0_counts, self._l0_rows = counters, x2.shape[0]
                 self.l1_loss, self.ran_dense = None, None
             else:
-                if x2.dtype == up.dtype and x2.device == up.device:
-                    plan = self._eager_plan(gate, up, down, frozen)
-                    y, counters = _ops.run_ffn_eager(plan, x2)
-                else:  # the op's checks name what is wrong
-                    y, counters = _ops.run_ffn(*args)
+                plan = self._eager_plan(gate, up, down, frozen)
+                y, counters = _ops.run_ffn_eager(plan, x2)
                 # nn.Module.__setattr__ and l0's division cost as much host time as the kernels
                 self.__dict__.update(_l0_counts=counters, _l0_rows=x2.shape[0], l1_loss=None, ran_dense=None)
             if self.record_dispatch and not torch.compiler.is_compiling():
@@ -218,11 +232,22 @@ def sparse_modules(model):
     return [(n, m) for n, m in model.named_modules() if isinstance(m, _SparseFFN)]
 
 
-def l1_loss(model):
-    """Sum of the L1 terms recorded by the last training forward of every twell FFN in `model`
-    (0.0 when none recorded one): add it to the loss."""
+_REDUCTIONS = ("mean", "sum")
+
+
+def l1_loss(model, reduction="mean"):
+    """The L1 term to add to the loss: over the twell FFNs of `model` whose last forward was a
+    training forward (each recorded l1_coef * (1/M) sum |h|; L of them), the mean of their terms
+    ("mean", the default: (1/L) sum over layers, the paper's released code's reduction, so its
+    coefficients carry over whatever the depth) or their sum ("sum"). 0.0 when none recorded one.
+    Gradients are exact either way: each layer's term gets the upstream gradient 1/L (or 1)."""
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
     terms = [m.l1_loss for _, m in sparse_modules(model) if m.l1_loss is not None]
-    return sum(terms) if terms else 0.0
+    if not terms:
+        return 0.0
+    total = sum(terms)
+    return total / len(terms) if reduction == "mean" else total
 
 
 def freeze(model):
