@@ -51,8 +51,8 @@ prefix ranks twell's token first by no more than either model moves a logit), an
 generate() with the split MLPs first leaves dense's tokens (first_divergence.split_divergence;
 null: never). The density is over every token the FFNs saw in one twell generate.
 
---checkpoint PATH (a checkpoint.pt of python -m twell.train or its run folder, or a Hugging Face
-model folder) times that trained model instead: its own shape and weights, no calibration (the
+--checkpoint PATH (a checkpoint folder of python -m twell.train or its run folder, or a Hugging
+Face model folder with safetensors weights; nothing is unpickled) times that trained model instead: its own shape and weights, no calibration (the
 density is the model's), token windows of its validation text (--data, default the checkpoint's;
 random ids where there is none), the checkpoint named in every row.
 

@@ -7,7 +7,7 @@ import sys, torch
 sys.path.insert(0, "bench")
 import model as mb  # noqa
 import twell.torch  # noqa
-args = mb.parse_args(["--checkpoint", sys.argv[1] if len(sys.argv) > 1 else "build/real/run/checkpoint.pt"])
+args = mb.parse_args(["--checkpoint", sys.argv[1] if len(sys.argv) > 1 else "build/real/run/checkpoint"])
 dev = torch.device("cuda")
 m, ck, ids, src = mb.load_checkpoint(args, dev, torch.bfloat16)
 print("ids", tuple(ids.shape), flush=True)

@@ -8,7 +8,7 @@ sys.path.insert(0, "bench")
 import model as mb  # noqa
 import twell.torch as tt  # noqa
 from twell.torch.patch import _set as set_module
-args = mb.parse_args(["--checkpoint", sys.argv[1] if len(sys.argv) > 1 else "build/real/run/checkpoint.pt"])
+args = mb.parse_args(["--checkpoint", sys.argv[1] if len(sys.argv) > 1 else "build/real/run/checkpoint"])
 dev = torch.device("cuda")
 m, ck, ids, src = mb.load_checkpoint(args, dev, torch.bfloat16)
 sw = mb.Swap(m, 0.0, "sparse")

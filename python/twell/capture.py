@@ -4,12 +4,15 @@ weights, as NumPy .npy files for twell's C++ tools and benchmarks.
     python -m twell.capture CHECKPOINT --out DIR [--tokens 16384] [--dtype D]
                             [--data SPEC | --text FILE] [--tokenizer T] [--device auto]
 
-CHECKPOINT: a checkpoint.pt written by `python -m twell.train` (or its run folder), or a Hugging
-Face model folder (config.json and weights). The text: by default the validation split of the
-checkpoint's own --data (the same loading as twell.train: a token folder such as .carry/gcide, a
-folder of text files, hf:NAME, synthetic); --data SPEC another one; --text FILE the whole of one
-plain-text file, tokenized with the checkpoint's tokenizer (or --tokenizer). Windows of the
-checkpoint's seq_len (--seq-len), in order, batch by batch, until --tokens tokens are seen.
+CHECKPOINT: a checkpoint folder written by `python -m twell.train` (OUT/checkpoint, or its run
+folder OUT), or a Hugging Face model folder (config.json and model.safetensors). No file is
+unpickled: an older twell's checkpoint.pt and a folder with only pytorch_model.bin are refused,
+and every file is checked (regular, bounded, its contents) before use. The text: by default
+the validation split of the checkpoint's own --data (the same loading as twell.train: a token
+folder such as .carry/corpus, a folder of text files, hf:NAME, synthetic); --data SPEC another
+one; --text FILE the whole of one plain-text file, tokenized with the checkpoint's tokenizer (or
+--tokenizer). Windows of the checkpoint's seq_len (--seq-len), in order, batch by batch, until
+--tokens tokens are seen.
 
 Written to DIR, per decoder layer i (MLP modules in model order), all C-contiguous:
   layer{i}.x.npy     [M, K]  the MLP's input (first M tokens, windows in order, row-major)
@@ -34,6 +37,9 @@ import sys
 
 import numpy as np
 
+from twell.train import files
+from twell.train.files import InputError
+
 FORMAT = "twell-capture-1"
 DTYPES = {"float32": "<f4", "float16": "<f2", "bfloat16": "<u2"}
 
@@ -53,35 +59,71 @@ def _dtype_name(dtype):
 
 
 def resolve_checkpoint(path):
-    """("twell.train", file) or ("hf", folder) for a checkpoint path; ValueError otherwise."""
+    """("twell.train", checkpoint folder) or ("hf", folder) for a checkpoint path (a twell.train
+    checkpoint folder or run folder, or a Hugging Face model folder); InputError otherwise (a
+    pickle checkpoint.pt is named as such, never read)."""
+    from twell.train import checkpoint, state_files
+
     path = os.fspath(path)
+    what = f"checkpoint {path}"
     if not os.path.exists(path):
-        raise ValueError(f"checkpoint {path}: no such file or folder")
+        raise InputError(what, "a checkpoint or model folder", "no such file or folder")
     if os.path.isdir(path):
-        if os.path.isfile(os.path.join(path, "checkpoint.pt")):
-            return "twell.train", os.path.join(path, "checkpoint.pt")
-        if os.path.isfile(os.path.join(path, "config.json")):
+        if state_files.is_state_folder(path):
+            return "twell.train", path
+        found = checkpoint.find(path)  # a run folder; refuses a lone pickle checkpoint.pt
+        if found is not None:
+            return "twell.train", found
+        if os.path.lexists(os.path.join(path, "config.json")):
             return "hf", path
-        raise ValueError(f"checkpoint {path}: a folder with neither checkpoint.pt (python -m "
-                         f"twell.train) nor config.json (a Hugging Face model)")
-    return "twell.train", path
+        raise InputError(what, "a twell.train run or checkpoint folder (checkpoint/state.json)"
+                         " or a Hugging Face model folder (config.json)", "a folder with neither")
+    if state_files.looks_like_pickle(path):
+        raise checkpoint.pickle_error(path)
+    raise InputError(what, "a twell.train run or checkpoint folder, or a Hugging Face model "
+                     "folder", files.kind_of(os.stat(path).st_mode))
 
 
 def _last_l1_coef(log_path):
-    """The l1_coef of the last "log" record of a twell.train log.jsonl (None: none there)."""
-    coef = None
+    """The l1_coef of the last "log" record of a twell.train log.jsonl (None: none there, or no
+    readable log)."""
     try:
-        with open(log_path) as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if rec.get("kind") == "log" and rec.get("l1_coef") is not None:
-                    coef = rec["l1_coef"]
-    except OSError:
-        pass
+        text = files.read_text(log_path, log_path)
+    except InputError:
+        return None
+    coef = None
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and rec.get("kind") == "log" and type(
+                rec.get("l1_coef")) in (int, float) and math.isfinite(rec["l1_coef"]):
+            coef = rec["l1_coef"]
     return coef
+
+
+def _hf_model(folder, dtype):
+    """A Hugging Face model folder's model: config.json checked, weights from safetensors only
+    (never a pickle), no code of the folder run, nothing downloaded."""
+    import transformers
+
+    files.read_json(os.path.join(folder, "config.json"), f"checkpoint {folder}/config.json")
+    if not glob.glob(os.path.join(folder, "*.safetensors")):
+        raise InputError(f"checkpoint {folder}", "a Hugging Face model folder with safetensors "
+                         "weights (model.safetensors)", "none: pickled weights such as "
+                         "pytorch_model.bin are not read, unpickling can run code")
+    kwargs = dict(use_safetensors=True, local_files_only=True, trust_remote_code=False)
+    try:
+        try:
+            return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or "auto",
+                                                                     **kwargs)
+        except TypeError:  # older transformers
+            return transformers.AutoModelForCausalLM.from_pretrained(
+                folder, torch_dtype=dtype or "auto", **kwargs)
+    except (OSError, ValueError, KeyError) as e:
+        raise InputError(f"checkpoint {folder}", "a Hugging Face causal LM folder it can load",
+                         f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}") from None
 
 
 def _can_run_twell(device):
@@ -109,14 +151,19 @@ def load_model(path, device="cpu", dtype=None, mlp="auto"):
     if kind == "twell.train":
         from twell.train import checkpoint, models
         state = checkpoint.read(file)
-        a, weights = state["args"], state["model"]
+        args, weights = state["args"], state["model"]
+        a = vars(args)
         emb = weights.get("model.embed_tokens.weight")
-        if emb is None:
-            raise ValueError(f"checkpoint {file}: no model.embed_tokens.weight in its model")
-        model, _ = models.build(a["model"], emb.shape[0], a["seq_len"], hidden=a.get("hidden"),
-                                intermediate=a.get("intermediate"), layers=a.get("layers"),
-                                heads=a.get("heads"), kv_heads=a.get("kv_heads"))
-        activation = a.get("activation", "relu")
+        if emb is None or emb.dim() != 2 or emb.shape[0] < 1:
+            raise InputError(f"checkpoint {file}: model", "a model.embed_tokens.weight [vocab, "
+                             "hidden]", "none" if emb is None else list(emb.shape))
+        shape = dict(hidden=args.hidden, intermediate=args.intermediate, layers=args.layers,
+                     heads=args.heads, kv_heads=args.kv_heads)
+        sizes, _ = models.build(args.model, emb.shape[0], args.seq_len, device="meta", **shape)
+        checkpoint.check_tensors(weights, sizes.state_dict(), f"checkpoint {file}: model",
+                                 same_dtype=False)
+        model, _ = models.build(args.model, emb.shape[0], args.seq_len, **shape)
+        activation = args.activation
         relu = activation == "relu"
         log = os.path.join(os.path.dirname(file), "log.jsonl")
         info["train_log"] = log if os.path.isfile(log) else None
@@ -128,16 +175,11 @@ def load_model(path, device="cpu", dtype=None, mlp="auto"):
             tt.patch_model(model, activation="relu")
             tt.unpatch_model(model)
         model.load_state_dict(weights)
-        info.update(args=a, activation=activation, seq_len=a["seq_len"], step=state.get("step"),
+        info.update(args=a, activation=activation, seq_len=args.seq_len, step=state["step"],
                     model_dtype=_dtype_name(emb.dtype))
         model.to(dtype=dtype or emb.dtype)
     else:
-        import transformers
-        try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(file, dtype=dtype or "auto")
-        except TypeError:  # older transformers
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                file, torch_dtype=dtype or "auto")
+        model = _hf_model(file, dtype)
         cfg = model.config
         activation = getattr(cfg, "hidden_act", None) or "unknown"
         relu = activation == "relu"
@@ -199,18 +241,26 @@ def _encoder(spec, info, data_spec):
     if spec is not None:
         if spec == "bytes":
             return data_mod.ByteEncoder()
-        return data_mod.make_encoder(int(spec) if spec.isdigit() else spec)
+        if spec.isdigit():
+            raise InputError("--tokenizer", "a tokenizer.json (or a folder with one) or bytes "
+                             "with --text (a BPE vocabulary size would train a new tokenizer on "
+                             "nothing)", spec)
+        try:
+            return data_mod.make_encoder(spec)
+        except InputError as e:
+            raise e.within("--tokenizer") from None
     if info["kind"] == "hf":
-        folder = os.path.dirname(info["checkpoint"]) if os.path.isfile(info["checkpoint"]) \
-            else info["checkpoint"]
-        if os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        folder = info["checkpoint"]
+        if os.path.lexists(os.path.join(folder, "tokenizer.json")):
             return data_mod.make_encoder(folder)
         try:
             import transformers
-            return data_mod.CallableEncoder(transformers.AutoTokenizer.from_pretrained(folder))
-        except Exception as e:
-            raise ValueError(f"--text: no tokenizer in {folder} ({e}); pass --tokenizer "
-                             f"(a tokenizer.json or bytes)") from None
+            return data_mod.CallableEncoder(transformers.AutoTokenizer.from_pretrained(
+                folder, local_files_only=True, trust_remote_code=False))
+        except Exception as e:  # transformers' loaders raise many kinds
+            raise InputError("--text", f"a tokenizer in {folder}, or --tokenizer (a "
+                             f"tokenizer.json or bytes)",
+                             f"none it can load ({type(e).__name__})") from None
     a = info["args"] or {}
     spec = data_spec or a.get("data")
     if spec == "synthetic":
@@ -218,7 +268,7 @@ def _encoder(spec, info, data_spec):
                          "tokenizer; pass --tokenizer")
     if spec and data_mod.is_token_folder(spec):
         path = os.path.join(spec, "tokenizer.json")
-        if not os.path.isfile(path):
+        if not os.path.lexists(path):
             raise ValueError(f"--text: the token folder {spec} has no tokenizer.json; pass "
                              f"--tokenizer")
         return data_mod.make_encoder(path)
@@ -240,8 +290,10 @@ def _load_data(spec, a):
     try:
         return data_mod.load(spec, tok, text_field=a.get("text_field", "text"),
                              val_permille=a.get("val_permille", 20), max_docs=a.get("max_docs"))
+    except InputError as e:
+        raise e.within("--data") from None
     except (ImportError, ValueError, OSError) as e:
-        raise ValueError(f"--data {spec}: {e}") from None
+        raise InputError(f"--data: {e}") from None
 
 
 def validation_ids(info, data=None, text=None, tokenizer=None):
@@ -250,20 +302,17 @@ def validation_ids(info, data=None, text=None, tokenizer=None):
     from twell.train import data as data_mod
 
     if text is not None:
-        if not os.path.isfile(text):
-            raise ValueError(f"--text {text}: no such file")
+        content = files.read_text(text, f"--text {text}")
         enc = _encoder(tokenizer, info, data)
-        with open(text, encoding="utf-8", errors="replace") as f:
-            ids = data_mod._ids(enc, [f.read()])
-        return ids, os.path.abspath(text)
+        return data_mod._ids(enc, [content]), os.path.abspath(text)
     spec = data or (info["args"] or {}).get("data")
     if spec is None:
         raise ValueError("no text: pass --data (a token folder, a text folder, hf:NAME) or "
                          "--text FILE (a Hugging Face model has no training data of its own)")
     if spec not in ("synthetic",) and not spec.startswith("hf:") and not os.path.exists(spec):
         raise ValueError(f"--data {spec}: no such folder (the checkpoint's data is relative to "
-                         f"where it was trained; pass --data, e.g. .carry/gcide from "
-                         f"scripts/prepare-gcide)")
+                         f"where it was trained; pass --data, e.g. .carry/corpus from "
+                         f"scripts/prepare-corpus)")
     a = dict(info["args"] or {})
     if tokenizer is not None:
         a["tokenizer"] = None if tokenizer == "bytes" else tokenizer
@@ -404,12 +453,30 @@ def capture(model, batches, out, tokens, dtype=None, *, manifest=None, progress=
 
 
 def read_layer(folder, i, name):
-    """One capture file as a torch tensor of the manifest's dtype (bfloat16 from its bits)."""
+    """One capture file as a torch tensor of the manifest's dtype (bfloat16 from its bits);
+    InputError where the manifest or the file is not a capture's (nothing is unpickled)."""
     import torch
 
-    with open(os.path.join(folder, "manifest.json")) as f:
-        dtype = json.load(f)["dtype"]
-    a = np.load(os.path.join(folder, f"layer{i}.{name}.npy"))
+    where = os.path.join(folder, "manifest.json")
+    doc = files.read_json(where, where)
+    dtype = doc.get("dtype") if isinstance(doc, dict) else None
+    layers = doc.get("layers") if isinstance(doc, dict) else None
+    if dtype not in DTYPES or type(layers) is not int:
+        raise InputError(where, f"a capture manifest (dtype one of {', '.join(DTYPES)}, layers)",
+                         f"dtype {dtype!r}, layers {layers!r}"[:80])
+    if type(i) is not int or not 0 <= i < layers:
+        raise InputError("layer", f"an index below the manifest's {layers} layers", repr(i))
+    if name not in ("x", "gate", "up", "down"):
+        raise InputError("name", "x, gate, up or down", repr(name))
+    path = os.path.join(folder, f"layer{i}.{name}.npy")
+    files.check_regular(path, path)
+    try:
+        a = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise InputError(path, "a .npy array", f"{type(e).__name__}: {e}") from None
+    if not isinstance(a, np.ndarray) or a.ndim != 2 or a.dtype != np.dtype(DTYPES[dtype]):
+        raise InputError(path, f"a 2-D {DTYPES[dtype]} array (the manifest's {dtype})",
+                         f"{getattr(a, 'ndim', '?')}-D {getattr(a, 'dtype', type(a).__name__)}")
     if dtype == "bfloat16":
         return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
     return torch.from_numpy(a.copy())
@@ -418,13 +485,15 @@ def read_layer(folder, i, name):
 # ---- command line -----------------------------------------------------------------------------
 
 def parser():
-    p = argparse.ArgumentParser(
-        prog="python -m twell.capture",
+    from twell.train.cli import OneLineParser
+
+    p = OneLineParser(
+        name="twell.capture", prog="python -m twell.capture",
         description="Save each decoder layer's MLP input (first --tokens tokens of validation "
                     "text) and weights of a trained model as .npy files plus manifest.json.",
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="checkpoint.pt of python -m twell.train (or its run folder),"
-                                      " or a Hugging Face model folder")
+    p.add_argument("checkpoint", help="a python -m twell.train checkpoint folder (or its run "
+                                      "folder), or a Hugging Face model folder")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--tokens", type=int, default=16384, help="tokens M per layer (default 16384)")
     p.add_argument("--dtype", choices=list(DTYPES), help="file dtype (default: the model's)")
@@ -448,16 +517,14 @@ def parser():
 def main(argv=None):
     args = parser().parse_args(argv)
     try:
-        for name in ("tokens", "batch_size"):
-            if getattr(args, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')}: expected >= 1, got "
-                                 f"{getattr(args, name)}")
-        if args.seq_len is not None and args.seq_len < 1:
-            raise ValueError(f"--seq-len: expected >= 1, got {args.seq_len}")
-        resolve_checkpoint(args.checkpoint)  # before importing torch: a quick, clear error
-        import torch
-        device = torch.device(("cuda" if torch.cuda.is_available() else "cpu")
-                              if args.device == "auto" else args.device)
+        for name in ("tokens", "batch_size", "seq_len"):
+            value = getattr(args, name)
+            if value is not None and value < 1:
+                raise InputError(f"--{name.replace('_', '-')}", "an integer >= 1", value)
+        resolve_checkpoint(args.checkpoint)  # before loading a model: a quick, clear error
+        from twell.train.loop import resolve_device
+        device = resolve_device(args.device)
+        files.output_folder(args.out)
         model, info = load_model(args.checkpoint, device, mlp=args.mlp)
         ids, source = validation_ids(info, args.data, args.text, args.tokenizer)
         vocab = model.get_input_embeddings().weight.shape[0]
@@ -480,11 +547,25 @@ def main(argv=None):
         doc = capture(model, batches, args.out, tokens, args.dtype, manifest=meta,
                       progress=not args.no_progress)
     except ValueError as e:
-        print(f"twell.capture: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
+    except OSError as e:  # writing the capture
+        return _fail(f"--out {args.out}: expected a folder it can write, got "
+                     f"{e.strerror or e} ({e.filename})")
+    except (MemoryError, RuntimeError) as e:
+        torch = sys.modules.get("torch")
+        if not (isinstance(e, MemoryError) or (torch and isinstance(e, torch.OutOfMemoryError))):
+            raise
+        return _fail(f"out of memory: expected a model and --batch-size {args.batch_size} that "
+                     f"fit on --device {args.device}, got {type(e).__name__}")
     print(f"twell.capture: {doc['layers']} layers ({doc['kind']}, K={doc['hidden']}, "
           f"N={doc['intermediate']}, {doc['dtype']}), {doc['tokens']} tokens -> {args.out}")
     return 0
+
+
+def _fail(message):
+    message = message.replace("\n", "\\n").replace("\r", "\\r")  # one line, whatever a path holds
+    print(f"twell.capture: {message}", file=sys.stderr, flush=True)
+    return 2
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ def test_capture_twell_train_checkpoint(run, tmp_path, mlp):
     assert m["format"] == "twell-capture-1"
     assert (m["layers"], m["kind"], m["hidden"], m["intermediate"]) == (2, "gated", K, N)
     assert (m["dtype"], m["tokens"], m["seq_len"], m["mlp"]) == ("float32", tokens, 32, mlp)
-    assert m["checkpoint"] == str(run["dir"] / "checkpoint.pt")
+    assert m["checkpoint"] == str(run["dir"] / "checkpoint")
     assert m["l1_coef"] == pytest.approx(1e-3) and m["activation"] == "relu" and m["step"] == 3
     assert m["source_text"].endswith("corpus (validation split)")
     assert m["modules"] == ["model.layers.0.mlp", "model.layers.1.mlp"]
@@ -233,13 +233,13 @@ def test_bad_inputs(run, tmp_path, capsys):
     assert cap.main([str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
     assert "no such file or folder" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match="neither checkpoint.pt"):
+    with pytest.raises(ValueError, match="a folder with neither"):
         cap.load_model(tmp_path / "empty")
     torch.save({"something": 1}, tmp_path / "other.pt")
-    with pytest.raises(ValueError, match="twell.train-1"):
+    with pytest.raises(ValueError, match="a pickle .* twell no longer loads"):
         cap.load_model(tmp_path / "other.pt")
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="not a readable torch checkpoint"):
+    with pytest.raises(ValueError, match="expected a twell.train run or checkpoint folder"):
         cap.load_model(tmp_path / "junk.pt")
     with pytest.raises(ValueError, match="no MLP found"):
         cap.capture(torch.nn.Sequential(torch.nn.Linear(4, 4)), [], str(tmp_path / "n"), 4)

@@ -228,3 +228,85 @@ def test_without_tokenizers_stops_before_downloading(tmp_path):
                        timeout=60)
     assert r.returncode == 2 and "tokenizers" in r.stderr and "nothing was downloaded" in r.stderr
     assert not (tmp_path / "debs").exists()
+
+
+def test_twell_train_reads_the_corpus_and_reports_each_source(built, tmp_path):
+    """A token folder of .bin.xz files with validation ranges: twell.train's validation gives a
+    cross-entropy per source whose token-weighted mean is the whole validation CE."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    _, out, _ = built
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "twell.train", "--data", out, "--model", "tiny",
+                        "--device", "cpu", "--steps", "2", "--batch-size", "2", "--seq-len", "16",
+                        "--eval-batch-size", "8", "--no-progress", "--out", str(run)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(run / "log.jsonl") as f:
+        last = [json.loads(line) for line in f if '"val_ce"' in line][-1]
+    with open(os.path.join(out, "meta.json")) as f:
+        meta = json.load(f)
+    per = last["val_ce_sources"]
+    assert set(per) == set(meta["sources"])
+    from twell.train import data
+    d = data.load(out)
+    ids = d.val_source_ids(8, 16)
+    counts = np.bincount(np.concatenate([a.reshape(-1) for a in ids]), minlength=len(per))
+    names = [n for n, _, _ in d.val_sources]
+    mean = sum(per[n] * c for n, c in zip(names, counts)) / counts.sum()
+    assert abs(mean - last["val_ce"]) < 1e-9 * max(1.0, last["val_ce"])
+
+
+def test_val_source_ids_follow_the_ranges(built):
+    from twell.train import data
+    _, out, _ = built
+    d = data.load(out)
+    for max_batches in (None, 1):
+        batches = d.val_batches(3, 10, max_batches=max_batches)
+        sources = d.val_source_ids(3, 10, max_batches=max_batches)
+        assert [b.shape[0] for b in batches] == [s.shape[0] for s in sources]
+        for b, s in zip(batches, sources):
+            assert s.shape == (b.shape[0], 10)
+    # Each target position's source is the range holding it.
+    starts = data.eval_starts(len(d.val), 3, 10)
+    for batch_starts, s in zip(starts, d.val_source_ids(3, 10)):
+        for row, start in zip(s, batch_starts):
+            for j, src in enumerate(row):
+                name, lo, hi = d.val_sources[src]
+                assert lo <= start + j + 1 < hi, name
+    limited = data.eval_starts(len(d.val), 2, 10, max_batches=1)
+    assert limited[0][-1] > len(d.val) // 3  # spread over the ids, not their first part
+
+
+@pytest.mark.parametrize("damage, what", [
+    ("corrupt", "xz stream"),
+    ("longer", "token ids"),
+    ("ranges-gap", "val_ranges"),
+    ("ranges-short", "val_ranges"),
+    ("ranges-type", "val_ranges"),
+])
+def test_bad_compressed_folders_are_refused(built, tmp_path, damage, what):
+    from twell.train import data
+    _, out, _ = built
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    with open(bad / "meta.json") as f:
+        meta = json.load(f)
+    if damage == "corrupt":
+        raw = bytearray((bad / "val.bin.xz").read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        (bad / "val.bin.xz").write_bytes(bytes(raw))
+    elif damage == "longer":
+        with lzma.open(bad / "val.bin.xz", "wb") as f:
+            f.write(b"\0\0" * (meta["tokens"]["val"] + 1))
+    else:
+        first = sorted(meta["val_ranges"], key=lambda n: meta["val_ranges"][n][0])[0]
+        if damage == "ranges-gap":
+            meta["val_ranges"][first][1] -= 1
+        elif damage == "ranges-short":
+            meta["val_ranges"] = {first: meta["val_ranges"][first]}
+        else:
+            meta["val_ranges"][first] = "0-10"
+        (bad / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=what):
+        data.load(str(bad))

@@ -231,7 +231,7 @@ def test_model_bench_takes_a_checkpoint(tmp_path):
     rows = json.load(open(tmp_path / "model.json"))
     assert [r["mode"] for r in rows] == ["inference", "training", "generate"]
     for r in rows:
-        assert r["checkpoint"] == str(run / "checkpoint.pt")
+        assert r["checkpoint"] == str(run / "checkpoint")
         assert r["input"] == "synthetic (validation split)" and r["target_density"] is None
         assert (r["layers"], r["hidden"], r["intermediate"], r["vocab"]) == (2, 64, 256, 128)
         assert r["l1_coef"] == 1e-3 and 0 < r["density"] <= 1

@@ -21,7 +21,8 @@ WORDS = ("the of a to in is was for on that with as by at from his an be which o
          "small great old new long little good high black white red green quick slow").split()
 
 LOG_FIELDS = {"kind", "step", "tokens", "lr", "l1_coef", "train_ce", "l1_term", "l1_value",
-              "val_ce", "val_density", "val_dead", "val_ran_dense", "val_tokens", "grad_norm",
+              "val_ce", "val_ce_sources", "val_density", "val_dead", "val_ran_dense", "val_tokens",
+              "grad_norm",
               "tokens_per_s", "elapsed_s", "mean_density", "sparsity", "density", "l0", "dead",
               "dead_fraction", "dead_windows", "silent", "sparse_form", "sparse_rows", "reinit"}
 
@@ -177,7 +178,7 @@ def test_train_loss_falls_and_logs_every_field(corpus, tmp_path, capsys):
     assert config["layers"] == ["model.layers.0.mlp", "model.layers.1.mlp"]
     assert config["vocab_size"] == 257 and config["model"]["intermediate"] == 256
     assert _records(out, "end")[0]["reason"] == "done"
-    assert os.path.exists(out / "checkpoint.pt") and last["step"] == 24
+    assert os.path.isfile(out / "checkpoint" / "state.json") and last["step"] == 24
     stdout = capsys.readouterr().out.strip().splitlines()
     assert stdout[-1].startswith("final: loss") and "L0 per layer" in stdout[-1]
     assert "tokens/s" in stdout[-1] and "dead" in stdout[-1] and "inference ran" in stdout[-1]
@@ -219,7 +220,7 @@ def test_time_budget_stops_cleanly_and_resumes(corpus, tmp_path, capsys):
     _train(out, "--steps", "8", "--max-minutes", "0.001", data=corpus)
     end = _records(out, "end")[0]
     assert end["reason"] == "time budget" and end["step"] < 8
-    assert os.path.exists(out / "checkpoint.pt")
+    assert os.path.isfile(out / "checkpoint" / "tensors.safetensors")
     assert "--resume continues" in capsys.readouterr().out
     _train(out, "--steps", "8", "--resume", data=corpus)
     assert _records(out, "end")[-1]["reason"] == "done"

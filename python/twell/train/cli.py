@@ -1,14 +1,22 @@
-"""Command line of `python -m twell.train`."""
+"""Command line of `python -m twell.train`. Every argument is checked before anything runs; a
+bad one ends the command with exit status 2 and one line on stderr naming it and what it
+expected (also for the files it names: twell.train.files)."""
 import argparse
+import math
 import os
 import sys
 import time
 
-from twell.train.models import PRESETS
+from twell.train import files
+from twell.train.data import BPE_SIZES
+from twell.train.files import InputError
+from twell.train.models import PRESETS, shape
 
 EPILOG = """\
 data (--data):
-  DIR with meta.json   a token folder, e.g. .carry/gcide from scripts/prepare-gcide
+  DIR with meta.json   a token folder: .carry/corpus from scripts/prepare-corpus (English text of
+                       Debian packages, BPE 16384, validation CE per source), .carry/gcide from
+                       scripts/prepare-gcide
   DIR                  a folder of plain-text files (one document per file), tokenized by
                        --tokenizer: a tokenizer.json (or a folder holding one), a number (train a
                        byte-level BPE of that vocabulary on the training files), or bytes (default)
@@ -16,15 +24,41 @@ data (--data):
   synthetic            a counting task needing nothing on disk (smoke tests)
 
 output (--out): log.jsonl (a "config" record, then one "log" record every --log-every steps and
-at every validation, "resume" and "end" records), checkpoint.pt (at --ckpt-every, at the end and
-when --max-minutes or --stop-at stops the run; --resume continues from it exactly).
+at every validation, "resume" and "end" records), checkpoint/ (state.json + tensors.safetensors,
+no pickle; at --ckpt-every, at the end and when --max-minutes or --stop-at stops the run;
+--resume continues from it exactly).
 
 examples:
-  scripts/prepare-gcide                       # once: .carry/gcide (about 22 MiB)
-  python -m twell.train --model s30m --l1 2e-5 --steps 2000 --max-minutes 9 --out runs/l1-2e-5
+  scripts/prepare-corpus                      # once: .carry/corpus (about 20 MiB)
+  python -m twell.train --model s30m --l1 3e-4 --steps 2000 --max-minutes 9 --out runs/l1-3e-4
   python -m twell.train --model s30m --activation silu --steps 2000 --out runs/silu
   python -m twell.train --model tiny --data synthetic --device cpu --steps 50
 """
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line, "<name>: <argument>: <message>", exit status 2; int
+    and float arguments say what they expected."""
+
+    def __init__(self, *args, name, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.name = name
+        # Every add_argument(type=int / float) converts through these (argparse's registry).
+        self.register("type", int, _parse(int, "an integer"))
+        self.register("type", float, _parse(float, "a number"))
+
+    def error(self, message):
+        message = message[len("argument "):] if message.startswith("argument ") else message
+        self.exit(2, f"{self.name}: {message}\n")
+
+
+def _parse(kind, expected):
+    def convert(text):
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    return convert
 
 
 def _tokenizer(value):
@@ -34,7 +68,8 @@ def _tokenizer(value):
 
 
 def parser():
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
+        name="twell.train",
         prog="python -m twell.train",
         usage="python -m twell.train [--data D] [--model M] [--activation relu|silu] [--l1 C] "
               "[--steps N] [--out DIR] [--resume] [--max-minutes T] [options]",
@@ -43,8 +78,8 @@ def parser():
                     "units and the path twell ran.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("data")
-    g.add_argument("--data", default=".carry/gcide",
-                   help="token folder, text folder, hf:NAME or synthetic (default .carry/gcide)")
+    g.add_argument("--data", default=".carry/corpus",
+                   help="token folder, text folder, hf:NAME or synthetic (default .carry/corpus)")
     g.add_argument("--tokenizer", type=_tokenizer, default=None,
                    help="for a text folder or hf: dataset: tokenizer.json path, a BPE vocabulary "
                         "size to train, or bytes (default)")
@@ -61,8 +96,11 @@ def parser():
     g.add_argument("--activation", choices=["relu", "silu"], default="relu",
                    help="relu: MLPs patched to twell ReLU FFNs (default); silu: the unpatched "
                         "Llama MLPs, the dense reference")
-    g.add_argument("--l1", type=float, default=2e-5,
-                   help="L1 coefficient on the FFN activations (tt.l1_loss; default 2e-5)")
+    g.add_argument("--l1", type=float, default=3e-4,
+                   help="L1 coefficient on the FFN activations: times the mean over layers of "
+                        "each layer's mean over tokens of sum |h| (tt.l1_loss, the paper's "
+                        "released code's term; docs/training.md); default 3e-4, its released "
+                        "0.5B / 1B / 2B configs' value")
     g.add_argument("--l1-warmup", type=int, default=0,
                    help="ramp the L1 coefficient linearly from 0 over this many steps (default 0)")
     g.add_argument("--dispatch", choices=["auto", "sparse", "dense"], default="auto",
@@ -102,7 +140,7 @@ def parser():
     g = p.add_argument_group("run control")
     g.add_argument("--out", help="run folder (default build-train/runs/MODEL-ACTIVATION[-l1-X])")
     g.add_argument("--resume", action="store_true",
-                   help="continue from OUT/checkpoint.pt when it exists (else start)")
+                   help="continue from OUT/checkpoint when it exists (else start)")
     g.add_argument("--ckpt-every", type=int, default=0,
                    help="checkpoint every N steps too (default 0: at the end and on stops only)")
     g.add_argument("--max-minutes", type=float,
@@ -132,17 +170,123 @@ def _process_start():
         return now
 
 
+def _integer(args, name, low, high=None, optional=False):
+    v = getattr(args, name)
+    if v is None and optional:
+        return
+    if type(v) is not int or v < low or (high is not None and v > high):
+        flag = f"--{name.replace('_', '-')}"
+        raise InputError(flag, f"an integer >= {low}" if high is None else
+                         f"an integer from {low} to {high}", repr(v))
+
+
+def _number(args, name, low, high=None, low_open=False, high_open=False, optional=False):
+    v = getattr(args, name)
+    if v is None and optional:
+        return
+    if (type(v) not in (int, float) or not math.isfinite(v) or v < low or (low_open and v == low)
+            or (high is not None and (v > high or (high_open and v == high)))):
+        bound = f"{'>' if low_open else '>='} {low:g}" + (
+            "" if high is None else f" and {'<' if high_open else '<='} {high:g}")
+        raise InputError(f"--{name.replace('_', '-')}", f"a finite number {bound}", repr(v))
+
+
+def _choice(args, name, choices):
+    v = getattr(args, name)
+    if v not in choices:
+        raise InputError(f"--{name.replace('_', '-')}",
+                         f"one of {', '.join(map(str, choices))}", repr(v))
+
+
+def check(args):
+    """InputError for the first argument of a parsed command line (or a checkpoint's saved one)
+    that twell.train cannot run with; nothing is read or written."""
+    for name in ("steps", "batch_size", "seq_len", "grad_accum", "log_every", "eval_batches"):
+        _integer(args, name, 1)
+    for name in ("eval_every", "l1_warmup", "dead_window", "reinit_dead_every", "ckpt_every"):
+        _integer(args, name, 0)
+    for name in ("hidden", "intermediate", "layers", "heads", "kv_heads", "eval_batch_size",
+                 "max_docs"):
+        _integer(args, name, 1, optional=True)
+    for name in ("warmup", "stop_at"):
+        _integer(args, name, 0, optional=True)
+    _integer(args, "seed", 0, (1 << 63) - 1)
+    _integer(args, "val_permille", 1, 999)  # both splits need documents
+    _number(args, "lr", 0, low_open=True)
+    _number(args, "min_lr_ratio", 0, 1)
+    _number(args, "weight_decay", 0)
+    _number(args, "beta1", 0, 1, high_open=True)
+    _number(args, "beta2", 0, 1, high_open=True)
+    _number(args, "clip", 0)
+    _number(args, "l1", 0)
+    _number(args, "max_minutes", 0, low_open=True, optional=True)
+    _choice(args, "model", list(PRESETS))
+    _choice(args, "activation", ("relu", "silu"))
+    _choice(args, "dispatch", ("auto", "sparse", "dense"))
+    _choice(args, "precision", (None, "fp32", "bf16"))
+    shape(args.model, hidden=args.hidden, intermediate=args.intermediate, layers=args.layers,
+          heads=args.heads, kv_heads=args.kv_heads)
+    tok = args.tokenizer
+    if isinstance(tok, int) and not isinstance(tok, bool):
+        lo, hi = BPE_SIZES
+        if not lo <= tok <= hi:
+            raise InputError("--tokenizer", f"a path, bytes, or a BPE vocabulary size from {lo} "
+                             f"to {hi}", tok)
+    elif tok is not None and (not isinstance(tok, str) or not tok):
+        raise InputError("--tokenizer", "a path, bytes, or a BPE vocabulary size", repr(tok))
+    for name in ("data", "text_field", "device"):
+        if not isinstance(getattr(args, name), str) or not getattr(args, name):
+            raise InputError(f"--{name.replace('_', '-')}", "a non-empty string",
+                             repr(getattr(args, name)))
+    if args.reinit_dead_every and (args.no_dead_tracking or not args.dead_window):
+        raise InputError("--reinit-dead-every", "0 without dead-unit tracking "
+                         "(--no-dead-tracking or --dead-window 0 find no dead units)",
+                         args.reinit_dead_every)
+
+
+def checked_args(saved):
+    """A checkpoint's saved arguments (a dict) as a Namespace with this command line's defaults
+    for what it lacks, checked as check() checks a command line."""
+    if not isinstance(saved, dict):
+        raise InputError("args", "a JSON object", type(saved).__name__)
+    args = parser().parse_args([])
+    for k, v in saved.items():
+        if k in vars(args):
+            setattr(args, k, v)
+    check(args)
+    return args
+
+
 def main(argv=None):
     start = _process_start()
     args = parser().parse_args(argv)
-    for name in ("steps", "batch_size", "seq_len", "grad_accum", "log_every"):
-        if getattr(args, name) < 1:
-            sys.exit(f"twell.train: --{name.replace('_', '-')} must be at least 1")
-    if args.out is None:
-        tag = f"-l1-{args.l1:g}" if args.activation == "relu" else ""
-        args.out = os.path.join("build-train", "runs", f"{args.model}-{args.activation}{tag}")
-    if args.data == ".carry/gcide" and not os.path.isdir(args.data):
-        sys.exit("twell.train: no .carry/gcide here: run scripts/prepare-gcide first, or pass "
-                 "--data (a token folder, a text folder, hf:NAME or synthetic)")
-    from twell.train.loop import run  # imports torch and transformers
-    return run(args, start)
+    try:
+        check(args)
+        if args.out is None:
+            tag = f"-l1-{args.l1:g}" if args.activation == "relu" else ""
+            args.out = os.path.join("build-train", "runs", f"{args.model}-{args.activation}{tag}")
+        if os.path.exists(args.out) and not os.path.isdir(args.out):
+            raise InputError("--out", "a folder (new or existing)",
+                             f"{args.out}, which is {files.kind_of(os.stat(args.out).st_mode)}")
+        if args.data == ".carry/corpus" and not os.path.isdir(args.data):
+            raise InputError("--data", "a token folder, a text folder, hf:NAME or synthetic "
+                             "(the default, .carry/corpus, comes from scripts/prepare-corpus)",
+                             "no .carry/corpus here")
+        from twell.train.loop import run  # imports torch and transformers
+        return run(args, start)
+    except InputError as e:
+        _fail(f"twell.train: {e}")
+    except (MemoryError, RuntimeError) as e:
+        torch = sys.modules.get("torch")
+        if not (isinstance(e, MemoryError) or (torch and isinstance(e, torch.OutOfMemoryError))):
+            raise
+        first = (str(e).splitlines() or [""])[0][:120]
+        _fail(f"twell.train: out of memory: expected a model and micro-batch that fit, got "
+              f"--model {args.model}, --batch-size {args.batch_size}, --seq-len {args.seq_len} "
+              f"on --device {args.device} ({type(e).__name__}: {first})")
+
+
+def _fail(line):
+    line = line.replace("\n", "\\n").replace("\r", "\\r")  # one line, whatever a path holds
+    print(line, file=sys.stderr, flush=True)
+    raise SystemExit(2)

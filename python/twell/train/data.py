@@ -1,9 +1,11 @@
 """Token data for twell.train: a prepared token folder (uint16 ids on disk, memory-mapped), any
 folder of plain-text files, a Hugging Face `datasets` dataset, or a synthetic sequence task.
 
-A token folder (what scripts/prepare-gcide and `TokenData.save` write): train.bin and val.bin
-(little-endian uint16 token ids, documents each followed by the end-of-text id), meta.json
-({"format": "twell-tokens-1", "vocab_size", "eos_id", ...}) and, where there is one,
+A token folder (what scripts/prepare-corpus and `TokenData.save` write): train.bin and val.bin
+(little-endian uint16 token ids, documents each followed by the end-of-text id; or train.bin.xz
+and val.bin.xz, the same xz-compressed), meta.json ({"format": "twell-tokens-1", "vocab_size",
+"eos_id", ..., and "val_ranges" {source: [start, end]} where the validation ids hold several
+sources: validation then reports a cross-entropy per source) and, where there is one,
 tokenizer.json.
 
 Batches are random windows of seq_len + 1 tokens (inputs and their next-token targets). Window
@@ -14,13 +16,20 @@ windows of the validation ids, rank r taking every world_size-th one.
 """
 import hashlib
 import json
+import lzma
 import os
 import sys
 
 import numpy as np
 
+from twell.train import files
+from twell.train.files import InputError
+
 FORMAT = "twell-tokens-1"
 EOS_TOKEN = "<|endoftext|>"
+# A byte-level BPE's vocabulary: at least its 256 bytes and <|endoftext|>; at most 2^20.
+BPE_SIZES = (257, 1 << 20)
+TOKENIZER_LIMIT = 256 * files.MiB  # a tokenizer.json
 
 
 class RandomWindows:
@@ -66,26 +75,38 @@ class RandomWindows:
         self.position = int(state["position"])
 
 
-def eval_windows(tokens, batch_size, seq_len, *, max_batches=None, rank=0, world_size=1):
-    """Batches of fixed non-overlapping windows (stride seq_len, so each validation token is a
-    target once) of `tokens`: a list of int64 arrays [<= batch_size, seq_len + 1]."""
-    count = (len(tokens) - 1) // seq_len
+def eval_starts(length, batch_size, seq_len, *, max_batches=None, rank=0, world_size=1):
+    """The window starts of eval_windows, in batches: fixed non-overlapping windows (stride
+    seq_len), rank r taking every world_size-th; with max_batches, that many batches' windows
+    spread evenly over the validation ids (so every part, every source, is in)."""
+    count = (length - 1) // seq_len
     if count < 1:
-        raise ValueError(f"the validation ids ({len(tokens)} tokens) are shorter than one window "
+        raise ValueError(f"the validation ids ({length} tokens) are shorter than one window "
                          f"of seq_len + 1 = {seq_len + 1}")
-    mine = list(range(rank, count, world_size))
-    if max_batches is not None:
-        mine = mine[:max_batches * batch_size]
-    return [np.stack([np.asarray(tokens[i * seq_len:i * seq_len + seq_len + 1], dtype=np.int64)
-                      for i in mine[b:b + batch_size]]) for b in range(0, len(mine), batch_size)]
+    windows = list(range(count))
+    if max_batches is not None and max_batches * batch_size * world_size < count:
+        keep = max_batches * batch_size * world_size
+        windows = [count * i // keep for i in range(keep)]
+    mine = [w * seq_len for w in windows[rank::world_size]]
+    return [mine[b:b + batch_size] for b in range(0, len(mine), batch_size)]
+
+
+def eval_windows(tokens, batch_size, seq_len, *, max_batches=None, rank=0, world_size=1):
+    """Batches of the windows eval_starts gives (each validation token a target at most once): a
+    list of int64 arrays [<= batch_size, seq_len + 1]."""
+    return [np.stack([np.asarray(tokens[i:i + seq_len + 1], dtype=np.int64) for i in starts])
+            for starts in eval_starts(len(tokens), batch_size, seq_len, max_batches=max_batches,
+                                      rank=rank, world_size=world_size)]
 
 
 class TokenData:
     """Training and validation token ids (1-D integer arrays, memory-mapped or in memory), the
     vocabulary size, the end-of-text id (None: documents are not separated) and a meta dict."""
 
-    def __init__(self, train, val, vocab_size, eos_id=None, meta=None, tokenizer=None):
+    def __init__(self, train, val, vocab_size, eos_id=None, meta=None, tokenizer=None,
+                 val_sources=()):
         self.train, self.val = train, val
+        self.val_sources = list(val_sources)  # [(source, start, end)] of the validation ids
         self.vocab_size, self.eos_id = int(vocab_size), eos_id
         self.meta = dict(meta or {})
         self.tokenizer = tokenizer
@@ -97,6 +118,28 @@ class TokenData:
     def val_batches(self, batch_size, seq_len, *, max_batches=None, rank=0, world_size=1):
         return eval_windows(self.val, batch_size, seq_len, max_batches=max_batches, rank=rank,
                             world_size=world_size)
+
+    def val_source_ids(self, batch_size, seq_len, *, max_batches=None, rank=0, world_size=1):
+        """For the batches of val_batches (same arguments): per batch an int64 array
+        [<= batch_size, seq_len] giving the source (an index into val_sources) of each target
+        token; None where the validation ids hold one source."""
+        if len(self.val_sources) < 2:
+            return None
+        ends = np.array([end for _, _, end in self.val_sources])
+        offsets = np.arange(1, seq_len + 1)
+        return [np.searchsorted(ends, np.asarray(starts)[:, None] + offsets, side="right")
+                for starts in eval_starts(len(self.val), batch_size, seq_len,
+                                          max_batches=max_batches, rank=rank,
+                                          world_size=world_size)]
+
+    def check_ids(self, what):
+        """InputError naming `what` where an id is not below the vocabulary size."""
+        for name, ids in (("training", self.train), ("validation", self.val)):
+            top = max((int(ids[i:i + (1 << 24)].max()) for i in range(0, len(ids), 1 << 24)),
+                      default=-1)
+            if top >= self.vocab_size:
+                raise InputError(what, f"token ids below the vocabulary size {self.vocab_size}",
+                                 f"the id {top} in the {name} split")
 
     def describe(self):
         return (f"{self.meta.get('source_name', 'data')}: {len(self.train):,} training and "
@@ -123,21 +166,92 @@ class TokenData:
 
 
 def is_token_folder(path):
-    return os.path.isfile(os.path.join(path, "meta.json")) and os.path.isfile(
-        os.path.join(path, "train.bin"))
+    return os.path.lexists(os.path.join(path, "meta.json")) and any(
+        os.path.lexists(os.path.join(path, n)) for n in ("train.bin", "train.bin.xz"))
+
+
+# An xz token file is refused past this many compressed bytes (ids decompress to memory).
+XZ_LIMIT = 1 << 31
+
+
+def _token_ids(folder, name, want):
+    """The ids of folder/NAME.bin (memory-mapped) or, where there is none, NAME.bin.xz
+    (decompressed in memory, at most `want` ids where meta.json gives a count, else 2^31 bytes)."""
+    path = os.path.join(folder, f"{name}.bin")
+    if os.path.lexists(path) or not os.path.lexists(path + ".xz"):
+        size = files.check_regular(path, path)
+        if size == 0 or size % 2:
+            raise InputError(path, "at least one whole uint16 token id", f"{size} bytes")
+        if want is not None and want != size // 2:
+            raise InputError(path, f"{want!r} token ids (meta.json's tokens.{name})"[:80],
+                             f"{size // 2}")
+        return np.memmap(path, dtype="<u2", mode="r")
+    path += ".xz"
+    limit = 2 * want if type(want) is int and want > 0 else XZ_LIMIT
+    packed = files.read_bytes(path, path, XZ_LIMIT)
+    try:
+        raw = lzma.LZMADecompressor().decompress(packed, max_length=limit + 1)
+    except lzma.LZMAError as e:
+        raise InputError(path, "an xz stream of uint16 token ids", f"corrupt data ({e})") from None
+    if len(raw) == 0 or len(raw) % 2 or len(raw) > limit or (want is not None
+                                                            and len(raw) != 2 * want):
+        raise InputError(path, f"{want!r} token ids (meta.json's tokens.{name})"[:80]
+                         if want is not None else "at least one whole uint16 token id",
+                         f"{len(raw)} bytes once decompressed" if len(raw) <= limit
+                         else f"more than {limit} bytes once decompressed")
+    return np.frombuffer(raw, dtype="<u2")
+
+
+def _val_sources(where, meta, val_len):
+    """[(source, start, end)] from meta.json's "val_ranges" (token ranges of the validation ids
+    that tile them in order), [] where it has none."""
+    ranges = meta.get("val_ranges")
+    if ranges is None:
+        return []
+    what = f"{where}: val_ranges"
+    if not isinstance(ranges, dict) or not ranges:
+        raise InputError(what, "an object of source: [start, end]", type(ranges).__name__)
+    out, at = [], 0
+    for name, r in sorted(ranges.items(), key=lambda kv: kv[1][0] if isinstance(kv[1], list)
+                          and kv[1] and type(kv[1][0]) is int else -1):
+        if not (isinstance(r, list) and len(r) == 2 and all(type(v) is int for v in r)
+                and r[0] == at and r[1] > r[0]):
+            raise InputError(f"{what}.{name}"[:120], f"[{at}, end > {at}] (ranges tiling the "
+                             "validation ids in order)", repr(r)[:60])
+        out.append((name, r[0], r[1]))
+        at = r[1]
+    if at != val_len:
+        raise InputError(what, f"ranges ending at the validation ids' count {val_len}", str(at))
+    return out
 
 
 def load_token_folder(folder):
-    """A token folder as TokenData (memory-mapped ids)."""
-    with open(os.path.join(folder, "meta.json")) as f:
-        meta = json.load(f)
-    if meta.get("format") != FORMAT or meta.get("dtype") != "uint16":
-        raise ValueError(f"{folder}/meta.json: expected format {FORMAT!r} with uint16 ids, got "
-                         f"{meta.get('format')!r} / {meta.get('dtype')!r}")
-    ids = {n: np.memmap(os.path.join(folder, f"{n}.bin"), dtype="<u2", mode="r")
+    """A token folder as TokenData, every file checked first: meta.json (a JSON object: format,
+    little-endian uint16 ids, vocab_size 1 to 65536, eos_id null or below it, the token counts
+    where it has them, "val_ranges" where the validation ids hold several sources), train.bin and
+    val.bin (regular files of at least one whole uint16 id, memory-mapped) or train.bin.xz and
+    val.bin.xz (scripts/prepare-corpus: decompressed in memory), every id below vocab_size."""
+    where = os.path.join(folder, "meta.json")
+    meta = files.read_json(where, where)
+    if not isinstance(meta, dict):
+        raise InputError(where, "a JSON object", type(meta).__name__)
+    if (meta.get("format"), meta.get("dtype"), meta.get("byteorder", "little")) != (
+            FORMAT, "uint16", "little"):
+        raise InputError(where, f"format {FORMAT!r} with little-endian uint16 ids",
+                         f"{meta.get('format')!r} / {meta.get('dtype')!r} / "
+                         f"{meta.get('byteorder')!r}"[:120])
+    vocab, eos, counts = meta.get("vocab_size"), meta.get("eos_id"), meta.get("tokens")
+    if type(vocab) is not int or not 1 <= vocab <= 65536:
+        raise InputError(f"{where}: vocab_size", "an integer from 1 to 65536", repr(vocab)[:40])
+    if eos is not None and (type(eos) is not int or not 0 <= eos < vocab):
+        raise InputError(f"{where}: eos_id", f"null or an integer below {vocab}", repr(eos)[:40])
+    ids = {n: _token_ids(folder, n, counts.get(n) if isinstance(counts, dict) else None)
            for n in ("train", "val")}
     meta.setdefault("source_name", folder)
-    return TokenData(ids["train"], ids["val"], meta["vocab_size"], meta.get("eos_id"), meta)
+    data = TokenData(ids["train"], ids["val"], vocab, eos, meta,
+                     val_sources=_val_sources(where, meta, len(ids["val"])))
+    data.check_ids(os.path.join(folder, "*.bin"))
+    return data
 
 
 # ---- tokenizers -------------------------------------------------------------------------------
@@ -212,11 +326,17 @@ def train_bpe(texts, vocab_size):
 
 def make_encoder(tokenizer, train_texts=()):
     """tokenizer: None (bytes), an int (train a byte-level BPE of that vocabulary on the training
-    texts), a path to a tokenizer.json or to a folder holding one, a tokenizers.Tokenizer, or any
-    object with encode(text)."""
+    texts), a path to a tokenizer.json or to a folder holding one (read as twell.train.files
+    reads files), a tokenizers.Tokenizer, an encoder of this module, or any object with
+    encode(text)."""
     if tokenizer is None:
         return ByteEncoder()
-    if isinstance(tokenizer, int):
+    if isinstance(tokenizer, (ByteEncoder, HFTokenizersEncoder, CallableEncoder)):
+        return tokenizer
+    if isinstance(tokenizer, int) and not isinstance(tokenizer, bool):
+        if not BPE_SIZES[0] <= tokenizer <= BPE_SIZES[1]:
+            raise InputError("tokenizer", f"a BPE vocabulary size from {BPE_SIZES[0]} to "
+                             f"{BPE_SIZES[1]}", tokenizer)
         return HFTokenizersEncoder(train_bpe(list(train_texts), tokenizer),
                                    f"byte-level BPE {tokenizer}")
     if isinstance(tokenizer, (str, os.PathLike)):
@@ -228,7 +348,13 @@ def make_encoder(tokenizer, train_texts=()):
         except ImportError:
             raise ImportError(f"reading {path} needs the `tokenizers` package: "
                               "pip install tokenizers") from None
-        return HFTokenizersEncoder(Tokenizer.from_file(path), path)
+        text = files.read_bytes(path, path, TOKENIZER_LIMIT).decode("utf-8", errors="replace")
+        try:
+            tok = Tokenizer.from_str(text)
+        except Exception as e:  # tokenizers raises a plain Exception for what it cannot parse
+            raise InputError(path, "a tokenizer.json of the tokenizers library",
+                             f"one it cannot read ({str(e)[:120]})") from None
+        return HFTokenizersEncoder(tok, path)
     if hasattr(tokenizer, "encode_batch") and hasattr(tokenizer, "get_vocab_size"):
         return HFTokenizersEncoder(tokenizer)
     if hasattr(tokenizer, "encode"):
@@ -287,14 +413,13 @@ def from_text_folder(path, tokenizer=None, *, val_permille=20, suffixes=None):
     if not os.path.isdir(path):
         raise ValueError(f"{path}: not a folder")
     docs = []
-    for root, dirs, files in os.walk(path):
+    for root, dirs, names in os.walk(path):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for f in sorted(files):
+        for f in sorted(names):
             if f.startswith(".") or (suffixes and not f.endswith(tuple(suffixes))):
                 continue
             full = os.path.join(root, f)
-            with open(full, encoding="utf-8", errors="replace") as fh:
-                docs.append((os.path.relpath(full, path), fh.read()))
+            docs.append((os.path.relpath(full, path), files.read_text(full, full)))
     if not docs:
         raise ValueError(f"{path}: no text files")
     return from_documents(docs, tokenizer, val_permille=val_permille, name=path)
@@ -320,9 +445,12 @@ def from_hf_dataset(name_or_obj, text_field="text", tokenizer=None, *, split="tr
         if max_docs is not None and i >= max_docs:
             break
         try:
-            docs.append((str(i), row[text_field]))
+            text = row[text_field]
         except (KeyError, TypeError, IndexError):
             raise ValueError(f"{name}: row {i} has no field {text_field!r}") from None
+        if not isinstance(text, str):
+            raise InputError(f"{name}: row {i}: {text_field}", "text", type(text).__name__)
+        docs.append((str(i), text))
     return from_documents(docs, tokenizer, val_permille=val_permille, name=f"hf:{name}")
 
 
@@ -351,15 +479,21 @@ def load(spec, tokenizer=None, *, text_field="text", val_permille=20, hf_split="
     if spec == "synthetic":
         return synthetic()
     if spec.startswith("hf:"):
-        return from_hf_dataset(spec[3:], text_field, tokenizer, split=hf_split, config=hf_config,
+        data = from_hf_dataset(spec[3:], text_field, tokenizer, split=hf_split, config=hf_config,
                                max_docs=max_docs, val_permille=val_permille)
+        data.check_ids(spec)
+        return data
     if is_token_folder(spec):
         if tokenizer is not None:
             print(f"twell.train: {spec} is already tokenized; --tokenizer ignored",
                   file=sys.stderr)
         return load_token_folder(spec)
     if os.path.isdir(spec):
-        return from_text_folder(spec, tokenizer, val_permille=val_permille)
-    raise ValueError(f"--data {spec!r}: expected 'synthetic', 'hf:NAME', a token folder "
-                     f"(meta.json + train.bin, e.g. from scripts/prepare-gcide) or a folder of "
-                     f"text files")
+        data = from_text_folder(spec, tokenizer, val_permille=val_permille)
+        data.check_ids(spec)
+        return data
+    raise InputError(spec, "'synthetic', 'hf:NAME', a token folder (meta.json + train.bin, e.g. "
+                     "from scripts/prepare-corpus) or a folder of text files",
+                     "no such folder" if not os.path.lexists(spec) else
+                     files.kind_of(os.stat(spec).st_mode) if os.path.exists(spec) else
+                     "a broken link")

@@ -19,16 +19,41 @@ import torch.nn.functional as F
 
 import twell
 import twell.torch as tt
-from twell.train import checkpoint, models
+from twell.train import checkpoint, files, models
 from twell.train import data as data_mod
+from twell.train.files import InputError
 from twell.train.progress import Progress
 from twell.train.report import layer_table, layer_warnings
 from twell.train.sparsity import LayerMonitor
 
-def _device(name):
+DEVICES = "auto, cpu, cuda or cuda:N"
+
+
+def resolve_device(name, what="--device"):
+    """The torch device of a --device value (auto: CUDA when available), or InputError where it
+    is not one this machine has."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise InputError(what, DEVICES, repr(name)) from None
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise InputError(what, DEVICES, repr(name))
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise InputError(what, "auto or cpu (PyTorch sees no CUDA device here)", repr(name))
+    if (device.index or 0) >= count:
+        raise InputError(what, f"cuda:N with N below {count} (the CUDA devices here)", repr(name))
+    return device
+
+
+def _memory_bytes(device):
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _schedule(warmup, total, min_ratio):
@@ -45,7 +70,15 @@ class Trainer:
         self.args = a = args
         self.start_time = start_time or time.monotonic()
         self.deadline = (self.start_time + a.max_minutes * 60) if a.max_minutes else None
-        self.device = _device(a.device)
+        self.device = resolve_device(a.device)
+        if self.device.type == "cuda" and a.activation == "relu" and not twell.cuda_compiled():
+            raise InputError("--device", "cpu, or a twell built with CUDA (its ReLU FFNs run on "
+                             "twell)", repr(a.device))
+        self.out = files.output_folder(a.out)
+        self.ckpt_path = checkpoint.path(self.out)
+        if os.path.lexists(self.ckpt_path) and not os.path.isdir(self.ckpt_path):
+            raise InputError("--out", f"a run folder whose {checkpoint.FOLDER} is a folder",
+                             f"{self.ckpt_path}, which is not")
         if a.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
@@ -55,11 +88,20 @@ class Trainer:
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16)
                          if cuda and self.precision == "bf16" else contextlib.nullcontext())
 
+        tokenizer = a.tokenizer
+        if isinstance(tokenizer, str):  # a tokenizer.json (or a folder with one): read it first
+            try:
+                tokenizer = data_mod.make_encoder(tokenizer)
+            except InputError as e:
+                raise e.within("--tokenizer") from None
         try:
-            self.data = data_mod.load(a.data, a.tokenizer, text_field=a.text_field,
+            self.data = data_mod.load(a.data, tokenizer, text_field=a.text_field,
                                       val_permille=a.val_permille, max_docs=a.max_docs)
+        except InputError as e:
+            raise e.within("--data") from None
         except (ImportError, ValueError, OSError) as e:
-            raise SystemExit(f"twell.train: --data {a.data}: {e}") from None
+            raise InputError(f"--data: {e}") from None
+        self._check_sizes()
         torch.manual_seed(a.seed)
         self.model, self.shape = models.build(
             a.model, self.data.vocab_size, a.seq_len, hidden=a.hidden,
@@ -89,18 +131,46 @@ class Trainer:
         self.sampler = self.data.sampler(a.batch_size, a.seq_len, seed=a.seed)
         self.val = self.data.val_batches(a.eval_batch_size or a.batch_size, a.seq_len,
                                          max_batches=a.eval_batches)
+        self.val_sources = self.data.val_source_ids(a.eval_batch_size or a.batch_size,
+                                                    a.seq_len, max_batches=a.eval_batches)
         self.monitor = LayerMonitor(self.model, a.dead_window, track_dead=not a.no_dead_tracking)
         self.tokens_per_step = a.batch_size * a.seq_len * a.grad_accum
         self.step, self.tokens, self.last_reinit = 0, 0, 0
         self.coef = a.l1
-        self.out = a.out
-        os.makedirs(self.out, exist_ok=True)
         self.log_path = os.path.join(self.out, "log.jsonl")
-        self.ckpt_path = os.path.join(self.out, "checkpoint.pt")
         self._reset_interval()
         self.step_time = None  # seconds per optimizer step (measured)
         self.eval_time = None
         self.ckpt_time = None
+
+    def _check_sizes(self):
+        """InputError where the data is too short for one window, or where the model's weights
+        and AdamW state or one micro-batch's logits alone exceed the device's memory (a lower
+        bound on what training needs: a run refused here could not have run)."""
+        a, data = self.args, self.data
+        for name, ids in (("training", data.train), ("validation", data.val)):
+            if len(ids) < a.seq_len + 1:
+                raise InputError("--seq-len", f"at most {len(ids) - 1}: the {name} split of "
+                                 f"--data {a.data} holds {len(ids)} tokens", a.seq_len)
+        meta, _ = models.build(a.model, data.vocab_size, a.seq_len, device="meta",
+                               hidden=a.hidden, intermediate=a.intermediate, layers=a.layers,
+                               heads=a.heads, kv_heads=a.kv_heads)
+        params = sum(p.numel() for p in meta.parameters())
+        bf16 = (a.precision or ("bf16" if self.device.type == "cuda" else "fp32")) == "bf16"
+        weights = params * (20 if bf16 else 16)  # weight, gradient, AdamW moments, fp32 master
+        batch = max(a.batch_size, a.eval_batch_size or 0)
+        logits = batch * a.seq_len * data.vocab_size * 12  # fp32 logits, their log-softmax, grad
+        memory = _memory_bytes(self.device)
+        gib = 1 << 30
+        if weights > memory:
+            raise InputError("--model", f"a model whose weights and AdamW state fit in the "
+                             f"{memory / gib:.1f} GiB of {self.device}",
+                             f"{params:,} parameters needing {weights / gib:.1f} GiB")
+        if weights + logits > memory:
+            raise InputError("--batch-size", f"micro-batches whose logits fit in the "
+                             f"{(memory - weights) / gib:.1f} GiB of {self.device} the model "
+                             f"leaves", f"{batch} x --seq-len {a.seq_len} x vocabulary "
+                             f"{data.vocab_size} needing {logits / gib:.1f} GiB")
 
     # ---- steps -----------------------------------------------------------------------------
 
@@ -191,18 +261,26 @@ class Trainer:
         t = time.monotonic()
         self.model.eval()
         self.monitor.set_training(False)
-        total, count = torch.zeros((), device=self.device, dtype=torch.float64), 0
-        for batch in self.val:
+        names = [n for n, _, _ in self.data.val_sources] if self.val_sources else []
+        # Summed losses and target counts per source (one slot when the ids hold one source).
+        total = torch.zeros(max(len(names), 1), device=self.device, dtype=torch.float64)
+        count = torch.zeros_like(total)
+        for i, batch in enumerate(self.val):
             batch = torch.from_numpy(batch).to(self.device)
             with self.autocast:
                 logits = self.model(input_ids=batch[:, :-1], use_cache=False).logits
-            total += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                     batch[:, 1:].reshape(-1), reduction="sum").double()
-            count += batch[:, 1:].numel()
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                   batch[:, 1:].reshape(-1), reduction="none").double()
+            where = (torch.from_numpy(self.val_sources[i]).to(self.device).reshape(-1)
+                     if names else torch.zeros_like(loss, dtype=torch.int64))
+            total.index_add_(0, where, loss)
+            count.index_add_(0, where, torch.ones_like(loss))
         figures = self.monitor.collect("eval")
         self.monitor.set_training(True)
         self.model.train()
-        val_ce = float(total) / count
+        totals, counts = total.tolist(), count.tolist()
+        val_ce = sum(totals) / sum(counts)
+        figures["ce_sources"] = {n: t / c for n, t, c in zip(names, totals, counts) if c}
         self.eval_time = time.monotonic() - t
         self.paused_s += self.eval_time
         return val_ce, figures
@@ -238,6 +316,7 @@ class Trainer:
             "l1_term": l1_term if self.sparse else None,
             "l1_value": l1_term / coef if self.sparse and coef and l1_term is not None else None,
             "val_ce": val[0] if val else None,
+            "val_ce_sources": val[1]["ce_sources"] or None if val else None,
             "val_density": val[1]["density"] if val else None,
             "val_dead": val[1]["dead"] if val else None,
             "val_ran_dense": val[1]["ran_dense"] if val else None,
@@ -346,7 +425,11 @@ def run(args, start_time=None):
     trainer = Trainer(args, start_time)
     bar = Progress(args.steps, enabled=not args.no_progress)
     say = bar.write
-    if args.resume and os.path.exists(trainer.ckpt_path):
+    try:
+        resume = args.resume and checkpoint.find(trainer.out) is not None
+    except InputError as e:
+        raise e.within("--resume") from None
+    if resume:
         checkpoint.load(trainer, say)
         trainer._write({"kind": "resume", "step": trainer.step, "tokens": trainer.tokens})
         say(f"twell.train: resumed {trainer.ckpt_path} at step {trainer.step}")
@@ -437,9 +520,11 @@ def run(args, start_time=None):
 
 def _last_record(path):
     rec = None
-    with open(path) as f:
-        for line in f:
+    for line in files.read_text(path, f"--out {path}").splitlines():
+        try:
             r = json.loads(line)
-            if r.get("kind") == "log":
-                rec = r
+        except json.JSONDecodeError:
+            continue
+        if isinstance(r, dict) and r.get("kind") == "log":
+            rec = r
     return rec

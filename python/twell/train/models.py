@@ -8,6 +8,8 @@
   paper-0.5b  hidden 2048, intermediate 5632,  8 layers, 32 heads          ~445M  the paper's FFN
                                                                                   shape
 """
+from twell.train.files import InputError
+
 PRESETS = {
     "tiny": {"hidden": 64, "intermediate": 256, "layers": 2, "heads": 4, "kv_heads": 2},
     "s30m": {"hidden": 512, "intermediate": 1408, "layers": 8, "heads": 8, "kv_heads": 8},
@@ -19,19 +21,30 @@ PRESETS = {
 
 
 def shape(preset, **overrides):
-    """The preset's shape with the given (non-None) overrides."""
+    """The preset's shape with the given (non-None) overrides; InputError naming the argument
+    where it is not a Llama shape (sizes >= 1, hidden a multiple of heads with an even head
+    size for the rotary embedding, heads a multiple of kv_heads)."""
     if preset not in PRESETS:
-        raise ValueError(f"--model: expected one of {', '.join(PRESETS)}, got {preset!r}")
+        raise InputError("--model", f"one of {', '.join(PRESETS)}", repr(preset))
     out = dict(PRESETS[preset])
     out.update({k: v for k, v in overrides.items() if v is not None})
-    if out["hidden"] % out["heads"] or out["heads"] % out["kv_heads"]:
-        raise ValueError(f"model shape: hidden ({out['hidden']}) must be a multiple of heads "
-                         f"({out['heads']}), heads a multiple of kv_heads ({out['kv_heads']})")
+    for k in ("hidden", "intermediate", "layers", "heads", "kv_heads"):
+        if type(out[k]) is not int or out[k] < 1:
+            raise InputError(f"--{k.replace('_', '-')}", "an integer >= 1", repr(out[k]))
+    if out["hidden"] % out["heads"] or (out["hidden"] // out["heads"]) % 2:
+        raise InputError("--heads", f"a divisor of --hidden {out['hidden']} leaving an even head "
+                         f"size", out["heads"])
+    if out["heads"] % out["kv_heads"]:
+        raise InputError("--kv-heads", f"a divisor of --heads {out['heads']}", out["kv_heads"])
     return out
 
 
-def build(preset, vocab_size, seq_len, **overrides):
-    """(LlamaForCausalLM with SiLU MLPs, its shape dict) in float32 on the CPU."""
+def build(preset, vocab_size, seq_len, device=None, **overrides):
+    """(LlamaForCausalLM with SiLU MLPs, its shape dict) in float32 on the CPU, or on `device`
+    ("meta": no memory, for sizes)."""
+    import contextlib
+
+    import torch
     import transformers
 
     s = shape(preset, **overrides)
@@ -40,7 +53,8 @@ def build(preset, vocab_size, seq_len, **overrides):
         num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
         num_key_value_heads=s["kv_heads"], max_position_embeddings=seq_len, hidden_act="silu",
         tie_word_embeddings=False, rms_norm_eps=1e-5)
-    model = transformers.LlamaForCausalLM(config)
+    with torch.device(device) if device else contextlib.nullcontext():
+        model = transformers.LlamaForCausalLM(config)
     return model, s
 
 

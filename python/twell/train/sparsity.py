@@ -28,6 +28,7 @@ import torch
 
 import twell.layout
 import twell.torch as tt
+from twell.train.files import InputError
 
 
 def _aligned(nbytes):
@@ -194,12 +195,51 @@ class LayerMonitor:
         return state
 
     def load_state_dict(self, state):
-        self.dead, self.dead_windows = list(state["dead"]), state["dead_windows"]
-        if self.tracker is not None and "tracker" in state:
-            t, s = self.tracker, state["tracker"]
-            t._hits.update(s["hits"])
-            t._tokens.update(s["tokens"])
-            t._l0_sum.update(s["l0_sum"])
+        """Restores state_dict()'s output (tensors on any device); InputError naming the part of
+        a state that does not fit this model's layers."""
+        sizes = [m.intermediate_size for _, m in self.layers]
+        if not isinstance(state, dict):
+            raise InputError("monitor", "a JSON object", type(state).__name__)
+        dead, windows = state.get("dead"), state.get("dead_windows")
+        if not (isinstance(dead, list) and len(dead) == len(sizes) and all(
+                d is None or (type(d) is int and 0 <= d <= n) for d, n in zip(dead, sizes))):
+            raise InputError("monitor.dead", f"{len(sizes)} dead-unit counts (null or 0 to N)",
+                             repr(dead)[:60])
+        if type(windows) is not int or windows < 0:
+            raise InputError("monitor.dead_windows", "an integer >= 0", repr(windows)[:40])
+        tracker = state.get("tracker")
+        restored = (self._tracker_state(tracker, sizes)
+                    if self.tracker is not None and tracker is not None else None)
+        self.dead, self.dead_windows = list(dead), windows
+        if restored is not None:
+            for field, values in zip(("_hits", "_tokens", "_l0_sum"), restored):
+                getattr(self.tracker, field).update(values)
+
+    def _tracker_state(self, tracker, sizes):
+        """(hits, tokens, l0_sum) per layer from a saved tracker state, checked, on the model's
+        device."""
+        if not isinstance(tracker, dict) or set(tracker) != {"hits", "tokens", "l0_sum"} or not all(
+                isinstance(v, dict) and set(v) == set(self.names) for v in tracker.values()):
+            raise InputError("monitor.tracker", f"hits, tokens and l0_sum of layers {self.names}",
+                             repr(tracker)[:80])
+        device = self.layers[0][1].up_proj.weight.device
+        hits, tokens, l0_sum = {}, {}, {}
+        for name, n in zip(self.names, sizes):
+            h, t, s = (tracker[k][name] for k in ("hits", "tokens", "l0_sum"))
+            if h is not None and not (torch.is_tensor(h) and h.dtype == torch.int64
+                                      and list(h.shape) == [n]):
+                raise InputError(f"monitor.tracker.hits[{name}]", f"an int64 tensor [{n}]",
+                                 repr(h)[:60])
+            if type(t) is not int or t < 0:
+                raise InputError(f"monitor.tracker.tokens[{name}]", "an integer >= 0", repr(t)[:40])
+            if s is not None and not (torch.is_tensor(s) and s.dtype.is_floating_point
+                                      and s.dim() == 0):
+                raise InputError(f"monitor.tracker.l0_sum[{name}]", "a floating scalar tensor",
+                                 repr(s)[:60])
+            hits[name] = None if h is None else h.to(device)
+            tokens[name] = t
+            l0_sum[name] = None if s is None else s.to(device)
+        return hits, tokens, l0_sum
 
     def remove(self):
         for h in self._hooks:
