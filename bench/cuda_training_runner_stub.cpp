@@ -5,7 +5,7 @@
 namespace twell::bench {
 
 std::unique_ptr<TrainingRunner> make_cuda_training_runner() {
-  throw Error("bench", "backend", "cpu (this build has no CUDA backend)", "cuda");
+  throw Error("make_cuda_training_runner", "backend", "cpu (this build has no CUDA backend)", "cuda");
 }
 
 }  // namespace twell::bench

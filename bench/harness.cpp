@@ -158,8 +158,8 @@ std::string Cases::source(size_t i) const {
   return captured() ? o_.from_dir + " layer " + std::to_string(i) : std::string();
 }
 
-std::string Cases::model(size_t i) const {
-  return captured() ? testing::capture_model_fields(o_.from_dir, int(i)) : std::string();
+testing::Json Cases::model(size_t i) const {
+  return captured() ? testing::capture_model(o_.from_dir, int(i)) : testing::Json::object();
 }
 
 std::string Cases::name(size_t i) const { return captured() ? source(i) : specs_[i].describe(); }
@@ -205,55 +205,78 @@ std::string csv_field(const std::string& s) {
   return o + "\"";
 }
 
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
-  return o;
+std::string json_rows(const std::vector<testing::Json>& rows) {
+  std::string out = "[\n";
+  for (size_t i = 0; i < rows.size(); ++i) out += "  " + rows[i].dump() + (i + 1 < rows.size() ? ",\n" : "\n");
+  return out + "]\n";
 }
 
-void write_results(const std::vector<Row>& rows, const std::string& dir, const std::string& suite) {
+testing::Json timing_json(const Timing& t) {
+  testing::Json j = testing::Json::object();
+  j.set("median", testing::Json::number(t.median, "%.4f"));
+  j.set("p20", testing::Json::number(t.p20, "%.4f"));
+  j.set("p80", testing::Json::number(t.p80, "%.4f"));
+  return j;
+}
+
+void add_members(testing::Json& row, const testing::Json& more) {
+  for (const auto& [key, value] : more.members()) row.set(key, value);
+}
+
+std::string result_name(const Options& o) {
+  if (o.suite != "custom" && !o.one_case) return o.suite;
+  const ProblemSpec& c = o.custom;
+  char density[32];
+  std::snprintf(density, sizeof density, "%g", c.density);
+  return o.suite + "-" + ffn_kind_name(c.kind) + "-" + dtype_name(c.dtype) + "-m" + std::to_string(c.m) + "-k" +
+         std::to_string(c.k) + "-n" + std::to_string(c.n) + "-" + testing::pattern_name(c.pattern) + "-d" + density;
+}
+
+namespace {
+
+testing::Json row_json(const Row& r) {
+  using testing::Json;
+  const ProblemSpec& s = r.spec;
+  Json j = Json::object();
+  j.set("suite", r.suite).set("device", r.device).set("backend", r.backend).set("kind", ffn_kind_name(s.kind));
+  j.set("dtype", dtype_name(s.dtype)).set("M", s.m).set("K", s.k).set("N", s.n);
+  j.set("pattern", testing::pattern_name(s.pattern));
+  j.set("target_density", Json::number(s.density, "%.5f")).set("density", Json::number(r.density, "%.5f"));
+  j.set("dense_ms", timing_json(r.dense)).set("gate_ms", timing_json(r.gate)).set("twell_ms", timing_json(r.twell));
+  j.set("speedup", Json::number(r.speedup, "%.3f")).set("routed_rows", r.routed_rows).set("ran_dense", r.ran_dense);
+  j.set("rel_error", Json::number(r.error, "%.3e")).set("tolerance", Json::number(r.tolerance, "%.3e"));
+  j.set("tflops", Json::number(r.tflops, "%.2f")).set("gbps", Json::number(r.gbps, "%.1f"));
+  j.set("source", r.source);
+  add_members(j, r.model);
+  return j;
+}
+
+}  // namespace
+
+void write_results(const std::vector<Row>& rows, const std::string& dir, const std::string& name) {
   make_dirs(dir);
-  std::ofstream js(dir + "/" + suite + ".json"), csv(dir + "/" + suite + ".csv");
+  std::ofstream js(dir + "/" + name + ".json"), csv(dir + "/" + name + ".csv");
   if (!js || !csv) throw Error("bench", "out dir", "a writable folder", dir);
   csv << "suite,device,backend,kind,dtype,M,K,N,pattern,target_density,density,dense_ms,dense_p20,"
          "dense_p80,gate_ms,twell_ms,twell_p20,twell_p80,speedup,routed_rows,ran_dense,rel_error,"
          "tolerance,tflops,gbps,source\n";
-  js << "[\n";
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
+  std::vector<testing::Json> json;
+  for (const Row& r : rows) {
     const ProblemSpec& s = r.spec;
     char line[4096];
     std::snprintf(line, sizeof line,
                   "%s,%s,%s,%s,%s,%lld,%lld,%lld,%s,%.5f,%.5f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,"
-                  "%.3f,%lld,%d,%.3e,%.3e,%.2f,%.1f,%s\n",
+                  "%.3f,%lld,%d,%.3e,%.3e,%.2f,%.1f,",
                   r.suite.c_str(), csv_field(r.device).c_str(), r.backend.c_str(), ffn_kind_name(s.kind),
                   dtype_name(s.dtype), (long long)s.m, (long long)s.k, (long long)s.n,
                   testing::pattern_name(s.pattern), s.density, r.density, r.dense.median, r.dense.p20,
                   r.dense.p80, r.gate.median, r.twell.median, r.twell.p20, r.twell.p80, r.speedup,
-                  (long long)r.routed_rows, int(r.ran_dense), r.error, r.tolerance, r.tflops, r.gbps,
-                  csv_field(r.source).c_str());
-    csv << line;
-    std::snprintf(line, sizeof line,
-                  "  {\"suite\": \"%s\", \"device\": \"%s\", \"backend\": \"%s\", \"kind\": \"%s\", "
-                  "\"dtype\": \"%s\", \"M\": %lld, \"K\": %lld, \"N\": %lld, \"pattern\": \"%s\", "
-                  "\"target_density\": %.5f, \"density\": %.5f, \"dense_ms\": {\"median\": %.4f, "
-                  "\"p20\": %.4f, \"p80\": %.4f}, \"gate_ms\": {\"median\": %.4f, \"p20\": %.4f, "
-                  "\"p80\": %.4f}, ",
-                  json_escape(r.suite).c_str(), json_escape(r.device).c_str(), r.backend.c_str(),
-                  ffn_kind_name(s.kind), dtype_name(s.dtype), (long long)s.m, (long long)s.k,
-                  (long long)s.n, testing::pattern_name(s.pattern), s.density, r.density,
-                  r.dense.median, r.dense.p20, r.dense.p80, r.gate.median, r.gate.p20, r.gate.p80);
-    js << line;
-    std::snprintf(line, sizeof line,
-                  "\"twell_ms\": {\"median\": %.4f, \"p20\": %.4f, \"p80\": %.4f}, \"speedup\": %.3f, "
-                  "\"routed_rows\": %lld, \"ran_dense\": %s, \"rel_error\": %.3e, \"tolerance\": "
-                  "%.3e, \"tflops\": %.2f, \"gbps\": %.1f, \"source\": \"%s\"",
-                  r.twell.median, r.twell.p20, r.twell.p80, r.speedup, (long long)r.routed_rows,
-                  r.ran_dense ? "true" : "false", r.error, r.tolerance, r.tflops, r.gbps,
-                  json_escape(r.source).c_str());
-    js << line << r.model << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+                  (long long)r.routed_rows, int(r.ran_dense), r.error, r.tolerance, r.tflops, r.gbps);
+    csv << line << csv_field(r.source) << "\n";
+    json.push_back(row_json(r));
   }
-  js << "]\n";
+  js << json_rows(json);
+  if (!js || !csv) throw Error("bench", "out dir", "a complete write of the results", dir);
 }
 
 void print_table(const std::vector<Row>& rows, std::ostream& out) {

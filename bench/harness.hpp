@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "json.hpp"    // testing/json.hpp: the one JSON writer
 #include "runner.hpp"  // testing/runner.hpp: the Runner interface the harness times through
 #include "twell/ffn.hpp"
 #include "workload.hpp"
@@ -35,7 +36,7 @@ struct Row {
   double tflops = 0;           // dense-equivalent FLOPs / twell time
   double gbps = 0;             // x + y + all weights bytes / twell time
   std::string source;          // captured problems: "<folder> layer <i>"; empty: generated
-  std::string model;           // captured: the model behind it (Cases::model), JSON members
+  testing::Json model = testing::Json::object();  // captured: the model behind it (Cases::model)
 };
 
 struct Options {
@@ -69,8 +70,8 @@ class Cases {
   testing::Problem load(size_t i) const;
   std::string source(size_t i) const;  // "<folder> layer <i>"; empty for generated cases
   // Captured: what the capture's manifest says of the model (checkpoint, its L1 coefficient and
-  // training log, the layer's densest token) as JSON members for a row; empty otherwise.
-  std::string model(size_t i) const;
+  // training log, the layer's densest token) as members for a row; an empty object otherwise.
+  testing::Json model(size_t i) const;
   std::string name(size_t i) const;    // for progress lines: the source, or the spec
 
  private:
@@ -85,16 +86,22 @@ std::vector<testing::ProblemSpec> suite_cases(const std::string& suite, bool cud
 bool use_cuda(const Options& o);
 // Runs the suite, printing a progress line per case to `progress`; returns the rows.
 std::vector<Row> run(const Options& o, std::ostream& progress);
-// Writes <dir>/<suite>.json and <dir>/<suite>.csv.
-void write_results(const std::vector<Row>& rows, const std::string& dir, const std::string& suite);
+// The results files' name (without extension): the suite's, or for a custom case (suite custom,
+// or one case of the training or decode suite) the suite and the case's parameters, so that each
+// case keeps its own files ("custom-gated-bfloat16-m256-k2048-n5632-heavy_tailed-d0.005").
+std::string result_name(const Options& o);
+// Writes <dir>/<name>.json and <dir>/<name>.csv.
+void write_results(const std::vector<Row>& rows, const std::string& dir, const std::string& name);
 void print_table(const std::vector<Row>& rows, std::ostream& out);
 std::string device_slug(const std::string& device);  // "NVIDIA H100 80GB HBM3" -> "h100"
 
 Timing summarize(std::vector<double> ms);
 
-// Shared by the suites' writers.
+// Shared by the suites' writers. Every JSON file is written through testing::Json (json.hpp).
 void make_dirs(const std::string& path);
 std::string csv_field(const std::string& s);   // quoted, inner quotes doubled
-std::string json_escape(const std::string& s);
+std::string json_rows(const std::vector<testing::Json>& rows);  // a JSON array, a row per line
+testing::Json timing_json(const Timing& t);    // {"median", "p20", "p80"}, milliseconds
+void add_members(testing::Json& row, const testing::Json& more);  // more's members into row
 
 }  // namespace twell::bench

@@ -5,7 +5,7 @@ the first of --densities). For each M of --m, each layer's input is its own MLP 
 forward of the model over the first M input tokens, and one CUDA graph per way holds one call of
 each layer's FFN in turn (each layer its own weights, cold in L2: a decoding step's FFNs):
   dense  the model's own MLP (cuBLAS GEMMs and an elementwise kernel)
-  plan   twell.InferencePlan.run_addresses: the C++ plan of each layer's twell module, no torch op
+  plan   twell.InferencePlan._run_addresses: the C++ plan of each layer's twell module, no torch op
   op     torch.ops.twell.ffn (what twell's modules and compiled graphs call)
 Each way first runs eagerly until dispatch has settled, then is captured once. A sample replays one
 graph after an L2 flush and is timed by CUDA events; the ways alternate sample by sample. Rows
@@ -90,8 +90,8 @@ def plan_calls(mlps, xs):
     def run():
         stream = torch.cuda.current_stream().cuda_stream
         for plan, x, (y, counters, ws), nbytes in calls:
-            plan.run_addresses(x.data_ptr(), y.data_ptr(), x.shape[0], counters.data_ptr(),
-                               ws.data_ptr(), nbytes, stream)
+            plan._run_addresses(x.data_ptr(), y.data_ptr(), x.shape[0], counters.data_ptr(),
+                                ws.data_ptr(), nbytes, stream)
     return run, [c[0] for c in calls]
 
 

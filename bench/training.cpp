@@ -49,9 +49,32 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-std::string timing_json(const Timing& t) {
-  return "{\"median\": " + fmt("%.4f", t.median) + ", \"p20\": " + fmt("%.4f", t.p20) +
-         ", \"p80\": " + fmt("%.4f", t.p80) + "}";
+// A row as JSON (a NaN difference, an output left unwritten, is null).
+testing::Json row_json(const TrainingRow& r) {
+  using testing::Json;
+  const ProblemSpec& s = r.spec;
+  Json j = Json::object();
+  j.set("suite", r.suite).set("device", r.device).set("backend", r.backend).set("kind", ffn_kind_name(s.kind));
+  j.set("dtype", dtype_name(s.dtype)).set("M", s.m).set("K", s.k).set("N", s.n);
+  j.set("pattern", testing::pattern_name(s.pattern)).set("target_density", Json::number(s.density, "%.5f"));
+  j.set("density", Json::number(r.density, "%.5f")).set("l0", Json::number(r.l0, "%.3f"));
+  j.set("l1", Json::number(r.l1, "%.5g")).set("l1_coef", Json::number(r.l1_coef, "%.3g"));
+  j.set("dense_ms", timing_json(r.dense)).set("twell_ms", timing_json(r.twell));
+  j.set("speedup", Json::number(r.speedup, "%.3f"));
+  j.set("saved_bytes_dense", r.dense_mem.saved).set("saved_bytes_twell", r.twell_mem.saved);
+  j.set("saved_ratio", Json::number(r.saved_ratio, "%.3f"));
+  j.set("peak_bytes_dense", r.dense_mem.peak).set("peak_bytes_twell", r.twell_mem.peak);
+  j.set("peak_ratio", Json::number(r.peak_ratio, "%.3f")).set("routed_rows", r.routed_rows).set("path", r.path);
+  Json diff = Json::object();
+  diff.set("y", Json::number(r.diff_y, "%.3e")).set("dx", Json::number(r.diff_dx, "%.3e"));
+  diff.set("dgate", Json::number(r.diff_dgate, "%.3e")).set("dup", Json::number(r.diff_dup, "%.3e"));
+  diff.set("ddown", Json::number(r.diff_ddown, "%.3e"));
+  j.set("rel_diff", diff).set("grad_rel_diff", Json::number(r.grad_rel_diff, "%.3e"));
+  j.set("grad_tolerance", Json::number(r.grad_tolerance, "%.3e"));
+  j.set("dense_tflops", Json::number(r.dense_tflops, "%.2f")).set("twell_tflops", Json::number(r.twell_tflops, "%.2f"));
+  j.set("source", r.source);
+  add_members(j, r.model);
+  return j;
 }
 
 }  // namespace
@@ -212,18 +235,17 @@ std::vector<TrainingRow> run_training(const Options& o, std::ostream& progress,
 }
 
 void write_training_results(const std::vector<TrainingRow>& rows, const std::string& dir,
-                            const std::string& suite) {
+                            const std::string& name) {
   make_dirs(dir);
-  std::ofstream js(dir + "/" + suite + ".json"), csv(dir + "/" + suite + ".csv");
+  std::ofstream js(dir + "/" + name + ".json"), csv(dir + "/" + name + ".csv");
   if (!js || !csv) throw Error("bench", "out dir", "a writable folder", dir);
   csv << "suite,device,backend,kind,dtype,M,K,N,pattern,target_density,density,l0,l1,l1_coef,"
          "dense_ms,dense_p20,dense_p80,twell_ms,twell_p20,twell_p80,speedup,saved_bytes_dense,"
          "saved_bytes_twell,saved_ratio,peak_bytes_dense,peak_bytes_twell,peak_ratio,routed_rows,path,"
          "diff_y,diff_dx,diff_dgate,diff_dup,diff_ddown,grad_rel_diff,grad_tolerance,dense_tflops,"
          "twell_tflops,source\n";
-  js << "[\n";
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const TrainingRow& r = rows[i];
+  std::vector<testing::Json> json;
+  for (const TrainingRow& r : rows) {
     const ProblemSpec& s = r.spec;
     const auto bytes = [](size_t b) { return std::to_string(b); };
     std::ostringstream c;
@@ -240,31 +262,10 @@ void write_training_results(const std::vector<TrainingRow>& rows, const std::str
       << "," << fmt("%.3e", r.grad_rel_diff) << "," << fmt("%.3e", r.grad_tolerance) << ","
       << fmt("%.2f", r.dense_tflops) << "," << fmt("%.2f", r.twell_tflops) << "," << csv_field(r.source) << "\n";
     csv << c.str();
-    // JSON has no NaN: a NaN difference (an output left unwritten) is written as null.
-    const auto num = [](const char* f, double v) { return std::isfinite(v) ? fmt(f, v) : std::string("null"); };
-    std::ostringstream j;
-    j << "  {\"suite\": \"" << json_escape(r.suite) << "\", \"device\": \"" << json_escape(r.device)
-      << "\", \"backend\": \"" << r.backend << "\", \"kind\": \"" << ffn_kind_name(s.kind) << "\", \"dtype\": \""
-      << dtype_name(s.dtype) << "\", \"M\": " << s.m << ", \"K\": " << s.k << ", \"N\": " << s.n
-      << ", \"pattern\": \"" << testing::pattern_name(s.pattern) << "\", \"target_density\": "
-      << fmt("%.5f", s.density) << ", \"density\": " << num("%.5f", r.density) << ", \"l0\": "
-      << num("%.3f", r.l0) << ", \"l1\": " << num("%.5g", r.l1) << ", \"l1_coef\": " << fmt("%.3g", r.l1_coef)
-      << ", \"dense_ms\": " << timing_json(r.dense) << ", \"twell_ms\": " << timing_json(r.twell)
-      << ", \"speedup\": " << num("%.3f", r.speedup) << ", \"saved_bytes_dense\": " << r.dense_mem.saved
-      << ", \"saved_bytes_twell\": " << r.twell_mem.saved << ", \"saved_ratio\": " << num("%.3f", r.saved_ratio)
-      << ", \"peak_bytes_dense\": " << r.dense_mem.peak << ", \"peak_bytes_twell\": " << r.twell_mem.peak
-      << ", \"peak_ratio\": " << num("%.3f", r.peak_ratio) << ", \"routed_rows\": " << r.routed_rows
-      << ", \"path\": \"" << r.path << "\""
-      << ", \"rel_diff\": {\"y\": " << num("%.3e", r.diff_y) << ", \"dx\": " << num("%.3e", r.diff_dx)
-      << ", \"dgate\": " << num("%.3e", r.diff_dgate) << ", \"dup\": " << num("%.3e", r.diff_dup)
-      << ", \"ddown\": " << num("%.3e", r.diff_ddown) << "}, \"grad_rel_diff\": "
-      << num("%.3e", r.grad_rel_diff) << ", \"grad_tolerance\": " << fmt("%.3e", r.grad_tolerance)
-      << ", \"dense_tflops\": " << num("%.2f", r.dense_tflops) << ", \"twell_tflops\": "
-      << num("%.2f", r.twell_tflops) << ", \"source\": \"" << json_escape(r.source) << "\"" << r.model << "}"
-      << (i + 1 < rows.size() ? "," : "") << "\n";
-    js << j.str();
+    json.push_back(row_json(r));
   }
-  js << "]\n";
+  js << json_rows(json);
+  if (!js || !csv) throw Error("bench", "out dir", "a complete write of the results", dir);
 }
 
 void print_training_table(const std::vector<TrainingRow>& rows, std::ostream& out) {

@@ -46,7 +46,7 @@ struct TrainingRow {
   double grad_rel_diff = -1, grad_tolerance = 0;
   double dense_tflops = 0, twell_tflops = 0;  // 18 M K N (gated step) / time
   std::string source;            // captured layers: "<folder> layer <i>"; empty: generated
-  std::string model;             // captured: the model behind it (Cases::model), JSON members
+  testing::Json model = testing::Json::object();  // captured: the model behind it (Cases::model)
   bool ok() const { return grad_rel_diff <= grad_tolerance; }  // false for NaN
 };
 
@@ -107,7 +107,7 @@ std::vector<uint8_t> make_upstream_gradient(const testing::ProblemSpec& s);
 std::vector<TrainingRow> run_training(const Options& o, std::ostream& progress,
                                       std::vector<std::string>* errors = nullptr);
 void write_training_results(const std::vector<TrainingRow>& rows, const std::string& dir,
-                            const std::string& suite);
+                            const std::string& name);
 void print_training_table(const std::vector<TrainingRow>& rows, std::ostream& out);
 
 }  // namespace twell::bench

@@ -2,10 +2,11 @@
 
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <limits>
+#include <new>
 #include <string>
 
+#include "input_file.hpp"
 #include "twell/error.hpp"
 
 namespace twell::testing {
@@ -41,22 +42,29 @@ std::string header_value(const std::string& h, const std::string& key) {
   return h.substr(i, end - i);
 }
 
-// "(3, 4)" -> {3, 4}; anything but two non-negative integers -> false.
+// "(3, 4)" -> {3, 4}: a Python tuple of two non-negative integers (spaces around each, a trailing
+// comma, an L suffix as Python 2 wrote longs); anything else, a space inside a number among it,
+// -> false.
 bool parse_shape(const std::string& s, int64_t& rows, int64_t& cols) {
   if (s.size() < 2 || s.front() != '(' || s.back() != ')') return false;
   std::vector<int64_t> dims;
-  std::string cur;
-  for (size_t i = 1; i + 1 <= s.size(); ++i) {
-    const char c = i + 1 == s.size() ? ',' : s[i];
-    if (c >= '0' && c <= '9') {
-      if (cur.size() > 15) return false;
-      cur += c;
-    } else if (c == ',') {
-      if (!cur.empty()) dims.push_back(std::stoll(cur));
-      cur.clear();
-    } else if (c != ' ' && c != 'L') {
-      return false;
-    }
+  size_t i = 1;
+  const size_t end = s.size() - 1;
+  auto skip_spaces = [&] {
+    while (i < end && s[i] == ' ') ++i;
+  };
+  while (true) {
+    skip_spaces();
+    if (i == end) break;  // "()" or a trailing comma
+    std::string digits;
+    while (i < end && s[i] >= '0' && s[i] <= '9') digits += s[i++];
+    if (digits.empty() || digits.size() > 15) return false;
+    dims.push_back(std::stoll(digits));
+    if (i < end && s[i] == 'L') ++i;
+    skip_spaces();
+    if (i == end) break;
+    if (s[i] != ',') return false;  // "3 4": a space inside a number is no separator
+    ++i;
   }
   if (dims.size() != 2) return false;
   rows = dims[0];
@@ -68,26 +76,21 @@ std::string layer_file(const std::string& dir, int layer, const char* what) {
   return dir + "/layer" + std::to_string(layer) + "." + what + ".npy";
 }
 
-bool exists(const std::string& path) { return std::ifstream(path).good(); }
-
-}  // namespace
-
-NpyArray read_npy(const std::string& path) {
+// An .npy file's header: its dtype and 2-D shape; `file` is left at the first data byte.
+NpyArray read_npy_header(InputFile& f, const std::string& path) {
   const char* op = "read_npy";
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(op, "file", "a readable .npy file", path);
   char magic[kMagicBytes + 2] = {};
   if (!f.read(magic, sizeof magic) || std::memcmp(magic, kMagic, kMagicBytes) != 0)
     throw Error(op, path, "the .npy magic \\x93NUMPY", "other bytes");
   const int major = uint8_t(magic[6]);
   if (major < 1 || major > 3) throw Error(op, path, ".npy format 1.0 to 3.0", std::to_string(major) + ".x");
-  uint32_t header_bytes = 0;
   unsigned char len[4] = {};
-  if (!f.read(reinterpret_cast<char*>(len), major == 1 ? 2 : 4)) throw Error(op, path, "a header length", "end of file");
-  header_bytes = major == 1 ? uint32_t(len[0] | len[1] << 8) : uint32_t(len[0] | len[1] << 8 | len[2] << 16 | len[3] << 24);
+  if (!f.read(len, major == 1 ? 2 : 4)) throw Error(op, path, "a header length", "end of file");
+  const uint32_t header_bytes =
+      major == 1 ? uint32_t(len[0] | len[1] << 8) : uint32_t(len[0] | len[1] << 8 | len[2] << 16 | uint32_t(len[3]) << 24);
   if (header_bytes > (1u << 20)) throw Error(op, path, "a header under 1 MiB", std::to_string(header_bytes) + " bytes");
   std::string header(header_bytes, '\0');
-  if (!f.read(&header[0], header_bytes)) throw Error(op, path, "the whole header", "end of file");
+  if (header_bytes > 0 && !f.read(&header[0], header_bytes)) throw Error(op, path, "the whole header", "end of file");
 
   NpyArray a;
   const std::string descr = header_value(header, "descr");
@@ -98,21 +101,35 @@ NpyArray read_npy(const std::string& path) {
   if (header_value(header, "fortran_order") != "False")
     throw Error(op, path, "C order (fortran_order False)", header_value(header, "fortran_order"));
   if (!parse_shape(header_value(header, "shape"), a.rows, a.cols))
-    throw Error(op, path, "a 2-D shape", header_value(header, "shape"));
+    throw Error(op, path, "a 2-D shape (two non-negative integers)", header_value(header, "shape"));
   const size_t es = dtype_size(a.dtype);
   if (a.cols != 0 && uint64_t(a.rows) > std::numeric_limits<uint64_t>::max() / 4 / uint64_t(a.cols))
     throw Error(op, path, "a shape whose bytes fit in 64 bits", header_value(header, "shape"));
   const uint64_t want = uint64_t(a.rows) * uint64_t(a.cols) * es;
-  const std::streampos data_at = f.tellg();
-  f.seekg(0, std::ios::end);
-  const uint64_t have = uint64_t(f.tellg() - data_at);
-  if (have < want)
-    throw Error(op, path, std::to_string(want) + " data bytes for its shape", std::to_string(have));
-  f.seekg(data_at);
-  a.bytes.resize(size_t(want));
-  if (want > 0 && !f.read(reinterpret_cast<char*>(a.bytes.data()), std::streamsize(want)))
-    throw Error(op, path, std::to_string(want) + " readable data bytes", "a read error");
+  const uint64_t have = f.size() - f.offset();
+  if (have < want) throw Error(op, path, std::to_string(want) + " data bytes for its shape", std::to_string(have));
   return a;
+}
+
+}  // namespace
+
+NpyArray read_npy(const std::string& path) {
+  InputFile f(path, "read_npy");
+  NpyArray a = read_npy_header(f, path);
+  const uint64_t want = uint64_t(a.rows) * uint64_t(a.cols) * dtype_size(a.dtype);
+  try {
+    a.bytes.resize(size_t(want));
+  } catch (const std::bad_alloc&) {
+    throw Error("read_npy", path, "memory for its " + std::to_string(want) + " data bytes", "allocation failed");
+  }
+  if (want > 0 && !f.read(a.bytes.data(), want))
+    throw Error("read_npy", path, std::to_string(want) + " readable data bytes", "a read error");
+  return a;
+}
+
+NpyArray read_npy_shape(const std::string& path) {
+  InputFile f(path, "read_npy");
+  return read_npy_header(f, path);
 }
 
 void write_npy(const std::string& path, const NpyArray& a) {
@@ -135,85 +152,83 @@ void write_npy(const std::string& path, const NpyArray& a) {
 
 namespace {
 
-// The JSON value of a top-level `key` in `doc` as written (a string with its quotes, a number,
-// null, or an array with its brackets); "null" where the key is absent. Enough for the manifest
-// python -m twell.capture writes (no nesting inside the values read).
-std::string json_member(const std::string& doc, const std::string& key) {
-  const std::string quoted = "\"" + key + "\"";
-  size_t at = doc.find(quoted);
-  if (at == std::string::npos) return "null";
-  at = doc.find(':', at + quoted.size());
-  if (at == std::string::npos) return "null";
-  at = doc.find_first_not_of(" \t\r\n", at + 1);
-  if (at == std::string::npos) return "null";
-  size_t end = at;
-  if (doc[at] == '"') {
-    for (end = at + 1; end < doc.size() && doc[end] != '"'; ++end)
-      if (doc[end] == '\\') ++end;
-    return doc.substr(at, end + 1 - at);
+// Layer i's headers (or whole arrays) against each other: x [M >= 1, K >= 1], the weights [N >= 1,
+// K] each (down transposed), one dtype.
+void check_layer(int layer, const NpyArray& x, const NpyArray& up, const NpyArray& down, const NpyArray* gate) {
+  const char* op = "load_capture";
+  const std::string name = "layer " + std::to_string(layer);
+  auto shape = [](const NpyArray& a) { return "[" + std::to_string(a.rows) + ", " + std::to_string(a.cols) + "]"; };
+  if (x.rows < 1 || x.cols < 1) throw Error(op, name + " x", "[M, K] with at least one row and column", shape(x));
+  for (const NpyArray* w : {&up, &down, gate}) {
+    if (w == nullptr) continue;
+    if (w->dtype != x.dtype)
+      throw Error(op, name + " weights", std::string("dtype ") + dtype_name(x.dtype) + " as x", dtype_name(w->dtype));
+    if (w->rows != up.rows || w->cols != x.cols || up.rows < 1)
+      throw Error(op, name + " weights",
+                  "[N, K] = [" + std::to_string(up.rows) + ", " + std::to_string(x.cols) +
+                      "] each, N >= 1 (down transposed)",
+                  shape(*w));
   }
-  if (doc[at] == '[') {
-    end = doc.find(']', at);
-    return end == std::string::npos ? "null" : doc.substr(at, end + 1 - at);
-  }
-  end = doc.find_first_of(",}\r\n", at);
-  std::string v = doc.substr(at, end == std::string::npos ? std::string::npos : end - at);
-  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.pop_back();
-  return v.empty() ? "null" : v;
 }
 
-// Element i of a flat JSON array as written ("null" past its end or for anything else).
-std::string json_item(const std::string& array, int i) {
-  if (array.size() < 2 || array.front() != '[') return "null";
-  size_t at = 1;
-  for (int k = 0; k < i; ++k) {
-    at = array.find(',', at);
-    if (at == std::string::npos) return "null";
-    ++at;
-  }
-  size_t end = array.find_first_of(",]", at);
-  std::string v = array.substr(at, end - at);
-  const size_t a = v.find_first_not_of(" \t\r\n"), b = v.find_last_not_of(" \t\r\n");
-  return a == std::string::npos ? "null" : v.substr(a, b + 1 - a);
+// Whether layer i has a gate weight: its file is there (a file that is there but not a regular
+// file is refused when read).
+bool has_gate(const std::string& dir, int layer) {
+  return path_kind(layer_file(dir, layer, "gate")) != PathKind::missing;
+}
+
+// manifest.json of a capture as a JSON object; null when the folder has none.
+Json read_manifest(const std::string& dir) {
+  const char* op = "load_capture";
+  const std::string path = dir + "/manifest.json";
+  if (path_kind(path) == PathKind::missing) return Json();
+  constexpr uint64_t kMaxManifest = uint64_t(16) << 20;  // python -m twell.capture writes a few KB
+  InputFile f(path, op);
+  const Json doc = parse_json(f.read_rest(kMaxManifest), op, path);
+  if (doc.kind() != Json::Kind::object) throw Error(op, path, "a JSON object", "another JSON value");
+  return doc;
 }
 
 }  // namespace
 
-std::string capture_model_fields(const std::string& dir, int layer) {
-  std::ifstream f(dir + "/manifest.json");
-  if (!f) return "";
-  const std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  return ", \"checkpoint\": " + json_member(doc, "checkpoint") + ", \"checkpoint_l1_coef\": " +
-         json_member(doc, "l1_coef") + ", \"train_log\": " + json_member(doc, "train_log") +
-         ", \"max_row_active\": " + json_item(json_member(doc, "max_row_active"), layer);
+Json capture_model(const std::string& dir, int layer) {
+  const Json doc = read_manifest(dir);
+  Json model = Json::object();
+  if (doc.is_null()) return model;
+  model.set("checkpoint", doc["checkpoint"]);
+  model.set("checkpoint_l1_coef", doc["l1_coef"]);
+  model.set("train_log", doc["train_log"]);
+  model.set("max_row_active", doc["max_row_active"][size_t(layer)]);
+  return model;
 }
 
 int captured_layers(const std::string& dir) {
+  const char* op = "load_capture";
+  const std::string want = "a folder of `python -m twell.capture` (layer0.x.npy, ...)";
+  const PathKind kind = path_kind(dir);
+  if (kind != PathKind::directory)
+    throw Error(op, "folder", want, dir + (kind == PathKind::missing ? " does not exist" : " is not a folder"));
   int n = 0;
-  while (exists(layer_file(dir, n, "x"))) ++n;
-  if (n == 0)
-    throw Error("load_capture", "folder", "layer0.x.npy and the other files of `python -m twell.capture`",
-                dir + " holds no layer0.x.npy");
+  while (path_kind(layer_file(dir, n, "x")) != PathKind::missing) ++n;
+  if (n == 0) throw Error(op, "folder", want, dir + " holds no layer0.x.npy");
+  for (int i = 0; i < n; ++i) {  // every header, before any layer runs
+    const NpyArray x = read_npy_shape(layer_file(dir, i, "x"));
+    const NpyArray up = read_npy_shape(layer_file(dir, i, "up"));
+    const NpyArray down = read_npy_shape(layer_file(dir, i, "down"));
+    const NpyArray gate = has_gate(dir, i) ? read_npy_shape(layer_file(dir, i, "gate")) : NpyArray{};
+    check_layer(i, x, up, down, has_gate(dir, i) ? &gate : nullptr);
+  }
+  read_manifest(dir);
   return n;
 }
 
 Problem load_captured_layer(const std::string& dir, int layer, int64_t max_rows) {
-  const char* op = "load_capture";
   NpyArray x = read_npy(layer_file(dir, layer, "x"));
   NpyArray up = read_npy(layer_file(dir, layer, "up"));
   NpyArray down = read_npy(layer_file(dir, layer, "down"));
-  const std::string gate_path = layer_file(dir, layer, "gate");
-  const bool gated = exists(gate_path);
-  NpyArray gate = gated ? read_npy(gate_path) : NpyArray{};
-  for (const NpyArray* w : {&up, &down, gated ? &gate : &up}) {
-    if (w->dtype != x.dtype)
-      throw Error(op, "layer " + std::to_string(layer) + " weights", std::string("dtype ") + dtype_name(x.dtype) + " as x",
-                  dtype_name(w->dtype));
-    if (w->rows != up.rows || w->cols != x.cols)
-      throw Error(op, "layer " + std::to_string(layer) + " weights",
-                  "[N, K] = [" + std::to_string(up.rows) + ", " + std::to_string(x.cols) + "] each (down transposed)",
-                  "[" + std::to_string(w->rows) + ", " + std::to_string(w->cols) + "]");
-  }
+  const bool gated = has_gate(dir, layer);
+  NpyArray gate = gated ? read_npy(layer_file(dir, layer, "gate")) : NpyArray{};
+  check_layer(layer, x, up, down, gated ? &gate : nullptr);
   const int64_t rows = max_rows > 0 && max_rows < x.rows ? max_rows : x.rows;
   x.bytes.resize(size_t(rows * x.cols) * dtype_size(x.dtype));
   Problem p;

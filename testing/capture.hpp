@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "json.hpp"
 #include "workload.hpp"
 
 namespace twell::testing {
@@ -20,22 +21,27 @@ struct NpyArray {
   int64_t rows = 0, cols = 0;
   std::vector<uint8_t> bytes;
 };
-// Throws Error naming the file for anything but a 2-D C-order array of the three dtypes above, or
-// a file shorter than its header says.
+// Throws Error naming the file for anything but a regular file holding a 2-D C-order array of the
+// three dtypes above, or a file shorter than its header says.
 NpyArray read_npy(const std::string& path);
+// The same checks, reading the header only: the dtype and shape, no bytes.
+NpyArray read_npy_shape(const std::string& path);
 // Writes a 2-D array in the same format (tests; the capture side is Python's).
 void write_npy(const std::string& path, const NpyArray& a);
 
 // Layer i of a capture as a Problem (spec.pattern == captured, spec.density == 0: measured by the
 // run), its x cut to the first max_rows rows (0: all). Throws Error naming the file or the
-// mismatch (shapes, dtypes) when the layer's files do not describe one FFN.
+// mismatch (shapes, dtypes, an x of no rows) when the layer's files do not describe one FFN.
 Problem load_captured_layer(const std::string& dir, int layer, int64_t max_rows = 0);
-// The layers a capture folder holds (layer0 .. layer{L-1}); Error if it holds none.
+// The layers a capture folder holds (layer0 .. layer{L-1}), every one of them checked from its
+// files' headers as load_captured_layer checks it, and manifest.json (when there) read: Error if
+// the folder is not one, holds no layer, or any of that fails.
 int captured_layers(const std::string& dir);
-// What the capture's manifest.json says of the model behind layer i, as JSON object members for a
-// result row: ', "checkpoint": ..., "checkpoint_l1_coef": ..., "train_log": ...,
-// "max_row_active": ...' (each value copied as the manifest writes it; null where it has none; the
-// last one its per-layer entry). Empty without a manifest.json.
-std::string capture_model_fields(const std::string& dir, int layer);
+// What the capture's manifest.json says of the model behind layer i, as an object for a result
+// row: {"checkpoint", "checkpoint_l1_coef" (its "l1_coef"), "train_log", "max_row_active" (its
+// entry for layer i)}, each value as the manifest holds it (null where it has none). An empty
+// object without a manifest.json; Error when the manifest is not a regular file holding a JSON
+// object.
+Json capture_model(const std::string& dir, int layer);
 
 }  // namespace twell::testing

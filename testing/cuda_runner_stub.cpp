@@ -5,7 +5,7 @@
 namespace twell::testing {
 
 std::unique_ptr<Runner> make_cuda_runner() {
-  throw Error("bench", "backend", "cpu (this build has no CUDA backend)", "cuda");
+  throw Error("make_cuda_runner", "backend", "cpu (this build has no CUDA backend)", "cuda");
 }
 
 }  // namespace twell::testing

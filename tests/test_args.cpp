@@ -45,9 +45,9 @@ TEST(ArgsOverlap, PartialOverlapsRaiseAndAdjacentBuffersRun) {
   std::memcpy(buf.data(), p.x.data(), p.x.size());
   const TensorView x = rows_at(buf, 0, kM);
   expect_named_error([&] { plan.run({x, rows_at(buf, kM - 1, kM), {}}); }, "y", "no overlap with x");
-  TensorView one_byte = rows_at(buf, kM, kM);
-  one_byte.data = reinterpret_cast<char*>(one_byte.data) - 1;
-  expect_named_error([&] { plan.run({x, one_byte, {}}); }, "y", "no overlap with x");
+  TensorView one_float = rows_at(buf, kM, kM);
+  one_float.data = reinterpret_cast<char*>(one_float.data) - sizeof(float);
+  expect_named_error([&] { plan.run({x, one_float, {}}); }, "y", "no overlap with x");
   TensorView on_down = rows_at(buf, kM, kM);
   on_down.data = p.down.data() + 4;  // inside the down weight
   expect_named_error([&] { plan.run({x, on_down, {}}); }, "y", "no overlap with down weight");
@@ -69,13 +69,15 @@ TEST(ArgsOverlap, CallerWorkspaceMustNotOverlapOutputsOrInputs) {
   ASSERT_GT(need, 0u);
   std::vector<uint8_t> buf(need + y.size() * 4);
   const InferenceArgs in_buf{p.x_view(), TensorView::matrix(buf.data(), DType::f32, kM, kK), {}};
-  expect_named_error([&] { plan.run(in_buf, nullptr, buf.data() + 4, need); }, "y", "no overlap with workspace");
+  const size_t align = 16;  // a caller workspace's alignment
+  expect_named_error([&] { plan.run(in_buf, nullptr, buf.data() + align, need); }, "y", "no overlap with workspace");
   std::vector<uint8_t> x_then_workspace(p.x.size() + need);
   std::memcpy(x_then_workspace.data(), p.x.data(), p.x.size());
   const InferenceArgs x_in_buf{TensorView::matrix(x_then_workspace.data(), DType::f32, kM, kK), args.y, {}};
-  uint8_t* last_x_float = x_then_workspace.data() + p.x.size() - 4;
-  expect_named_error([&] { plan.run(x_in_buf, nullptr, last_x_float, need); }, "workspace", "no overlap with x");
-  plan.run(x_in_buf, nullptr, last_x_float + 4, need);
+  ASSERT_EQ(p.x.size() % align, 0u);
+  uint8_t* last_x_bytes = x_then_workspace.data() + p.x.size() - align;
+  expect_named_error([&] { plan.run(x_in_buf, nullptr, last_x_bytes, need); }, "workspace", "no overlap with x");
+  plan.run(x_in_buf, nullptr, last_x_bytes + align, need);
   plan.run(in_buf, nullptr, buf.data() + y.size() * 4, need);
 }
 
@@ -243,6 +245,61 @@ TEST(ArgsShapes, EmptyBatchInferenceOverlapsNothing) {
   EXPECT_EQ(counters[0], 0);
   EXPECT_EQ(counters[1], 0);
   EXPECT_EQ(plan.last_run().rows, 0);
+}
+
+// A buffer at an address its element type does not divide: read as that type it would be
+// undefined behaviour (UBSan reports it), so every op refuses it, naming the argument.
+TensorView shifted(TensorView t, size_t bytes) {
+  t.data = static_cast<char*>(t.data) + bytes;
+  return t;
+}
+
+TEST(ArgsAlignment, MisalignedInferenceBuffersRaise) {
+  Problem p = small(110);
+  InferencePlan plan(p.weights(), sparse());
+  std::vector<float> xs(kM * kK + 4), ys(kM * kK + 4);
+  std::vector<int64_t> counters(3);
+  std::vector<uint8_t> ws(plan.workspace_bytes(kM) + 64);
+  const TensorView x = TensorView::matrix(xs.data(), DType::f32, kM, kK);
+  const TensorView y = TensorView::matrix(ys.data(), DType::f32, kM, kK);
+  const TensorView c = TensorView::vector(counters.data(), DType::i64, 2);
+  expect_named_error([&] { plan.run({shifted(x, 1), y, c}); }, "x", "aligned to 4 bytes");
+  expect_named_error([&] { plan.run({x, shifted(y, 2), c}); }, "y", "aligned to 4 bytes");
+  expect_named_error([&] { plan.run({x, y, shifted(c, 4)}); }, "counters", "aligned to 8 bytes");
+  EXPECT_FALSE(plan.can_run({shifted(x, 1), y, c}).ok);
+  expect_named_error([&] { plan.run({x, y, c}, nullptr, ws.data() + 4, ws.size() - 4); }, "workspace",
+                     "aligned to 16 bytes");
+  plan.run({x, y, c}, nullptr, ws.data() + 16, ws.size() - 16);
+  Problem q = small(111, DType::bf16);
+  FfnWeights w = q.weights();
+  w.up = shifted(w.up, 1);
+  expect_named_error([&] { InferencePlan bad(w); }, "up weight", "aligned to 2 bytes");
+}
+
+TEST(ArgsAlignment, MisalignedTrainingBuffersRaise) {
+  Problem p = small(112), dy = small(113);
+  TrainingPlan plan(p.weights());
+  SavedBuffer saved(plan, kM);
+  std::vector<float> ys(kM * kK + 1), stats(3), coef(2, 0.5f);
+  std::vector<uint8_t> ws(64);
+  const TensorView y = TensorView::matrix(ys.data(), DType::f32, kM, kK);
+  const TensorView st = TensorView::vector(stats.data(), DType::f32, 2);
+  expect_named_error([&] { plan.forward({p.x_view(), shifted(y, 2), st}, saved.view); }, "y", "aligned");
+  expect_named_error([&] { plan.forward({p.x_view(), y, shifted(st, 1)}, saved.view); }, "stats", "aligned");
+  TensorView wsv = TensorView::vector(ws.data() + 8, DType::u8, 32);
+  expect_named_error([&] { plan.forward({p.x_view(), y, st, wsv}, saved.view); }, "workspace", "aligned");
+  TwellView odd = saved.view;
+  odd.row_slot = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(odd.row_slot) + 2);
+  expect_named_error([&] { plan.forward({p.x_view(), y, st}, odd); }, "saved row_slot", "aligned to 4 bytes");
+  plan.forward({p.x_view(), y, st}, saved.view);
+  Grads g;
+  TrainingBackwardArgs b = g.args(dy);
+  b.dy = shifted(b.dy, 3);
+  expect_named_error([&] { plan.backward(b, p.x_view(), saved.view); }, "dy", "aligned");
+  b = g.args(dy);
+  b.l1_coef = shifted(TensorView::vector(coef.data(), DType::f32, 1), 2);
+  expect_named_error([&] { plan.backward(b, p.x_view(), saved.view); }, "l1_coef", "aligned");
+  plan.backward(g.args(dy), p.x_view(), saved.view);
 }
 
 }  // namespace

@@ -1,10 +1,18 @@
 // Captured problems (testing/capture.hpp): the .npy reader against the writer and against bad files,
 // and a captured layer run by the CPU plan against the oracle, as `twell bench --from` runs it.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <future>
+#include <iterator>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -197,8 +205,8 @@ TEST(Capture, TrainingSuiteRunsEveryLayer) {
     EXPECT_GT(r.density, 0);
     EXPECT_EQ(r.spec.density, r.density);
     EXPECT_TRUE(r.ok()) << "layer " << i << ": twell vs dense " << r.grad_rel_diff;
-    EXPECT_EQ(r.model, ", \"checkpoint\": \"c.pt\", \"checkpoint_l1_coef\": null, \"train_log\": null, "
-                       "\"max_row_active\": " + std::to_string(3 + i));
+    EXPECT_EQ(r.model.dump(), "{\"checkpoint\": \"c.pt\", \"checkpoint_l1_coef\": null, \"train_log\": null, "
+                              "\"max_row_active\": " + std::to_string(3 + i) + "}");
   }
   o.from_rows = 7;  // the first 7 rows of each layer
   const auto cut = bench::run_training(o, progress);
@@ -223,7 +231,7 @@ TEST(Capture, InferenceSuiteRunsEveryLayer) {
     EXPECT_EQ(rows[i].source, d.path() + " layer " + std::to_string(i));
     EXPECT_EQ(rows[i].spec.m, 30 + int64_t(i));
     EXPECT_GE(rows[i].tolerance, 0) << "layer " << i << ": error " << rows[i].error;
-    EXPECT_EQ(rows[i].model, "") << "no manifest.json: nothing to name";
+    EXPECT_EQ(rows[i].model.dump(), "{}") << "no manifest.json: nothing to name";
   }
 }
 
@@ -232,24 +240,24 @@ TEST(Capture, InferenceSuiteRunsEveryLayer) {
 // manifest has none or the layer is past its list).
 TEST(Capture, RowsNameTheModelOfTheManifest) {
   TempDir d;
-  EXPECT_EQ(testing::capture_model_fields(d.path(), 0), "");
+  EXPECT_EQ(testing::capture_model(d.path(), 0).dump(), "{}");
   {
     std::ofstream f(d.path() + "/manifest.json");
     f << "{\n \"format\": \"twell-capture-1\",\n \"checkpoint\": \"/runs/a \\\"b\\\"/checkpoint.pt\",\n"
          " \"l1_coef\": 0.0003,\n \"train_log\": null,\n \"modules\": [\n  \"m.0\",\n  \"m.1\"\n ],\n"
          " \"max_row_active\": [\n  57,\n  1204\n ]\n}\n";
   }
-  const std::string common = ", \"checkpoint\": \"/runs/a \\\"b\\\"/checkpoint.pt\", \"checkpoint_l1_coef\": 0.0003, "
-                              "\"train_log\": null, \"max_row_active\": ";
-  EXPECT_EQ(testing::capture_model_fields(d.path(), 0), common + "57");
-  EXPECT_EQ(testing::capture_model_fields(d.path(), 1), common + "1204");
-  EXPECT_EQ(testing::capture_model_fields(d.path(), 2), common + "null");
+  const std::string common = "{\"checkpoint\": \"/runs/a \\\"b\\\"/checkpoint.pt\", \"checkpoint_l1_coef\": 0.0003, "
+                             "\"train_log\": null, \"max_row_active\": ";
+  EXPECT_EQ(testing::capture_model(d.path(), 0).dump(), common + "57}");
+  EXPECT_EQ(testing::capture_model(d.path(), 1).dump(), common + "1204}");
+  EXPECT_EQ(testing::capture_model(d.path(), 2).dump(), common + "null}");
   {
     std::ofstream f(d.path() + "/manifest.json");
     f << "{\"format\": \"twell-capture-1\", \"l1_coef\": null}";
   }
-  EXPECT_EQ(testing::capture_model_fields(d.path(), 0),
-            ", \"checkpoint\": null, \"checkpoint_l1_coef\": null, \"train_log\": null, \"max_row_active\": null");
+  EXPECT_EQ(testing::capture_model(d.path(), 0).dump(),
+            "{\"checkpoint\": null, \"checkpoint_l1_coef\": null, \"train_log\": null, \"max_row_active\": null}");
 }
 
 TEST(Capture, MismatchedLayerFilesRaise) {
@@ -266,6 +274,183 @@ TEST(Capture, MismatchedLayerFilesRaise) {
   EXPECT_THROW(testing::load_captured_layer(d.path(), 0), Error);
   EXPECT_THROW(testing::make_problem({FfnKind::gated, 4, 64, 128, DType::f32, Pattern::captured, 0.05, 64, 1}),
                Error);
+}
+
+// A shape with a space inside a number is no 2-D shape (it read as another one: "(2 3, 4)" as
+// [23, 4]); the spacing NumPy and Python write around numbers is accepted.
+TEST(Capture, NpyShapeWithASpaceInsideANumberRaises) {
+  TempDir d;
+  const std::string p = d.file("a.npy"), f4 = "{'descr': '<f4', 'fortran_order': False, 'shape': ";
+  for (const char* shape : {"(2 3, 4)", "(2, 3 4)", "(2, 3) ", "(2,, 3)", "(, 2, 3)", "(2, -3)", "(2 , 3 4,)"}) {
+    write_raw(p, f4 + shape + ", }", 23 * 4 * 4);
+    try {
+      const testing::NpyArray a = testing::read_npy(p);
+      ADD_FAILURE() << shape << ": read as [" << a.rows << ", " << a.cols << "]";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("a.npy"), std::string::npos) << e.what();
+    }
+  }
+  for (const char* shape : {"(2, 3)", "(2,3)", "( 2 , 3 , )", "(2L, 3L)"}) {
+    write_raw(p, f4 + shape + ", }", 24);
+    const testing::NpyArray a = testing::read_npy(p);
+    EXPECT_EQ(a.rows, 2) << shape;
+    EXPECT_EQ(a.cols, 3) << shape;
+  }
+}
+
+// Runs `read` on another thread: a read that blocks (opening a FIFO without a writer) fails the
+// test after 10 s, and is then released by opening the FIFO's other end.
+template <class F>
+void expect_error_without_blocking(const std::string& fifo, F read, const std::string& needle) {
+  auto result = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      read();
+      return "no error";
+    } catch (const Error& e) {
+      return e.what();
+    }
+  });
+  if (result.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "reading a FIFO blocked";
+    const int fd = ::open(fifo.c_str(), O_WRONLY);
+    if (fd >= 0) ::close(fd);
+  }
+  const std::string what = result.get();
+  EXPECT_NE(what.find(needle), std::string::npos) << what;
+}
+
+// Inputs that are not regular files (a directory, a FIFO) raise an Error naming them, at once:
+// before, a FIFO hung the reader and a directory's manifest.json ended the process.
+TEST(Capture, FilesThatAreNotRegularRaiseWithoutBlocking) {
+  TempDir d;
+  testing::Problem p = testing::make_problem({FfnKind::gated, 4, 64, 128, DType::f32, Pattern::uniform, 0.05, 64, 1});
+  write_layer(d, 0, p);
+  ASSERT_EQ(::mkdir(d.file("manifest.json").c_str(), 0755), 0);
+  expect_named_error([&] { testing::capture_model(d.path(), 0); }, d.file("manifest.json"), "a directory");
+  expect_named_error([&] { testing::captured_layers(d.path()); }, d.file("manifest.json"), "a directory");
+  ASSERT_EQ(::rmdir(d.file("manifest.json").c_str()), 0);
+  ASSERT_EQ(::mkfifo(d.file("manifest.json").c_str(), 0644), 0);
+  expect_error_without_blocking(d.file("manifest.json"), [&] { testing::capture_model(d.path(), 0); }, "a FIFO");
+  std::remove(d.file("manifest.json").c_str());
+  std::remove(d.file("layer0.up.npy").c_str());
+  ASSERT_EQ(::mkfifo(d.file("layer0.up.npy").c_str(), 0644), 0);
+  expect_error_without_blocking(d.file("layer0.up.npy"), [&] { testing::load_captured_layer(d.path(), 0); }, "a FIFO");
+  expect_error_without_blocking(d.file("layer0.up.npy"), [&] { testing::captured_layers(d.path()); }, "a FIFO");
+  std::remove(d.file("layer0.up.npy").c_str());
+  ASSERT_EQ(::mkdir(d.file("layer0.up.npy").c_str(), 0755), 0);
+  expect_named_error([&] { testing::read_npy(d.file("layer0.up.npy")); }, d.file("layer0.up.npy"), "a directory");
+  expect_named_error([&] { testing::captured_layers(d.file("layer0.x.npy")); }, "folder", "is not a folder");
+  expect_named_error([&] { testing::captured_layers(d.file("nothing")); }, "folder", "does not exist");
+}
+
+// A manifest that is not JSON, or not an object, is refused naming the file.
+TEST(Capture, MalformedManifestRaises) {
+  TempDir d;
+  testing::Problem p = testing::make_problem({FfnKind::gated, 4, 64, 128, DType::f32, Pattern::uniform, 0.05, 64, 1});
+  write_layer(d, 0, p);
+  for (const char* doc : {"{\"checkpoint\": \"a", "[1, 2]", "{\"a\": 1} trailing", ""}) {
+    std::ofstream(d.file("manifest.json")) << doc;
+    expect_named_error([&] { testing::capture_model(d.path(), 0); }, d.file("manifest.json"));
+    expect_named_error([&] { testing::captured_layers(d.path()); }, d.file("manifest.json"));
+  }
+}
+
+// A layer whose x has no rows is no benchmark case: refused when the folder is first read.
+TEST(Capture, LayerOfNoRowsRaises) {
+  TempDir d;
+  testing::Problem p = testing::make_problem({FfnKind::gated, 4, 64, 128, DType::f32, Pattern::uniform, 0.05, 64, 1});
+  write_layer(d, 0, p);
+  testing::write_npy(d.file("layer0.x.npy"), random_array(DType::f32, 0, 64, 4));
+  expect_named_error([&] { testing::captured_layers(d.path()); }, "layer 0 x", "at least one row");
+  expect_named_error([&] { testing::load_captured_layer(d.path(), 0); }, "layer 0 x", "at least one row");
+}
+
+// captured_layers checks every layer's headers, so that a bad last layer stops a run before the
+// first layer is timed.
+TEST(Capture, EveryLayerIsCheckedUpFront) {
+  TempDir d;
+  for (int i = 0; i < 3; ++i) {
+    testing::Problem p = testing::make_problem({FfnKind::gated, 4, 64, 128, DType::f32, Pattern::uniform, 0.05, 64, 1});
+    write_layer(d, i, p);
+  }
+  EXPECT_EQ(testing::captured_layers(d.path()), 3);
+  testing::write_npy(d.file("layer2.gate.npy"), random_array(DType::f32, 128, 63, 5));
+  expect_named_error([&] { testing::captured_layers(d.path()); }, "layer 2 weights");
+  write_raw(d.file("layer2.gate.npy"), "{'descr': '<f4', 'fortran_order': False, 'shape': (128, 64), }", 7);
+  expect_named_error([&] { testing::captured_layers(d.path()); }, d.file("layer2.gate.npy"), "data bytes");
+}
+
+// Results of a capture whose folder name holds a newline and a quote and whose manifest holds
+// quotes, a newline, backslashes, Infinity and a number past double's range, and rows with
+// non-finite figures: both results files are valid JSON that reads back as the values.
+TEST(Capture, ResultsFilesAreValidJsonWhateverTheyHold) {
+  TempDir d;
+  const std::string folder = d.file("odd \"name\"\nwith\ta newline");
+  ASSERT_EQ(::mkdir(folder.c_str(), 0755), 0);
+  TempDir out;
+  std::vector<testing::Problem> made;
+  made.push_back(testing::make_problem({FfnKind::gated, 12, 64, 300, DType::f32, Pattern::heavy_tailed, 0.02, 64,
+                                        seed(740)}));
+  auto arr = [&](const std::vector<uint8_t>& bytes, int64_t rows, int64_t cols) {
+    testing::NpyArray a;
+    a.rows = rows, a.cols = cols, a.bytes = bytes;
+    return a;
+  };
+  const testing::Problem& p = made.back();
+  testing::write_npy(folder + "/layer0.x.npy", arr(p.x, 12, 64));
+  testing::write_npy(folder + "/layer0.gate.npy", arr(p.gate, 300, 64));
+  testing::write_npy(folder + "/layer0.up.npy", arr(p.up, 300, 64));
+  testing::write_npy(folder + "/layer0.down.npy", arr(p.down, 300, 64));
+  const std::string checkpoint = "/runs/\"quoted\"\n\\back\\slash}, \"x\": [";
+  std::ofstream(folder + "/manifest.json")
+      << "{\"checkpoint\": \"/runs/\\\"quoted\\\"\\n\\\\back\\\\slash}, \\\"x\\\": [\", \"l1_coef\": Infinity, "
+         "\"train_log\": {\"nested\": [1, {\"deep\": null}]}, \"max_row_active\": [1e999]}";
+  bench::Options o = captured_suite("real", d);
+  o.from_dir = folder;
+  std::ostringstream progress;
+  std::vector<bench::Row> rows = bench::run(o, progress);
+  ASSERT_EQ(rows.size(), 1u);
+  rows[0].speedup = std::numeric_limits<double>::infinity();  // as a zero twell time would give
+  rows[0].error = std::nan("");
+  bench::write_results(rows, out.path(), "real");
+  o.suite = "real_training";
+  std::vector<bench::TrainingRow> training = bench::run_training(o, progress);
+  ASSERT_EQ(training.size(), 1u);
+  training[0].diff_dx = std::numeric_limits<double>::infinity();
+  bench::write_training_results(training, out.path(), "real_training");
+  for (const char* name : {"real", "real_training"}) {
+    std::ifstream f(out.file(std::string(name) + ".json"));
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const testing::Json doc = testing::parse_json(text, "test", name);  // throws where it is not JSON
+    ASSERT_EQ(doc.items().size(), 1u) << name;
+    const testing::Json& row = doc[size_t(0)];
+    EXPECT_EQ(row["source"].text(), folder + " layer 0") << name;
+    EXPECT_EQ(row["checkpoint"].text(), checkpoint) << name;
+    EXPECT_TRUE(row["checkpoint_l1_coef"].is_null()) << name;
+    EXPECT_TRUE(row["max_row_active"].is_null()) << name;
+    EXPECT_EQ(row["train_log"].dump(), "{\"nested\": [1, {\"deep\": null}]}") << name;
+    EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 3) << name << ": a row per line\n" << text;
+  }
+  std::ifstream f(out.file("real.json"));
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const testing::Json row = testing::parse_json(text, "test", "real.json")[size_t(0)];
+  EXPECT_TRUE(row["speedup"].is_null());
+  EXPECT_TRUE(row["rel_error"].is_null());
+}
+
+// A custom case's results are named after the case: one custom run does not overwrite another's.
+TEST(Capture, CustomResultsAreNamedAfterTheCase) {
+  bench::Options o;
+  o.suite = "custom";
+  o.custom = {FfnKind::gated, 256, 2048, 5632, DType::bf16, Pattern::heavy_tailed, 0.005, 64, 1};
+  EXPECT_EQ(bench::result_name(o), "custom-gated-bfloat16-m256-k2048-n5632-heavy_tailed-d0.005");
+  bench::Options other = o;
+  other.custom.m = 1;
+  EXPECT_NE(bench::result_name(other), bench::result_name(o));
+  o.suite = "training";
+  EXPECT_EQ(bench::result_name(o), "training");
+  o.one_case = true;
+  EXPECT_EQ(bench::result_name(o).rfind("training-gated-", 0), 0u);
 }
 
 }  // namespace

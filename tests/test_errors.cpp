@@ -74,6 +74,35 @@ TEST(Errors, Options) {
   expect_named_error([&] { TrainingPlan plan(p.weights(), t); }, "options.l1_coef");
 }
 
+// An error names the op the caller called: a TrainingPlan's tile (checked as an InferencePlan's
+// is), workspace_bytes' arguments (checked as run's are), and the dtypes a TwELL view accepts.
+TEST(Errors, NameTheCallersOp) {
+  Problem p = small();
+  TrainingOptions t;
+  t.tile = 70000;
+  try {
+    TrainingPlan plan(p.weights(), t);
+    ADD_FAILURE() << "tile 70000 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.op(), "TrainingPlan") << e.what();
+    EXPECT_EQ(e.argument(), "options.tile") << e.what();
+  }
+  InferencePlan plan(p.weights());
+  std::vector<float> y(63);
+  try {
+    (void)plan.workspace_bytes({p.x_view(), TensorView::matrix(y.data(), DType::f32, 4, 15), {}});
+    ADD_FAILURE() << "a y of the wrong shape accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.op(), "InferencePlan::workspace_bytes") << e.what();
+    EXPECT_EQ(e.argument(), "y") << e.what();
+  }
+  TwellShape s;
+  s.rows = 1, s.cols = 8, s.tile = 8, s.capacity = 1;
+  std::vector<uint8_t> bytes(s.bytes(DType::f32));
+  expect_named_error([&] { make_twell_view(bytes.data(), s, DType::i32, Device::cpu()); }, "dtype",
+                     "expected float32, float16 or bfloat16, got int32");
+}
+
 TEST(Errors, Training) {
   Problem p = small();
   TrainingPlan plan(p.weights());

@@ -206,7 +206,32 @@ TEST(FormatLimits, AllocationsTooLargeRaiseError) {
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "saved") << e.what();
   }
+  // A bfloat16 layer of 2^40 neurons: the CPU plan's float32 copy of a weight (4 TiB) fails.
+  uint16_t any16 = 0;
+  FfnWeights half = huge_weights(&any);
+  half.gate = half.up = half.down = TensorView::matrix(&any16, DType::bf16, int64_t(1) << 40, 1);
+  expect_named_error([&] { InferencePlan bad(half); }, "memory", "InferencePlan");
+  // A float32 one runs without a copy, but one row's gate values alone take 4 TiB of workspace.
+  InferencePlan wide(huge_weights(&any));
+  static float x1 = 1, y1 = 0;  // below the stack: outside the weights' 4 TiB from `any` up
+  expect_named_error([&] {
+    wide.run({TensorView::matrix(&x1, DType::f32, 1, 1), TensorView::matrix(&y1, DType::f32, 1, 1)});
+  }, "memory", "InferencePlan::run");
 #endif
+}
+
+// pack_twell with no array of planes: an Error, not a null dereference.
+TEST(FormatLimits, PackWithoutPlanesRaises) {
+  TwellShape s;
+  s.rows = 2, s.cols = 8, s.tile = 8, s.capacity = 2;
+  TwellMatrix m(s, DType::f32);
+  expect_named_error([&] { pack_twell(nullptr, 1, m.view()); }, "planes", "a null pointer");
+  expect_named_error([&] { (void)pack_twell(nullptr, 1, 8, 2); }, "planes", "a null pointer");
+  std::vector<float> dense(16);
+  TensorView plane = TensorView::matrix(nullptr, DType::f32, 2, 8);
+  expect_named_error([&] { pack_twell(&plane, 1, m.view()); }, "dense plane 0", "none");
+  plane.data = dense.data();
+  EXPECT_EQ(pack_twell(&plane, 1, m.view()).nonzeros, 0);
 }
 
 }  // namespace

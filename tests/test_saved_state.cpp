@@ -4,6 +4,7 @@
 // check runs on the device (no host synchronisation); backward's kernels see an emptied index and
 // the plan raises at its next call. scripts/gpu-check runs the CUDA cases under memcheck.
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -162,6 +163,78 @@ TEST(SavedState, CpuBackwardRejectsAnotherPlansState) {
   }
 }
 
+// One CPU step's buffers for spec_for's problem: forward with `writer`, backward with `reader`.
+// Returns the backward's error, or nothing when it accepted the state.
+std::optional<Error> cross_plan_step(Problem& p, TrainingPlan& writer, TrainingPlan& reader) {
+  const int64_t m = p.spec.m, k = p.spec.k, n = p.spec.n;
+  const TwellShape shape = writer.saved_shape(m);
+  std::vector<uint8_t> bytes(shape.bytes(DType::f32));
+  const TwellView v = make_twell_view(bytes.data(), shape, DType::f32, Device::cpu());
+  std::vector<float> y(size_t(m * k)), dy(y.size(), 0.5f), dx(y.size()), dg(size_t(n * k)), du(dg.size()),
+      dd(dg.size());
+  writer.forward({p.x_view(), TensorView::matrix(y.data(), DType::f32, m, k)}, v);
+  try {
+    reader.backward({TensorView::matrix(dy.data(), DType::f32, m, k), TensorView::matrix(dx.data(), DType::f32, m, k),
+                     TensorView::matrix(dg.data(), DType::f32, n, k), TensorView::matrix(du.data(), DType::f32, n, k),
+                     TensorView::matrix(dd.data(), DType::f32, n, k)},
+                    p.x_view(), v);
+  } catch (const Error& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
+// Two plans of one shape, options and even weights: each refuses the other's state (the owner tag
+// names the plan), and accepts its own.
+TEST(SavedState, CpuBackwardRejectsAnotherPlanOfTheSameShape) {
+  Problem p = testing::make_problem(spec_for(DType::f32, 3006));
+  TrainingPlan first(p.weights(), options_for()), second(p.weights(), options_for());
+  for (auto [w, r] : {std::pair{&first, &second}, {&second, &first}}) {
+    const std::optional<Error> e = cross_plan_step(p, *w, *r);
+    ASSERT_TRUE(e.has_value()) << "another plan's state was accepted";
+    EXPECT_EQ(e->argument(), "saved") << e->what();
+    EXPECT_NE(std::string(e->what()).find("header owner"), std::string::npos) << e->what();
+  }
+  EXPECT_FALSE(cross_plan_step(p, first, first).has_value());
+  TrainingPlan moved(std::move(second));  // a moved plan is the same plan
+  EXPECT_FALSE(cross_plan_step(p, moved, moved).has_value());
+  EXPECT_TRUE(cross_plan_step(p, first, moved).has_value());
+}
+
+// Plans made with one state_tag (a cache that may remake a layer's plan between its forward and
+// backward) accept each other's states; another tag, or the default, does not.
+TEST(SavedState, PlansOfOneStateTagShareStates) {
+  Problem p = testing::make_problem(spec_for(DType::f32, 3007));
+  TrainingOptions tagged = options_for();
+  tagged.state_tag = 42;
+  TrainingPlan a(p.weights(), tagged), b(p.weights(), tagged), untagged(p.weights(), options_for());
+  EXPECT_FALSE(cross_plan_step(p, a, b).has_value());
+  EXPECT_FALSE(cross_plan_step(p, b, a).has_value());
+  EXPECT_TRUE(cross_plan_step(p, a, untagged).has_value());
+  EXPECT_TRUE(cross_plan_step(p, untagged, a).has_value());
+  tagged.state_tag = 43;
+  TrainingPlan other_tag(p.weights(), tagged);
+  EXPECT_TRUE(cross_plan_step(p, a, other_tag).has_value());
+}
+
+// The plan-allocated state (SavedActivations) of one plan is refused by another.
+TEST(SavedState, CpuBackwardRejectsAnotherPlansSavedActivations) {
+  Problem p = testing::make_problem(spec_for(DType::f32, 3008));
+  const int64_t m = p.spec.m, k = p.spec.k, n = p.spec.n;
+  TrainingPlan writer(p.weights(), options_for()), reader(p.weights(), options_for());
+  std::vector<float> y(size_t(m * k)), dy(y.size(), 0.5f), dx(y.size()), dg(size_t(n * k)), du(dg.size()),
+      dd(dg.size());
+  SavedActivations saved;
+  writer.forward({p.x_view(), TensorView::matrix(y.data(), DType::f32, m, k)}, saved);
+  const TrainingBackwardArgs back{TensorView::matrix(dy.data(), DType::f32, m, k),
+                                  TensorView::matrix(dx.data(), DType::f32, m, k),
+                                  TensorView::matrix(dg.data(), DType::f32, n, k),
+                                  TensorView::matrix(du.data(), DType::f32, n, k),
+                                  TensorView::matrix(dd.data(), DType::f32, n, k)};
+  expect_named_error([&] { reader.backward(back, saved); }, "saved", "header owner");
+  writer.backward(back, saved);
+}
+
 #ifndef TWELL_WITH_CUDA
 TEST(SavedState, CudaDeviceCheck) { GTEST_SKIP() << "built without CUDA"; }
 #else
@@ -235,6 +308,25 @@ TEST(SavedState, CudaDeviceCheckRaisesAtTheNextCall) {
       synchronize();
       EXPECT_NO_THROW(d.plan->saved_shape(d.p.spec.m)) << what << ": a fresh step after it was reported";
     }
+  }
+}
+
+// Another plan of the same shape, options and weights: its backward's device check refuses the
+// state (the header's owner word) and the plan raises at its next call; its own steps run after.
+TEST(SavedState, CudaBackwardRejectsAnotherPlanOfTheSameShape) {
+  TWELL_REQUIRE_DEVICE();
+  for (Dispatch form : {Dispatch::force_sparse, Dispatch::force_dense}) {
+    DeviceState d(DType::bf16, form, 3009);
+    TrainingPlan other(d.weights, options_for(form));
+    d.forward();
+    std::swap(*d.plan, other);  // backward on the other plan
+    d.backward();
+    synchronize();
+    expect_error([&] { d.plan->saved_shape(d.p.spec.m); }, "saved");
+    d.forward();
+    d.backward();
+    synchronize();
+    EXPECT_NO_THROW(d.plan->saved_shape(d.p.spec.m)) << "its own state";
   }
 }
 

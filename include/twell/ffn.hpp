@@ -104,8 +104,8 @@ class InferencePlan {
   size_t workspace_bytes(const InferenceArgs& args) const;
   // The same for a run of `rows` rows (Error naming "rows" when negative).
   size_t workspace_bytes(int64_t rows) const;
-  // workspace: optional caller memory on x's device of at least workspace_bytes(args) bytes;
-  // when null the plan uses (and grows) its own.
+  // workspace: optional caller memory on x's device of at least workspace_bytes(args) bytes, at
+  // a 16-byte aligned address; when null the plan uses (and grows) its own.
   void run(const InferenceArgs& args, Stream stream = nullptr, void* workspace = nullptr,
            size_t workspace_size = 0);
   RunInfo last_run() const;

@@ -26,7 +26,7 @@ std::string dlpack_name(dl::dtype t) {
   return s;
 }
 
-DType to_dtype(dl::dtype t, const char* op, const char* name) {
+DType to_dtype(dl::dtype t, const char* op, const char* name, const std::string& dtypes) {
   using C = dl::dtype_code;
   if (t.lanes == 1) {
     switch (C(t.code)) {
@@ -48,8 +48,7 @@ DType to_dtype(dl::dtype t, const char* op, const char* name) {
       default: break;
     }
   }
-  throw Error(op, name, "float32, float16, bfloat16, int32, int64, uint16 or uint8",
-              dlpack_name(t));
+  throw Error(op, name, dtypes, dlpack_name(t));
 }
 
 Device to_device(const ReadOnlyArray& a, const char* op, const char* name) {
@@ -120,7 +119,7 @@ void set_layout(const ReadOnlyArray& a, TensorView& v, const char* op, const cha
 
 }  // namespace
 
-ArrayArg to_arg(nb::handle obj, const char* op, const char* name, Access access) {
+ArrayArg to_arg(nb::handle obj, const char* op, const char* name, Access access, const std::string& dtypes) {
   ArrayArg out;
   if (obj.is_none()) return out;
   out.owner = import_array(obj, op, name, access);
@@ -130,7 +129,7 @@ ArrayArg to_arg(nb::handle obj, const char* op, const char* name, Access access)
     throw Error(op, name, "at most " + std::to_string(TensorView::kMaxRank) + " dimensions",
                 std::to_string(a.ndim()) + " dimensions");
   v.data = const_cast<void*>(a.data());
-  v.dtype = to_dtype(a.dtype(), op, name);
+  v.dtype = to_dtype(a.dtype(), op, name, dtypes);
   v.device = to_device(a, op, name);
   v.rank = int(a.ndim());
   set_layout(a, v, op, name);

@@ -7,6 +7,7 @@
 #include <nanobind/ndarray.h>
 
 #include <cstdint>
+#include <string>
 
 #include "twell/tensor.hpp"
 
@@ -28,10 +29,11 @@ struct ArrayArg {
 
 // `obj` as a view. Throws twell::Error naming `name` when obj is not an array (neither DLPack nor
 // the buffer protocol), has more than TensorView::kMaxRank dimensions, a dtype or device twell
-// does not know, a negative extent or stride, an element count or byte span that int64 cannot
-// hold, no memory behind a non-empty shape, or is read-only where `access` is write. Zero copy:
-// strides are kept as they are, for the plans to refuse.
-ArrayArg to_arg(nb::handle obj, const char* op, const char* name, Access access);
+// does not know (the dtype error says `dtypes`, what this argument accepts), a negative extent
+// or stride, an element count or byte span that int64 cannot hold, no memory behind a non-empty
+// shape, or is read-only where `access` is write. Zero copy: strides are kept as they are, for
+// the plans to refuse.
+ArrayArg to_arg(nb::handle obj, const char* op, const char* name, Access access, const std::string& dtypes);
 
 // A caller's byte buffer (a workspace): to_arg's checks, then a contiguous uint8 vector on
 // `device`. Returns its view (shape[0] bytes at data).

@@ -19,15 +19,18 @@ namespace twell::python {
 
 namespace {
 
+// What a weight may be (a dtype error names these).
+constexpr const char* kWeightDtypes = "float32, float16 or bfloat16";
+
 // The weights of a plan and, unless borrowed, the arrays that own them.
 struct HeldWeights {
   FfnWeights weights;
   std::vector<nb::ndarray<nb::ro>> owners;
 
   HeldWeights(nb::handle gate, nb::handle up, nb::handle down, bool borrow, const char* op) {
-    const ArrayArg g = to_arg(gate, op, "gate weight", Access::read);
-    const ArrayArg u = to_arg(up, op, "up weight", Access::read);
-    const ArrayArg d = to_arg(down, op, "down weight", Access::read);
+    const ArrayArg g = to_arg(gate, op, "gate weight", Access::read, kWeightDtypes);
+    const ArrayArg u = to_arg(up, op, "up weight", Access::read, kWeightDtypes);
+    const ArrayArg d = to_arg(down, op, "down weight", Access::read, kWeightDtypes);
     weights.kind = gate.is_none() ? FfnKind::plain : FfnKind::gated;
     weights.gate = g.view;
     weights.up = u.view;
@@ -60,8 +63,8 @@ class PyInferencePlan {
 
   void run(nb::handle x, nb::handle y, nb::handle counters, nb::handle workspace, uintptr_t stream) {
     const char* op = "InferencePlan::run";
-    const Args a(x, y, counters, op);
-    const ArrayArg ws = to_arg(workspace, op, "workspace", Access::write);
+    const Args a(x, y, counters, op, dtype());
+    const ArrayArg ws = to_arg(workspace, op, "workspace", Access::write, "uint8");
     void* ws_data = nullptr;
     size_t ws_size = 0;
     if (!workspace.is_none()) {
@@ -72,12 +75,18 @@ class PyInferencePlan {
     plan_.run(a.args(), to_stream(stream), ws_data, ws_size);
   }
 
-  // run() on raw addresses, for callers that already hold suitable tensors (twell.torch's eager
-  // calls: no DLPack capsules). x and y: contiguous [rows, K] of the weights' dtype on their
-  // device; counters: int64 [2] or 0; workspace: workspace_bytes bytes or 0. The plan checks what
-  // it can (shapes, devices of the addresses, overlap); the caller vouches for dtype and layout.
+  // run() on raw addresses (Python's _run_addresses: private), for twell.torch's eager calls,
+  // which hold suitable tensors already (no DLPack capsules). x and y: contiguous [rows, K] of the
+  // weights' dtype on their device; counters: int64 [2] or 0; workspace: workspace_bytes bytes or
+  // 0. The plan checks what an address can show (null, alignment, overlap, the workspace size,
+  // the device of CUDA memory); that each address holds the bytes its role needs, the caller
+  // vouches for: an address is not an array, and nothing here can tell its size.
   void run_addresses(uintptr_t x, uintptr_t y, int64_t rows, uintptr_t counters, uintptr_t workspace,
                      size_t workspace_bytes, uintptr_t stream) {
+    const char* op = "InferencePlan::_run_addresses";
+    if (workspace == 0 && workspace_bytes != 0)
+      throw Error(op, "workspace", "an address for workspace_bytes " + std::to_string(workspace_bytes),
+                  "0 (none)");
     plan_.run(address_args(x, y, rows, counters), to_stream(stream), reinterpret_cast<void*>(workspace),
               workspace_bytes);
   }
@@ -87,7 +96,7 @@ class PyInferencePlan {
   // a negative stride, an unknown dtype) is a reason too.
   std::pair<bool, std::string> can_run(nb::handle x, nb::handle y, nb::handle counters) {
     try {
-      const Status s = plan_.can_run(Args(x, y, counters, "InferencePlan::can_run").args());
+      const Status s = plan_.can_run(Args(x, y, counters, "InferencePlan::can_run", dtype()).args());
       return {s.ok, s.reason};
     } catch (const Error& e) {
       return {false, e.what()};
@@ -96,20 +105,21 @@ class PyInferencePlan {
 
   size_t workspace_bytes(nb::handle x, nb::handle y) const {
     const char* op = "InferencePlan::workspace_bytes";
-    const ArrayArg xa = to_arg(x, op, "x", Access::read), ya = to_arg(y, op, "y", Access::read);
+    const ArrayArg xa = to_arg(x, op, "x", Access::read, dtype()), ya = to_arg(y, op, "y", Access::read, dtype());
     return plan_.workspace_bytes({xa.view, ya.view, {}});
   }
 
   const InferencePlan& plan() const { return plan_; }
+  std::string dtype() const { return dtype_name(held_.weights.up.dtype); }  // x's, y's
 
  private:
   // run's arrays, held for the duration of a call.
   struct Args {
     ArrayArg x, y, counters;
-    Args(nb::handle x_, nb::handle y_, nb::handle counters_, const char* op)
-        : x(to_arg(x_, op, "x", Access::read)),
-          y(to_arg(y_, op, "y", Access::write)),
-          counters(to_arg(counters_, op, "counters", Access::write)) {}
+    Args(nb::handle x_, nb::handle y_, nb::handle counters_, const char* op, const std::string& dtype)
+        : x(to_arg(x_, op, "x", Access::read, dtype)),
+          y(to_arg(y_, op, "y", Access::write, dtype)),
+          counters(to_arg(counters_, op, "counters", Access::write, "int64")) {}
     InferenceArgs args() const { return {x.view, y.view, counters.view}; }
   };
 
@@ -147,10 +157,10 @@ class PyTrainingPlan {
   void forward(nb::handle x, nb::handle y, nb::handle saved, nb::handle stats, uintptr_t stream,
                nb::handle workspace) {
     const char* op = "TrainingPlan::forward";
-    const ArrayArg xa = to_arg(x, op, "x", Access::read), ya = to_arg(y, op, "y", Access::write);
-    const ArrayArg st = to_arg(stats, op, "stats", Access::write);
-    const ArrayArg ws = to_arg(workspace, op, "workspace", Access::write);
-    const ArrayArg sv = to_arg(saved, op, "saved", Access::write);
+    const ArrayArg xa = to_arg(x, op, "x", Access::read, dtype()), ya = to_arg(y, op, "y", Access::write, dtype());
+    const ArrayArg st = to_arg(stats, op, "stats", Access::write, "float32");
+    const ArrayArg ws = to_arg(workspace, op, "workspace", Access::write, "uint8");
+    const ArrayArg sv = to_arg(saved, op, "saved", Access::write, "uint8");
     TrainingForwardArgs a{xa.view, ya.view, st.view, ws.view};
     plan_.forward(a, this->saved(sv, a.x, op), to_stream(stream));
   }
@@ -159,15 +169,15 @@ class PyTrainingPlan {
                 nb::handle x, nb::handle saved, nb::handle l1_coef, uintptr_t stream,
                 nb::handle workspace) {
     const char* op = "TrainingPlan::backward";
-    const ArrayArg dya = to_arg(dy, op, "dy", Access::read);
-    const ArrayArg dxa = to_arg(dx, op, "dx", Access::write);
-    const ArrayArg dg = to_arg(dgate, op, "dgate", Access::write);
-    const ArrayArg du = to_arg(dup, op, "dup", Access::write);
-    const ArrayArg dd = to_arg(ddown, op, "ddown", Access::write);
-    const ArrayArg xa = to_arg(x, op, "x", Access::read);
-    const ArrayArg sv = to_arg(saved, op, "saved", Access::read);
-    const ArrayArg l1 = to_arg(l1_coef, op, "l1_coef", Access::read);
-    const ArrayArg ws = to_arg(workspace, op, "workspace", Access::write);
+    const ArrayArg dya = to_arg(dy, op, "dy", Access::read, dtype());
+    const ArrayArg dxa = to_arg(dx, op, "dx", Access::write, dtype());
+    const ArrayArg dg = to_arg(dgate, op, "dgate", Access::write, "float32");
+    const ArrayArg du = to_arg(dup, op, "dup", Access::write, "float32");
+    const ArrayArg dd = to_arg(ddown, op, "ddown", Access::write, "float32");
+    const ArrayArg xa = to_arg(x, op, "x", Access::read, dtype());
+    const ArrayArg sv = to_arg(saved, op, "saved", Access::read, "uint8");
+    const ArrayArg l1 = to_arg(l1_coef, op, "l1_coef", Access::read, "float32");
+    const ArrayArg ws = to_arg(workspace, op, "workspace", Access::write, "uint8");
     TrainingBackwardArgs a;
     a.dy = dya.view;
     a.dx = dxa.view;
@@ -180,6 +190,7 @@ class PyTrainingPlan {
   }
 
   const TrainingPlan& plan() const { return plan_; }
+  std::string dtype() const { return dtype_name(held_.weights.up.dtype); }  // x's, y's, dy's, dx's
 
  private:
   // The saved layout for x's rows (x is checked by the plan; an x of the wrong rank gets 0 rows
@@ -229,8 +240,9 @@ InferenceOptions inference_options(int32_t tile, int32_t capacity, Dispatch disp
 
 TrainingOptions training_options(int32_t tile, int32_t capacity, double l1_coef,
                                  Determinism determinism, Dispatch dispatch, double dense_above,
-                                 int32_t min_capacity) {
+                                 uint64_t state_tag, int32_t min_capacity) {
   TrainingOptions o;
+  o.state_tag = state_tag;
   o.tile = tile;
   o.capacity = capacity;
   o.min_capacity = min_capacity;
@@ -304,13 +316,14 @@ void bind_inference_plan(nb::module_& m) {
            "contiguous uint8 vector on x's device (at least workspace_bytes); stream: a "
            "cudaStream_t as an int. Arrays the op writes (y, counters, workspace) must be "
            "writable.")
-      .def("run_addresses", &PyInferencePlan::run_addresses, "x"_a, "y"_a, "rows"_a, "counters"_a,
+      .def("_run_addresses", &PyInferencePlan::run_addresses, "x"_a, "y"_a, "rows"_a, "counters"_a,
            "workspace"_a, "workspace_bytes"_a, "stream"_a,
-           "run() on raw addresses: x and y contiguous [rows, K] in the weights' dtype on their device, "
-           "counters int64 [2] or 0, workspace (workspace_bytes bytes) or 0. For callers that "
-           "checked dtype and layout themselves (twell.torch's eager calls).")
+           "Private (twell.torch's eager calls): run() on raw addresses, x and y contiguous "
+           "[rows, K] in the weights' dtype on their device, counters int64 [2] or 0, workspace "
+           "(workspace_bytes bytes) or 0. Null, misaligned and overlapping addresses are refused; "
+           "that each holds the bytes its role needs, the caller vouches for.")
       .def("workspace_bytes_for", &PyInferencePlan::workspace_bytes_for, "rows"_a,
-           "workspace_bytes for run_addresses with `rows` rows.")
+           "workspace_bytes for `rows` rows (what _run_addresses needs on CUDA).")
       .def("can_run", &PyInferencePlan::can_run, "x"_a.none(), "y"_a.none(),
            "counters"_a = nb::none())
       .def("workspace_bytes", &PyInferencePlan::workspace_bytes, "x"_a.none(), "y"_a.none())
@@ -333,16 +346,21 @@ void bind_training_plan(nb::module_& m) {
       .def("__init__",
            [](PyTrainingPlan* self, nb::handle gate, nb::handle up, nb::handle down,
               int32_t tile, int32_t capacity, double l1_coef, Determinism determinism,
-              Dispatch dispatch, double dense_above, bool borrow, int32_t min_capacity) {
+              Dispatch dispatch, double dense_above, uint64_t state_tag, bool borrow,
+              int32_t min_capacity) {
              new (self) PyTrainingPlan(gate, up, down,
                                        training_options(tile, capacity, l1_coef, determinism, dispatch,
-                                                        dense_above, min_capacity),
+                                                        dense_above, state_tag, min_capacity),
                                        borrow);
            },
            "gate"_a.none(), "up"_a.none(), "down"_a.none(), "tile"_a = 0, "capacity"_a = 0,
            "l1_coef"_a = 0.0,
            "determinism"_a = Determinism::fast, "dispatch"_a = Dispatch::automatic,
-           "dense_above"_a = -1.0, "borrow"_a = false, "min_capacity"_a = 0)
+           "dense_above"_a = -1.0, "state_tag"_a = 0, "borrow"_a = false, "min_capacity"_a = 0,
+           "state_tag: 0 (the default) = backward accepts only the saved states of this plan's "
+           "forward; a nonzero tag = those of every plan made with that tag (same kind, shapes "
+           "and options), for a cache that may remake a layer's plan between its forward and "
+           "backward.")
       .def("saved_shape", [](const PyTrainingPlan& p, int64_t rows) { return p.plan().saved_shape(rows); },
            "rows"_a, "The form dispatch asks for now (backup_capacity 0: compact; M: dense).")
       .def("saved_shape",

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <memory>
 
+#include "core/checked.hpp"
 #include "twell/ffn.hpp"
 #include "twell/training.hpp"
 
@@ -20,8 +21,8 @@ class InferenceBackend {
   virtual RunInfo run(const InferenceArgs& args, Stream stream, void* workspace) = 0;
 };
 
-// Backend defaults for options left at 0 / negative.
-InferenceOptions resolve_inference_options(const InferenceOptions& o, Device dev);
+// Backend defaults for options left at 0 / negative; an Error names `op` (the plan being made).
+InferenceOptions resolve_inference_options(const InferenceOptions& o, Device dev, const char* op);
 TrainingOptions resolve_training_options(const TrainingOptions& o, Device dev);
 
 std::unique_ptr<InferenceBackend> make_cpu_inference(const FfnWeights& w, const InferenceOptions& o);
@@ -39,7 +40,9 @@ std::unique_ptr<Impl> make_plan_impl(const FfnWeights& w, const Options& o, cons
   impl->weights = w;
   const Device dev = w.up.device;
   impl->options = resolve(o, dev);
-  impl->backend = dev.type == DeviceType::cpu ? make_cpu(w, impl->options) : make_cuda(w, impl->options);
+  impl->backend = translate_allocation_failure(op, [&] {
+    return dev.type == DeviceType::cpu ? make_cpu(w, impl->options) : make_cuda(w, impl->options);
+  });
   return impl;
 }
 

@@ -9,6 +9,12 @@ namespace twell::detail {
 
 namespace {
 
+std::string hex(uintptr_t v) {
+  char buf[2 + 2 * sizeof(uintptr_t) + 1];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
 std::optional<Error> common_error(const char* op, const char* name, const TensorView& t, DType dt,
                                   Device dev) {
   if (t.dtype != dt) return Error(op, name, dtype_name(dt), dtype_name(t.dtype));
@@ -18,13 +24,7 @@ std::optional<Error> common_error(const char* op, const char* name, const Tensor
     for (int i = 0; i < t.rank; ++i) s += (i ? ", " : "") + std::to_string(t.stride[size_t(i)]);
     return Error(op, name, "a contiguous row-major tensor", "strides " + s + "]");
   }
-  return std::nullopt;
-}
-
-std::string hex(uintptr_t v) {
-  char buf[2 + 2 * sizeof(uintptr_t) + 1];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
+  return alignment_error(op, name, t.data, dtype_size(dt));
 }
 
 std::string describe(const ByteRange& r) {
@@ -48,6 +48,12 @@ ByteRange place(const char* op, const char* name, Device dev, uintptr_t base, ui
 }
 
 }  // namespace
+
+std::optional<Error> alignment_error(const char* op, const char* name, const void* p, size_t align) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  if (at % align == 0) return std::nullopt;
+  return Error(op, name, "data aligned to " + std::to_string(align) + " bytes", "address " + hex(at));
+}
 
 std::optional<Error> shape_error(const char* op, const char* name, const TensorView& t) {
   if (t.rank < 0 || t.rank > TensorView::kMaxRank)

@@ -14,11 +14,18 @@ namespace twell::detail {
 // The problem with `t`'s rank (0..TensorView::kMaxRank) or a negative dimension, or nothing.
 std::optional<Error> shape_error(const char* op, const char* name, const TensorView& t);
 
-// The problem with `t` as a contiguous [rows, cols] view of dtype `dt` on `dev` (rows < 0: any
-// row count), or nothing when it fits.
+// An Error when `p` is not a multiple of `align` bytes (the alignment a typed read of it needs),
+// or nothing.
+std::optional<Error> alignment_error(const char* op, const char* name, const void* p, size_t align);
+inline void check_alignment(const char* op, const char* name, const void* p, size_t align) {
+  if (auto e = alignment_error(op, name, p, align)) throw *e;
+}
+
+// The problem with `t` as a contiguous [rows, cols] view of dtype `dt` on `dev`, its data aligned
+// to its element size (rows < 0: any row count), or nothing when it fits.
 std::optional<Error> matrix_error(const char* op, const char* name, const TensorView& t,
                                   int64_t rows, int64_t cols, DType dt, Device dev);
-// The same for a contiguous vector [n].
+// The same for a contiguous, aligned vector [n].
 std::optional<Error> vector_error(const char* op, const char* name, const TensorView& t, int64_t n,
                                   DType dt, Device dev);
 
@@ -30,6 +37,10 @@ inline void check_vector(const char* op, const char* name, const TensorView& t, 
                          Device dev) {
   if (auto e = vector_error(op, name, t, n, dt, dev)) throw *e;
 }
+// A caller's workspace starts at a multiple of this many bytes (the backends carve typed arrays
+// out of it).
+inline constexpr size_t kWorkspaceAlign = 16;
+
 // A workspace size asked for `rows` rows: at least 0.
 inline void check_workspace_rows(const char* op, int64_t rows) {
   if (rows < 0) throw Error(op, "rows", ">= 0", std::to_string(rows));

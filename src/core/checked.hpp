@@ -45,4 +45,18 @@ auto allocate_or_throw(const char* op, const std::string& what, size_t bytes, F&
   }
 }
 
+// Runs `fn`, turning an allocation failure inside it (std::bad_alloc, or std::length_error from a
+// container asked for more than it can hold) into an Error(op, "memory", ...): what the public
+// entry points run their backends through, so that no allocation failure escapes as another type.
+template <class F>
+decltype(auto) translate_allocation_failure(const char* op, F&& fn) {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    throw Error(op, "memory", "the host memory this call needs", "an allocation failed");
+  } catch (const std::length_error&) {
+    throw Error(op, "memory", "the host memory this call needs", "a size no container can hold");
+  }
+}
+
 }  // namespace twell::detail

@@ -76,7 +76,7 @@ float load_float(const void* base, DType t, int64_t i) {
     case DType::f32: return static_cast<const float*>(base)[i];
     case DType::bf16: return to_float(static_cast<const bf16*>(base)[i]);
     case DType::f16: return to_float(static_cast<const f16*>(base)[i]);
-    default: throw Error("load_float", "dtype", "a float type", dtype_name(t));
+    default: throw Error("load_float", "dtype", "float32, float16 or bfloat16", dtype_name(t));
   }
 }
 
@@ -85,7 +85,7 @@ void store_float(void* base, DType t, int64_t i, float v) {
     case DType::f32: static_cast<float*>(base)[i] = v; return;
     case DType::bf16: static_cast<bf16*>(base)[i] = to_bf16(v); return;
     case DType::f16: static_cast<f16*>(base)[i] = to_f16(v); return;
-    default: throw Error("store_float", "dtype", "a float type", dtype_name(t));
+    default: throw Error("store_float", "dtype", "float32, float16 or bfloat16", dtype_name(t));
   }
 }
 

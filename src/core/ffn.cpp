@@ -3,6 +3,7 @@
 
 #include "core/backend.hpp"
 #include "core/check.hpp"
+#include "core/checked.hpp"
 #include "core/policy.hpp"
 #include "twell/ffn.hpp"
 #include "twell/format.hpp"
@@ -32,6 +33,7 @@ void FfnWeights::validate(const char* op) const {
     if (t.device != up.device)
       throw Error(op, name, "device " + to_string(up.device), to_string(t.device));
     if (!t.is_contiguous()) throw Error(op, name, "a contiguous row-major tensor", "strided");
+    detail::check_alignment(op, name, t.data, dtype_size(t.dtype));
   };
   same(up, "up weight");
   same(down, "down weight");
@@ -44,17 +46,17 @@ void FfnWeights::validate(const char* op) const {
 
 namespace detail {
 
-InferenceOptions resolve_inference_options(const InferenceOptions& o, Device dev) {
+InferenceOptions resolve_inference_options(const InferenceOptions& o, Device dev, const char* op) {
   InferenceOptions r = o;
   if (r.tile == 0) r.tile = policy::kDefaultTile;
   if (r.dense_above < 0)
     r.dense_above = dev.type == DeviceType::cpu ? policy::kCpuDenseAbove : policy::kCudaDenseAbove;
   if (r.capacity == 0) r.capacity = r.tile / policy::kDefaultCapacityDivisor;
   if (r.tile < 1 || r.tile > kMaxTwellTile)
-    throw Error("InferencePlan", "options.tile", "1.." + std::to_string(kMaxTwellTile), std::to_string(r.tile));
+    throw Error(op, "options.tile", "1.." + std::to_string(kMaxTwellTile), std::to_string(r.tile));
   // Counts are uint16: a (row, tile) holds at most kMaxTwellCapacity entries.
   if (r.capacity < 1 || r.capacity > r.tile || r.capacity > kMaxTwellCapacity)
-    throw Error("InferencePlan", "options.capacity",
+    throw Error(op, "options.capacity",
                 "1..min(tile (" + std::to_string(r.tile) + "), " + std::to_string(kMaxTwellCapacity) + ")",
                 std::to_string(r.capacity));
   return r;
@@ -69,25 +71,21 @@ class InferencePlan::Impl {
   std::unique_ptr<detail::InferenceBackend> backend;
   RunInfo last;
 
-  std::optional<Error> args_error(const InferenceArgs& a) const {
+  // The first problem with run()'s arguments, reported as `op`'s.
+  std::optional<Error> args_error(const char* op, const InferenceArgs& a) const {
     const Device dev = weights.up.device;
     const int64_t k = weights.hidden();
-    if (auto e = detail::matrix_error("InferencePlan::run", "x", a.x, -1, k, weights.up.dtype, dev))
-      return e;
-    if (auto e = detail::matrix_error("InferencePlan::run", "y", a.y, a.x.shape[0], k,
-                                      weights.up.dtype, dev))
-      return e;
+    if (auto e = detail::matrix_error(op, "x", a.x, -1, k, weights.up.dtype, dev)) return e;
+    if (auto e = detail::matrix_error(op, "y", a.y, a.x.shape[0], k, weights.up.dtype, dev)) return e;
     if (a.counters.defined())
-      if (auto e = detail::vector_error("InferencePlan::run", "counters", a.counters, 2, DType::i64, dev))
-        return e;
-    return overlap_error(a, nullptr, 0);
+      if (auto e = detail::vector_error(op, "counters", a.counters, 2, DType::i64, dev)) return e;
+    return overlap_error(op, a, nullptr, 0);
   }
 
   // Outputs (y, counters, a caller workspace of `workspace_size` used bytes) must share no byte
   // with the inputs (x, the weights) or with each other.
-  std::optional<Error> overlap_error(const InferenceArgs& a, const void* workspace,
+  std::optional<Error> overlap_error(const char* op, const InferenceArgs& a, const void* workspace,
                                      size_t workspace_size) const {
-    const char* op = "InferencePlan::run";
     try {
       return detail::overlap_error(
           op,
@@ -103,20 +101,22 @@ class InferencePlan::Impl {
 };
 
 InferencePlan::InferencePlan(const FfnWeights& weights, const InferenceOptions& options)
-    : impl_(detail::make_plan_impl<Impl>(weights, options, "InferencePlan", detail::resolve_inference_options,
-                                         detail::make_cpu_inference, detail::make_cuda_inference)) {}
+    : impl_(detail::make_plan_impl<Impl>(
+          weights, options, "InferencePlan",
+          [](const InferenceOptions& o, Device dev) { return detail::resolve_inference_options(o, dev, "InferencePlan"); },
+          detail::make_cpu_inference, detail::make_cuda_inference)) {}
 
 InferencePlan::~InferencePlan() = default;
 InferencePlan::InferencePlan(InferencePlan&&) noexcept = default;
 InferencePlan& InferencePlan::operator=(InferencePlan&&) noexcept = default;
 
 Status InferencePlan::can_run(const InferenceArgs& args) const {
-  if (auto e = impl_->args_error(args)) return Status::failure(e->what());
+  if (auto e = impl_->args_error("InferencePlan::run", args)) return Status::failure(e->what());
   return Status::success();
 }
 
 size_t InferencePlan::workspace_bytes(const InferenceArgs& args) const {
-  if (auto e = impl_->args_error(args)) throw *e;
+  if (auto e = impl_->args_error("InferencePlan::workspace_bytes", args)) throw *e;
   return impl_->backend->workspace_bytes(args.x.shape[0]);
 }
 
@@ -127,17 +127,20 @@ size_t InferencePlan::workspace_bytes(int64_t rows) const {
 
 void InferencePlan::run(const InferenceArgs& args, Stream stream, void* workspace,
                         size_t workspace_size) {
-  if (auto e = impl_->args_error(args)) throw *e;
+  const char* op = "InferencePlan::run";
+  if (auto e = impl_->args_error(op, args)) throw *e;
   const size_t need = impl_->backend->workspace_bytes(args.x.shape[0]);
   if (workspace == nullptr) {
-    workspace = impl_->backend->own_workspace(need, stream);
+    workspace = detail::translate_allocation_failure(op, [&] { return impl_->backend->own_workspace(need, stream); });
   } else if (workspace_size < need) {
-    throw Error("InferencePlan::run", "workspace", "at least " + std::to_string(need) + " bytes",
+    throw Error(op, "workspace", "at least " + std::to_string(need) + " bytes",
                 std::to_string(workspace_size) + " bytes");
-  } else if (auto e = impl_->overlap_error(args, workspace, need)) {
+  } else if (auto e = detail::alignment_error(op, "workspace", workspace, detail::kWorkspaceAlign)) {
+    throw *e;
+  } else if (auto e = impl_->overlap_error(op, args, workspace, need)) {
     throw *e;
   }
-  impl_->last = impl_->backend->run(args, stream, workspace);
+  impl_->last = detail::translate_allocation_failure(op, [&] { return impl_->backend->run(args, stream, workspace); });
 }
 
 RunInfo InferencePlan::last_run() const { return impl_->last; }

@@ -1,6 +1,7 @@
 // The training plan: validation and backend dispatch for forward (saving the hybrid layout) and
 // backward.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -11,6 +12,7 @@
 #include "core/check.hpp"
 #include "core/checked.hpp"
 #include "core/policy.hpp"
+#include "format/validate.hpp"
 #include "twell/training.hpp"
 
 namespace twell {
@@ -34,7 +36,7 @@ TrainingOptions resolve_training_options(const TrainingOptions& o, Device dev) {
   io.capacity = o.capacity;
   if (o.capacity == 0)  // training's own default (policy.hpp); resolve_inference_options checks it
     io.capacity = std::max(1, (o.tile == 0 ? policy::kDefaultTile : o.tile) / policy::kTrainingCapacityDivisor);
-  io = resolve_inference_options(io, dev);
+  io = resolve_inference_options(io, dev, "TrainingPlan");
   TrainingOptions r = o;
   r.tile = io.tile;
   r.capacity = io.capacity;
@@ -59,6 +61,29 @@ TrainingOptions resolve_training_options(const TrainingOptions& o, Device dev) {
   if (r.dense_above < 0) r.dense_above = policy::kCudaTrainingDenseAbove;
   return r;
 }
+
+namespace {
+
+// splitmix64's finaliser: a bijection of 64-bit words that spreads every input bit.
+uint64_t mix64(uint64_t v) {
+  v = (v ^ (v >> 30)) * 0xbf58476d1ce4e5b9ull;
+  v = (v ^ (v >> 27)) * 0x94d049bb133111ebull;
+  return v ^ (v >> 31);
+}
+
+// The owner tag a plan writes into its saved states' headers. Without a caller's tag: bit 63 set
+// and the plan's number (from 1, never reused in a process: no two plans share it). With one: bit
+// 63 clear and a hash of the tag, the kind and K (plans of one tag but another kind or K refuse
+// each other's states), never 0 (a header's "no owner").
+uint64_t state_owner(uint64_t tag, FfnKind kind, int64_t hidden) {
+  constexpr uint64_t kPlanBit = uint64_t(1) << 63;
+  static std::atomic<uint64_t> next_plan{1};
+  if (tag == 0) return kPlanBit | next_plan.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t owner = mix64(tag ^ mix64(uint64_t(kind) << 56 ^ uint64_t(hidden))) & ~kPlanBit;
+  return owner != 0 ? owner : 1;
+}
+
+}  // namespace
 
 }  // namespace detail
 
@@ -104,12 +129,15 @@ class TrainingPlan::Impl {
       throw Error(op, "saved", "every array of the layout", "a null pointer");
     if (!saved.header)
       throw Error(op, "saved header", "the header array (a view from make_twell_view)", "a null pointer");
+    detail::check_twell_arrays(op, saved, "saved ");  // each array aligned to its element type
   }
 
-  // The header forward writes into a saved view: its shape, dtype and this plan's tag (the kind
-  // and K, which the shape does not show), so backward can refuse another plan's or stale bytes.
+  // The owner tag of this plan's saved states (detail::state_owner): set once, in the constructor.
+  uint64_t owner = 0;
+
+  // The header forward writes into a saved view: its shape, dtype and this plan's owner tag, so
+  // backward can refuse another plan's or stale bytes.
   TwellHeader saved_header(const TwellView& saved) const {
-    const uint64_t owner = (uint64_t(weights.kind) + 1) << 48 | uint64_t(weights.hidden());
     return make_twell_header(saved.shape, saved.dtype, owner);
   }
 
@@ -122,6 +150,7 @@ class TrainingPlan::Impl {
       throw Error(op, "workspace", "a contiguous uint8 vector", ws.shape_string() + " " + dtype_name(ws.dtype));
     if (ws.device != weights.up.device)
       throw Error(op, "workspace", "device " + to_string(weights.up.device), to_string(ws.device));
+    detail::check_alignment(op, "workspace", ws.data, detail::kWorkspaceAlign);
     if (size_t(ws.shape[0]) < need)
       throw Error(op, "workspace", "at least " + std::to_string(need) + " bytes",
                   std::to_string(ws.shape[0]) + " bytes");
@@ -160,7 +189,9 @@ class TrainingPlan::Impl {
 
 TrainingPlan::TrainingPlan(const FfnWeights& weights, const TrainingOptions& options)
     : impl_(detail::make_plan_impl<Impl>(weights, options, "TrainingPlan", detail::resolve_training_options,
-                                         detail::make_cpu_training, detail::make_cuda_training)) {}
+                                         detail::make_cpu_training, detail::make_cuda_training)) {
+  impl_->owner = detail::state_owner(impl_->options.state_tag, weights.kind, weights.hidden());
+}
 
 TrainingPlan::~TrainingPlan() = default;
 TrainingPlan::TrainingPlan(TrainingPlan&&) noexcept = default;
@@ -236,7 +267,7 @@ void TrainingPlan::forward(const TrainingForwardArgs& args, const TwellView& sav
   outputs.push_back(impl_->workspace_range(op, args.workspace, args.x.shape[0], saved, TrainingCall::forward));
   impl_->check_overlaps(op, std::move(outputs), {detail::byte_range(op, "x", args.x)});
   impl_->backend->raise_reported_fault(op);
-  impl_->backend->forward(args, saved, stream);
+  detail::translate_allocation_failure(op, [&] { impl_->backend->forward(args, saved, stream); });
   impl_->backend->seal_saved(saved, impl_->saved_header(saved), stream);
 }
 
@@ -294,7 +325,7 @@ void TrainingPlan::backward(const TrainingBackwardArgs& args, const TensorView& 
   impl_->check_overlaps(op, std::move(outputs), std::move(inputs));
   impl_->backend->raise_reported_fault(op);
   impl_->backend->check_saved(saved, impl_->saved_header(saved), stream);
-  impl_->backend->backward(args, x, saved, stream);
+  detail::translate_allocation_failure(op, [&] { impl_->backend->backward(args, x, saved, stream); });
   propagate_nonfinite_l1(args, w.kind, host_l1_gradient(args, impl_->options.l1_coef));
 }
 

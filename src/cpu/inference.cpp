@@ -171,22 +171,27 @@ class CpuInference final : public InferenceBackend {
   }
 
   // Fused up/down for compact rows: y_r = sum over active n of g * (x_r . Wu[n]) * Wd[n].
+  // (The rows' neuron lists are allocated before the parallel loop: an exception cannot leave it.)
   void sparse_rows(const BlockLayout& L, int64_t rows, const float* x, const float* vals,
                    const uint16_t* cols, const uint16_t* counts, const std::vector<uint8_t>& over,
                    float* y) const {
+    const int64_t per_row = L.tiles * L.capacity;
+    std::vector<int64_t> active(size_t(rows * per_row));
+    std::vector<float> gate(active.size());
 #pragma omp parallel for schedule(dynamic, 4)
     for (int64_t r = 0; r < rows; ++r) {
       if (over[size_t(r)]) continue;
-      std::vector<int64_t> active;
-      std::vector<float> gate;
+      int64_t* nrn = active.data() + r * per_row;
+      float* g = gate.data() + r * per_row;
+      int64_t count = 0;
       for (int64_t t = 0; t < L.tiles; ++t) {
         const int64_t slot0 = (r * L.tiles + t) * L.capacity;
-        for (int64_t e = 0; e < counts[r * L.tiles + t]; ++e) {
-          active.push_back(t * opt_.tile + cols[slot0 + e]);
-          gate.push_back(vals[slot0 + e]);
+        for (int64_t e = 0; e < counts[r * L.tiles + t]; ++e, ++count) {
+          nrn[count] = t * opt_.tile + cols[slot0 + e];
+          g[count] = vals[slot0 + e];
         }
       }
-      fused_row(x + r * k_, active.data(), gate.data(), int64_t(active.size()), y + r * k_);
+      fused_row(x + r * k_, nrn, g, count, y + r * k_);
     }
   }
 
@@ -225,16 +230,23 @@ class CpuInference final : public InferenceBackend {
     for (int64_t i = 0; i < count; ++i)
       routed_active += finite[size_t(routed[i])] ? nnz[size_t(routed[i])] : n_;
     if (routed_active <= n_) {
+      // Row i's neurons at offset[i] of one list of routed_active entries, allocated here: an
+      // exception cannot leave the parallel loop.
+      std::vector<int64_t> offset(size_t(count) + 1, 0);
+      std::vector<int64_t> active(static_cast<size_t>(routed_active));
+      std::vector<float> gate(active.size());
+      for (int64_t i = 0; i < count; ++i)
+        offset[size_t(i) + 1] = offset[size_t(i)] + (finite[size_t(routed[i])] ? nnz[size_t(routed[i])] : n_);
 #pragma omp parallel for schedule(dynamic, 1)
       for (int64_t i = 0; i < count; ++i) {
         const int64_t r = routed[i];
         const bool every = !finite[size_t(r)];
-        std::vector<int64_t> active;
-        std::vector<float> gate;
+        int64_t* nrn = active.data() + offset[size_t(i)];
+        float* gr = gate.data() + offset[size_t(i)];
+        int64_t n = 0;
         for (int64_t c = 0; c < n_; ++c)
-          if (every || cpu::relu_active(g[r * n_ + c]))
-            active.push_back(c), gate.push_back(cpu::relu(g[r * n_ + c]));
-        fused_row(x + r * k_, active.data(), gate.data(), int64_t(active.size()), y + r * k_);
+          if (every || cpu::relu_active(g[r * n_ + c])) nrn[n] = c, gr[n++] = cpu::relu(g[r * n_ + c]);
+        fused_row(x + r * k_, nrn, gr, n, y + r * k_);
       }
       return;
     }

@@ -47,7 +47,9 @@ ColumnIndex build_column_index(const TwellView& in, RoutedRows routed) {
     ix.row.resize(nnz);
     ix.pos.resize(nnz);
   });
-  std::vector<int64_t> next(ix.col_ptr.begin(), ix.col_ptr.end() - 1);
+  std::vector<int64_t> next;
+  detail::allocate_or_throw(op, "col_ptr", size_t(s.cols) * sizeof(int64_t),
+                            [&] { next.assign(ix.col_ptr.begin(), ix.col_ptr.end() - 1); });
   for_each([&](int64_t m, int64_t c, int64_t pos) {
     const size_t i = size_t(next[size_t(c)]++);
     ix.row[i] = int32_t(m);

@@ -23,6 +23,10 @@ bool is_zero(const uint8_t* p, DType t) {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
+void check_planes_pointer(const char* op, const TensorView* planes) {
+  if (planes == nullptr) throw Error(op, "planes", "an array of dense plane views", "a null pointer");
+}
+
 // Pass 1 of a pack: the rows with a tile over capacity (ascending) and the non-zeros of plane 0.
 std::vector<int32_t> rows_to_route(const TensorView& plane0, int32_t tile, int32_t capacity,
                                    int64_t* nonzeros) {
@@ -109,15 +113,17 @@ PackResult pack_twell(const TensorView* planes, int num_planes, const TwellView&
   const char* op = "pack_twell";
   const TwellShape& s = out.shape;
   s.validate(op);
-  if (!is_float_dtype(out.dtype)) throw Error(op, "out dtype", "a float type", dtype_name(out.dtype));
+  if (!is_float_dtype(out.dtype)) throw Error(op, "out dtype", "float32, float16 or bfloat16", dtype_name(out.dtype));
   if (out.device != Device::cpu()) throw Error(op, "out device", "cpu", to_string(out.device));
   detail::check_twell_arrays(op, out);
   if (num_planes != s.planes) throw Error(op, "planes", str(s.planes), str(num_planes));
+  check_planes_pointer(op, planes);
   for (int p = 0; p < num_planes; ++p)
     detail::check_matrix(op, p == 0 ? "dense plane 0" : "dense plane 1", planes[p], s.rows, s.cols,
                          out.dtype, Device::cpu());
   PackResult r;
-  const std::vector<int32_t> routed = rows_to_route(planes[0], s.tile, s.capacity, &r.nonzeros);
+  const std::vector<int32_t> routed = detail::translate_allocation_failure(
+      op, [&] { return rows_to_route(planes[0], s.tile, s.capacity, &r.nonzeros); });
   r.routed_rows = int64_t(routed.size());
   if (s.backup_capacity > 0 && r.routed_rows > s.backup_capacity)
     throw Error(op, "backup capacity", ">= " + str(r.routed_rows) + " rows",
@@ -128,6 +134,7 @@ PackResult pack_twell(const TensorView* planes, int num_planes, const TwellView&
 
 TwellMatrix pack_twell(const TensorView* planes, int num_planes, int32_t tile, int32_t capacity) {
   if (num_planes < 1 || num_planes > 2) throw Error("pack_twell", "planes", "1 or 2", str(num_planes));
+  check_planes_pointer("pack_twell", planes);
   detail::check_matrix("pack_twell", "dense plane 0", planes[0], -1, planes[0].cols(),
                        planes[0].dtype, Device::cpu());
   TwellShape s;
@@ -141,7 +148,8 @@ TwellMatrix pack_twell(const TensorView* planes, int num_planes, int32_t tile, i
     detail::check_matrix("pack_twell", "dense plane 1", planes[p], s.rows, s.cols, planes[0].dtype,
                          Device::cpu());
   int64_t nonzeros = 0;
-  const std::vector<int32_t> routed = rows_to_route(planes[0], tile, capacity, &nonzeros);
+  const std::vector<int32_t> routed = detail::translate_allocation_failure(
+      "pack_twell", [&] { return rows_to_route(planes[0], tile, capacity, &nonzeros); });
   s.backup_capacity = int64_t(routed.size());  // exactly the rows that need it
   TwellMatrix m(s, planes[0].dtype);
   write_packed(planes, m.view(), routed);

@@ -125,7 +125,7 @@ void check_twell_header(const char* op, const TwellHeader& got, const TwellHeade
 TwellView make_twell_view(void* buffer, const TwellShape& shape, DType dtype, Device device) {
   const char* op = "make_twell_view";
   shape.validate(op);
-  if (!is_float_dtype(dtype)) throw Error(op, "dtype", "a float type", dtype_name(dtype));
+  if (!is_float_dtype(dtype)) throw Error(op, "dtype", "float32, float16 or bfloat16", dtype_name(dtype));
   if (buffer == nullptr) throw Error(op, "buffer", "memory", "null");
   if (reinterpret_cast<uintptr_t>(buffer) % kArrayAlign != 0)
     throw Error(op, "buffer", "an address aligned to " + str(kArrayAlign) + " bytes",
@@ -150,7 +150,7 @@ TwellView make_twell_view(void* buffer, const TwellShape& shape, DType dtype, De
 TwellMatrix::TwellMatrix(const TwellShape& shape, DType dtype) : shape_(shape), dtype_(dtype) {
   const char* op = "TwellMatrix";
   shape.validate(op);
-  if (!is_float_dtype(dtype)) throw Error(op, "dtype", "a float type", dtype_name(dtype));
+  if (!is_float_dtype(dtype)) throw Error(op, "dtype", "float32, float16 or bfloat16", dtype_name(dtype));
   const size_t bytes = shape.bytes(dtype);
   detail::allocate_or_throw(op, "shape", bytes, [&] { storage_.assign(bytes, 0); });
   TwellView v = view();

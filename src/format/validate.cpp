@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/check.hpp"
 #include "twell/error.hpp"
 
 namespace twell {
@@ -17,25 +18,28 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 namespace detail {
 
-void check_twell_arrays(const char* op, const TwellView& out) {
-  const TwellShape& s = out.shape;
+void check_twell_arrays(const char* op, const TwellView& v, const std::string& prefix) {
+  const TwellShape& s = v.shape;
   const bool any_rows = s.rows > 0;
-  auto need = [op](const void* p, bool has_elements, const char* name) {
-    if (has_elements && p == nullptr) throw Error(op, name, "an array", "a null pointer");
+  const size_t value = dtype_size(v.dtype);
+  auto need = [&](const void* p, bool has_elements, const char* name, size_t align) {
+    if (has_elements && p == nullptr) throw Error(op, prefix + name, "an array", "a null pointer");
+    check_alignment(op, (prefix + name).c_str(), p, align);
   };
-  need(out.values, any_rows, "values");
-  need(out.cols, any_rows, "cols");
-  need(out.counts, any_rows, "counts");
-  need(out.row_slot, any_rows, "row_slot");
-  need(out.routed_rows, any_rows, "routed_rows");
-  need(out.num_routed, true, "num_routed");
-  need(out.backup, s.backup_capacity > 0, "backup");
+  need(v.values, any_rows, "values", value);
+  need(v.cols, any_rows, "cols", sizeof(uint16_t));
+  need(v.counts, any_rows, "counts", sizeof(uint16_t));
+  need(v.row_slot, any_rows, "row_slot", sizeof(int32_t));
+  need(v.routed_rows, any_rows, "routed_rows", sizeof(int32_t));
+  need(v.num_routed, true, "num_routed", sizeof(int32_t));
+  need(v.backup, s.backup_capacity > 0, "backup", value);
+  need(v.header, false, "header", alignof(TwellHeader));
 }
 
 void check_twell_structure(const char* op, const TwellView& in) {
   const TwellShape& s = in.shape;
   s.validate(op);
-  if (!is_float_dtype(in.dtype)) throw Error(op, "dtype", "a float type", dtype_name(in.dtype));
+  if (!is_float_dtype(in.dtype)) throw Error(op, "dtype", "float32, float16 or bfloat16", dtype_name(in.dtype));
   if (in.device != Device::cpu()) throw Error(op, "device", "cpu", to_string(in.device));
   check_twell_arrays(op, in);
   const int64_t nt = s.num_tiles();
@@ -83,7 +87,7 @@ namespace {
 void validate_with(const TwellView& in, const uint64_t* owner) {
   const char* op = "validate_twell";
   in.shape.validate(op);
-  if (!is_float_dtype(in.dtype)) throw Error(op, "dtype", "a float type", dtype_name(in.dtype));
+  if (!is_float_dtype(in.dtype)) throw Error(op, "dtype", "float32, float16 or bfloat16", dtype_name(in.dtype));
   if (in.device != Device::cpu()) throw Error(op, "device", "cpu", to_string(in.device));
   if (owner != nullptr && in.header == nullptr)
     throw Error(op, "header", "a header (a view from make_twell_view)", "none");

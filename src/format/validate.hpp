@@ -1,5 +1,7 @@
 // The structural check shared by validate_twell and the ops that read a caller's TwELL buffer.
 #pragma once
+#include <string>
+
 #include "twell/format.hpp"
 
 namespace twell::detail {
@@ -10,7 +12,8 @@ namespace twell::detail {
 // is not read.
 void check_twell_structure(const char* op, const TwellView& in);
 
-// Throws Error(op, "<array>", ...) when an array of `out` that has elements is null.
-void check_twell_arrays(const char* op, const TwellView& out);
+// Throws Error(op, "<prefix><array>", ...) when an array of `v` that has elements is null, or
+// when an array is not aligned to its element size (the header to 8 bytes).
+void check_twell_arrays(const char* op, const TwellView& v, const std::string& prefix = "");
 
 }  // namespace twell::detail

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Every malformed or out-of-range CLI argument is refused before any work: exit status 2, nothing
-# on stdout, and one message on stderr that names the flag and what it expects.
+# Every malformed or out-of-range CLI argument, and every input file that cannot be read, is
+# refused before any work: exit status 2, nothing on stdout, and exactly one line on stderr that
+# names the command, the argument and what it expects. Each command's --help prints its own help.
 #   usage: bad_arguments.sh path/to/twell
 set -uo pipefail
 twell=$1
 limit=30  # seconds per case: a refused argument returns at once; a case that runs takes longer
 failures=0
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
 
 # expect "message fragment" args...
 expect() {
@@ -15,13 +18,50 @@ expect() {
   out=$(mktemp) err=$(mktemp)
   timeout "$limit" "$twell" "$@" >"$out" 2>"$err"
   rc=$?
-  if [ "$rc" -ne 2 ] || [ -s "$out" ] || ! grep -qF -- "$want" "$err"; then
-    echo "FAIL: twell $*: exit $rc (want 2), stderr: $(head -c 300 "$err"), stdout: $(head -c 300 "$out")"
+  if [ "$rc" -ne 2 ] || [ -s "$out" ] || ! grep -qF -- "$want" "$err" || [ "$(wc -l <"$err")" -ne 1 ]; then
+    echo "FAIL: twell $*: exit $rc (want 2), $(wc -l <"$err") stderr line(s) (want 1): $(head -c 300 "$err"), stdout: $(head -c 300 "$out")"
     failures=$((failures + 1))
   else
     echo "ok:   twell $*: $(head -n 1 "$err")"
   fi
   rm -f "$out" "$err"
+}
+
+# help "text on stdout" args...: exit status 0, the text on stdout, nothing on stderr.
+help() {
+  local want=$1
+  shift
+  local out err rc
+  out=$(mktemp) err=$(mktemp)
+  timeout "$limit" "$twell" "$@" >"$out" 2>"$err"
+  rc=$?
+  if [ "$rc" -ne 0 ] || [ -s "$err" ] || ! grep -qF -- "$want" "$out"; then
+    echo "FAIL: twell $*: exit $rc (want 0), stdout: $(head -c 200 "$out"), stderr: $(head -c 200 "$err")"
+    failures=$((failures + 1))
+  else
+    echo "ok:   twell $*: $(head -n 1 "$out")"
+  fi
+  rm -f "$out" "$err"
+}
+
+# npy FILE ROWS COLS [BYTES]: a float32 .npy file of zeros (BYTES of them: default ROWS * COLS * 4).
+npy() {
+  local dict="{'descr': '<f4', 'fortran_order': False, 'shape': ($2, $3), }"
+  local pad=$(((64 - (10 + ${#dict} + 1) % 64) % 64))
+  local hlen=$((${#dict} + 1 + pad))
+  {
+    printf '\x93NUMPY\x01\x00'
+    printf "\\x$(printf %02x $((hlen & 255)))\\x$(printf %02x $((hlen >> 8)))"
+    printf '%s%*s\n' "$dict" "$pad" ''
+    head -c "${4:-$(($2 * $3 * 4))}" /dev/zero
+  } >"$1"
+}
+
+# capture DIR: a one-layer capture folder (x [4, 16], weights [32, 16]).
+capture() {
+  mkdir -p "$1"
+  npy "$1/layer0.x.npy" 4 16
+  for w in gate up down; do npy "$1/layer0.$w.npy" 32 16; done
 }
 
 for d in -1 0 2 nan inf -inf 0.5x "" " 0.5"; do
@@ -55,7 +95,36 @@ expect "the training suite runs gated FFNs only" bench --no-write --suite traini
 expect "--backend: expected auto | cpu | cuda, got 'foo'" check --backend foo
 expect "unknown check option --bogus" check --bogus
 expect "option --backend needs a value" check --backend
-expect "unknown command 'frobnicate'" frobnicate
+expect "twell: unknown command 'frobnicate'" frobnicate
+expect "twell: unknown command 'bogus'" help bogus
+expect "twell info: arguments: expected none" info extra
+expect "twell bench: --from: folder: expected a folder" bench --no-write --from "$scratch/nonexistent"
+capture "$scratch/ok"
+expect "twell bench: --out: expected a folder" bench --from "$scratch/ok" --out /dev/null/results
+capture "$scratch/fifo" && rm "$scratch/fifo/layer0.up.npy" && mkfifo "$scratch/fifo/layer0.up.npy"
+expect "layer0.up.npy: expected a readable regular file, got a FIFO" bench --no-write --from "$scratch/fifo"
+capture "$scratch/dir" && mkdir "$scratch/dir/manifest.json"
+expect "manifest.json: expected a readable regular file, got a directory" bench --no-write --from "$scratch/dir"
+capture "$scratch/json" && printf '{"checkpoint": "a' >"$scratch/json/manifest.json"
+expect "manifest.json: expected a closing quote" bench --no-write --from "$scratch/json"
+capture "$scratch/empty" && npy "$scratch/empty/layer0.x.npy" 0 16
+expect "layer 0 x: expected [M, K] with at least one row" bench --no-write --from "$scratch/empty"
+capture "$scratch/spaced" && npy "$scratch/spaced/layer0.x.npy" "1 6" 16 1024
+expect "a 2-D shape" bench --no-write --from "$scratch/spaced"
+capture "$scratch/late" && mkdir -p "$scratch/late" && cp "$scratch/late/layer0.x.npy" "$scratch/late/layer1.x.npy"
+expect "layer1.up.npy: expected a readable regular file" bench --no-write --from "$scratch/late"
+if ! "$twell" info | grep -q "CUDA backend: compiled"; then
+  expect "twell check: --backend: expected auto | cpu (this twell was built without CUDA), got 'cuda'" check --backend cuda
+  expect "twell bench: --backend: expected auto | cpu (this twell was built without CUDA), got 'cuda'" bench --no-write --backend cuda
+fi
+
+help "usage: twell <command>" --help
+help "usage: twell <command>" help
+help "usage: twell bench" bench --help
+help "usage: twell bench" help bench
+help "usage: twell check" check --help
+help "usage: twell check" check --backend cpu -h
+help "usage: twell info" info --help
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures case(s) failed"

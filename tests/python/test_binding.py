@@ -61,26 +61,41 @@ def test_inference(seed, dtype, gated, shape, dispatch):
 @pytest.mark.parametrize("gated", [True, False])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_inference_by_address(seed, gated, shape):
-    """run_addresses (twell.torch's eager calls) gives run()'s bits; the plan still refuses what
-    it can see (rows, overlap), and workspace_bytes_for refuses negative rows."""
+    """_run_addresses (private: twell.torch's eager calls) gives run()'s bits; the plan still
+    refuses what an address shows (null, misaligned, overlapping, negative rows, a workspace size
+    without a workspace), and workspace_bytes_for refuses negative rows."""
     m, k, n, tile, capacity = shape
     p = make_problem(np.random.default_rng(seed), m, k, n, gated).cast(np.float32)
     plan = twell.InferencePlan(*plan_args(p), tile=tile, capacity=capacity,
                                dispatch=twell.Dispatch.force_sparse)
+    assert not hasattr(plan, "run_addresses"), "raw addresses are private"
     x = np.ascontiguousarray(p.x)
     y_run = np.full((m, k), np.nan, np.float32)
     plan.run(x, y_run)
     y = np.full((m, k), np.nan, np.float32)
     counters = np.full(2, -1, np.int64)
-    plan.run_addresses(x.ctypes.data, y.ctypes.data, m, counters.ctypes.data, 0, 0, 0)
+    plan._run_addresses(x.ctypes.data, y.ctypes.data, m, counters.ctypes.data, 0, 0, 0)
     assert np.array_equal(y, y_run, equal_nan=True) and plan.last_run().rows == m
     assert active_count_matches(counters[1], p.cast(np.float64))
     assert plan.workspace_bytes_for(m) == plan.workspace_bytes(x, y)
     with pytest.raises(twell.TwellError, match="rows"):
         plan.workspace_bytes_for(-1)
+    with pytest.raises(twell.TwellError, match="non-negative"):
+        plan._run_addresses(x.ctypes.data, y.ctypes.data, -1, 0, 0, 0, 0)
+    with pytest.raises(twell.TwellError, match="workspace"):
+        plan._run_addresses(x.ctypes.data, y.ctypes.data, m, 0, 0, 64, 0)
     if m > 0:
         with pytest.raises(twell.TwellError, match="overlap|share"):
-            plan.run_addresses(x.ctypes.data, x.ctypes.data, m, 0, 0, 0, 0)
+            plan._run_addresses(x.ctypes.data, x.ctypes.data, m, 0, 0, 0, 0)
+        for name, args in {"x": (0, y.ctypes.data), "y": (x.ctypes.data, 0),
+                           "x aligned": (x.ctypes.data + 1, y.ctypes.data),
+                           "y aligned": (x.ctypes.data, y.ctypes.data + 2)}.items():
+            with pytest.raises(twell.TwellError) as e:
+                plan._run_addresses(*args, m, 0, 0, 0, 0)
+            assert e.value.argument == name.split()[0], str(e.value)
+            assert ("aligned" in name) == ("aligned" in e.value.expected), str(e.value)
+        with pytest.raises(twell.TwellError, match="counters"):
+            plan._run_addresses(x.ctypes.data, y.ctypes.data, m, counters.ctypes.data + 4, 0, 0, 0)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
@@ -140,6 +155,32 @@ def test_l1_coef_from_plan_or_call(seed):
     for a, b, ref in zip(out["plan"], out["call"], want):
         assert np.array_equal(a, b)
         assert rel_error(a, ref) <= 1e-5
+
+
+def test_saved_state_belongs_to_its_plan(seed):
+    """Two plans of one shape, options and weights: backward on one refuses the state the other's
+    forward wrote; plans made with one state_tag (a cache that may remake a layer's plan between
+    forward and backward) accept each other's."""
+    m, k, n = 9, 16, 64
+    rng = np.random.default_rng(seed)
+    p = make_problem(rng, m, k, n).cast(np.float32)
+    dy = rng.standard_normal((m, k)).astype(np.float32)
+    g = [np.empty((m, k), np.float32)] + [np.empty((n, k), np.float32) for _ in range(3)]
+
+    def step(writer, reader):
+        saved = np.zeros(writer.saved_bytes(m), np.uint8)
+        writer.forward(p.x, np.empty((m, k), np.float32), saved)
+        reader.backward(dy, *g, p.x, saved)
+
+    a, b = (twell.TrainingPlan(*plan_args(p), tile=32, capacity=4) for _ in range(2))
+    step(a, a)
+    with pytest.raises(twell.TwellError, match="header owner") as e:
+        step(a, b)
+    assert e.value.argument == "saved"
+    tagged = [twell.TrainingPlan(*plan_args(p), tile=32, capacity=4, state_tag=7) for _ in range(2)]
+    step(*tagged)
+    with pytest.raises(twell.TwellError, match="header owner"):
+        step(tagged[0], a)
 
 
 @pytest.mark.parametrize("m", [0, 1, 7, 255, 257])
@@ -215,7 +256,11 @@ def test_bad_inputs():
     plan = twell.InferencePlan(w, w, w, tile=32)
     expect("y", lambda: plan.run(x, np.zeros((m, k + 1), f32)))
     expect("x", lambda: plan.run(x.astype(np.float64), y))
-    assert "float64" in expect("x", lambda: plan.run(x.astype(np.float64), y)).actual
+    e = expect("x", lambda: plan.run(x.astype(np.float64), y))
+    assert "float64" in e.actual and e.expected == "float32", str(e)  # what x accepts, no more
+    assert expect("counters", lambda: plan.run(x, y, np.zeros(2, np.float64))).expected == "int64"
+    assert expect("gate weight", lambda: twell.InferencePlan(w.astype(np.float64), w, w)).expected == \
+        "float32, float16 or bfloat16"
     expect("x", lambda: plan.run(x.astype(np.float16), y))
     expect("counters", lambda: plan.run(x, y, counters=np.zeros(3, np.int64)))
     expect("down weight", lambda: twell.InferencePlan(w, w, np.zeros((k, n), f32)))
@@ -232,7 +277,10 @@ def test_bad_inputs():
     expect("saved", lambda: t.forward(x, y, saved.view(np.int32)))
     unaligned = np.zeros(t.saved_bytes(m) + 16, np.uint8)[1:-15]
     assert expect("saved", lambda: t.forward(x, y, unaligned)).expected == "16-byte aligned memory"
-    expect("stats", lambda: t.forward(x, y, saved, stats=np.zeros(2, np.float64)))
+    assert expect("stats", lambda: t.forward(x, y, saved, stats=np.zeros(2, np.float64))).expected == "float32"
+    assert expect("saved", lambda: t.forward(x, y, saved.view(np.float64))).expected == "uint8"
+    # A TrainingPlan's bad options name the TrainingPlan (not the InferencePlan whose checks it shares).
+    assert expect("options.tile", lambda: twell.TrainingPlan(w, w, w, tile=70000)).op == "TrainingPlan"
     t.forward(x, y, saved)
     g = [np.zeros((n, k), f32) for _ in range(3)]
     expect("l1_coef", lambda: t.backward(y, x.copy(), *g, x, saved, l1_coef=np.zeros(2, f32)))

@@ -26,11 +26,12 @@ class Guarded:
         self.at = 0
         self.snapshot = self.raw.copy()
 
-    def take(self, count, dtype):
-        """`count` elements of `dtype` at the next aligned offset, a gap of ALIGN bytes after."""
+    def take(self, count, dtype, shift=0):
+        """`count` elements of `dtype` at the next aligned offset (plus `shift` bytes), a gap of
+        ALIGN bytes after."""
         dtype = np.dtype(dtype)
-        begin = self.at
-        self.at += (count * dtype.itemsize + ALIGN - 1) // ALIGN * ALIGN + ALIGN
+        begin = self.at + shift
+        self.at += (shift + count * dtype.itemsize + ALIGN - 1) // ALIGN * ALIGN + ALIGN
         assert self.at <= len(self.buf), "guard buffer too small"
         return self.buf[begin:begin + count * dtype.itemsize].view(dtype)
 
@@ -51,6 +52,8 @@ def bad_variants(g, shape, dtype, written):
         out.append(("reversed", g.take(count, dtype).reshape(shape)[::-1]))
         out.append(("strided", g.take(2 * count, dtype)[::2].reshape(shape)))
     out.append(("dtype", g.take(count, OTHER_DTYPE[dtype]).reshape(shape)))
+    # An address its element type does not divide (byte buffers: not 16-byte aligned).
+    out.append(("misaligned", g.take(count, dtype, 1 if dtype.itemsize > 1 else 8).reshape(shape)))
     small = shape[:-1] + (shape[-1] - 1,)  # contiguous, one element short in its last dimension
     out.append(("too small", g.take(int(np.prod(small)), dtype).reshape(small)))
     if written:
@@ -155,7 +158,8 @@ def test_training_workspace_refused(seed, step):
     p, plan, saved = training_setup(seed)
     g = Guarded(np.random.default_rng(seed), 64 * ALIGN)
     ws = [("reversed", g.take(64, np.uint8)[::-1]), ("strided", g.take(128, np.uint8)[::2]),
-          ("dtype", g.take(64, np.int8)), ("matrix", g.take(64, np.uint8).reshape(8, 8))]
+          ("dtype", g.take(64, np.int8)), ("matrix", g.take(64, np.uint8).reshape(8, 8)),
+          ("misaligned", g.take(64, np.uint8, 8))]
     ro = g.take(64, np.uint8)
     ro.flags.writeable = False
     ws.append(("read-only", ro))
@@ -167,6 +171,18 @@ def test_training_workspace_refused(seed, step):
         else:
             call = lambda: plan.backward(dy, *grads, p.x, saved, workspace=bad)
         refused("workspace", call, g)
+
+
+@pytest.mark.parametrize("weight", ["gate", "up", "down"])
+def test_misaligned_weights_are_refused(seed, weight):
+    """A weight at an address its dtype does not divide is refused by both plans' constructors."""
+    p = problem(seed)
+    g = Guarded(np.random.default_rng(seed), 4 * p.up.nbytes + 4 * ALIGN)
+    bad = g.take(p.up.size, np.float32, 2).reshape(p.up.shape)
+    weights = {"gate": p.gate, "up": p.up, "down": p.down}
+    weights[weight] = bad
+    for cls in (twell.InferencePlan, twell.TrainingPlan):
+        refused(f"{weight} weight", lambda: cls(**weights, tile=TILE, capacity=CAPACITY), g)
 
 
 def test_readonly_inputs_are_accepted(seed):

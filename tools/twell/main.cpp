@@ -1,78 +1,65 @@
-// The twell command line: bench | check | info.
+// The twell command line: bench | check | info. Every argument and input file is checked before
+// any work: a bad one exits with status 2 and one line on stderr, "twell <command>: <argument>:
+// expected <what>, got <value>".
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <new>
 #include <string>
 #include <vector>
 
+#include "capture.hpp"
 #include "conformance.hpp"
 #include "harness.hpp"
+#include "help.hpp"
 #include "training.hpp"
 #include "twell/twell.hpp"
 
 namespace {
 
-const char* kHelp = R"(twell - exact activation-sparse FFN layers (TwELL format)
+// "twell <command>", the start of every error line.
+std::string g_prefix = "twell";
 
-usage: twell <command> [options]
-
-commands:
-  bench   time dense (BLAS/cuBLAS) vs twell on a suite of FFN problems; writes JSON + CSV
-          (--suite training: one forward + backward, time and memory, dense vs twell)
-  check   quick conformance run of every pattern and dtype against the fp64 oracle
-  info    build, backends and devices
-
-bench options:
-  --suite NAME      default | cpu | inference | decode | training | custom | real
-                    (default: default; real: the layers of --from)
-                    decode: M = 1..4096 at K = 2048, N = 5632, 0.5-2%; each sample replays a
-                    CUDA graph of 8 calls on 8 weight copies (a decoding step) and counts per call
-                    training: gated bf16 M = 16384..262144, K = 2048, N = 5632 on CUDA (a small
-                    float32 case on CPU); dense = cuBLAS GEMMs + elementwise kernels; reports
-                    step time, bytes saved for backward, peak bytes, twell vs dense difference
-  --backend NAME    auto | cpu | cuda   (auto: CUDA when a GPU is present)   (default: auto)
-  --from DIR        the real suite: each layer of a capture folder (`python -m twell.capture`:
-                    layer<i>.x/gate/up/down.npy) with the model's own weights and activations;
-                    inference rows (real.json) and training steps (real_training.json, dy random)
-  --rows N          --from: the first N rows of each layer's x (default: all)
-  --m M --k K --n N shape of a custom case (implies --suite custom; with --suite training or
-                    decode: one case of these parameters, timed as that suite times its own)
-  --density D       mean fraction of active neurons of a custom case (default 0.005)
-  --pattern P       uniform | heavy_tailed | edge_rows | all_zero | all_dense (default heavy_tailed)
-  --dtype T         float32 | bfloat16 | float16   (default: float32 on CPU, bfloat16 on CUDA)
-  --kind K          gated | plain   (default gated)
-  --gate G          auto | portable: the CUDA gate GEMM + pack (default auto: fused on sm_90a)
-  --dispatch D      auto | sparse | dense: the twell job's path (default auto: twell's own
-                    dispatch; sparse / dense force one, e.g. to time the path dispatch avoids)
-  --reps R          timed repetitions per measurement, median reported (default 10)
-  --warmup W        untimed runs first, each after an L2 flush (default 6: automatic dispatch
-                    times each path three times)
-  --out DIR         results folder (default: BUILD/bench-results/<device>, BUILD the build
-                    folder this twell runs from, ./bench-results/<device> if installed; the
-                    committed results change only with --out bench/results/<device>)
-  --no-check        skip the comparison with the fp64 oracle (training: with the dense step)
-  --no-write        print only
-
-examples:
-  twell bench                                   # hidden 2048, intermediate 5632, 99.5% sparse
-  twell bench --suite cpu --backend cpu         # the CPU target table
-  twell bench --suite training --out DIR        # DIR/training.json, .csv
-  twell bench --m 1 --k 4096 --n 11008 --density 0.01 --pattern uniform
-  twell bench --from captures/s30m --rows 16384  # real.json, real_training.json: a row per layer
-  twell check --backend cpu
-  twell info
-)";
-
-[[noreturn]] void usage_error(const std::string& msg) {
-  std::cerr << "twell: " << msg << "\n(see twell --help)\n";
-  std::exit(2);
+// `s` on one line: control characters (a newline in a folder name) written as escapes.
+std::string one_line(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n') o += "\\n";
+    else if (c == '\r') o += "\\r";
+    else if (c == '\t') o += "\\t";
+    else if (u < 0x20 || u == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", u);
+      o += buf;
+    } else {
+      o += c;
+    }
+  }
+  return o;
 }
+
+// One line on stderr, then exit status `code`.
+[[noreturn]] void fail(const std::string& msg, int code) {
+  std::cerr << g_prefix << ": " << one_line(msg) << "\n";
+  std::exit(code);
+}
+
+[[noreturn]] void usage_error(const std::string& msg) { fail(msg, 2); }
+
+// A library Error about `flag`'s value: "<flag>: <argument>: expected ..., got ...".
+[[noreturn]] void flag_error(const std::string& flag, const twell::Error& e) {
+  usage_error(flag + ": " + e.argument() + ": expected " + e.expected() + ", got " + e.actual());
+}
+
+bool is_help(const std::string& a) { return a == "--help" || a == "-h"; }
 
 // Largest custom case: M up to 2^24 rows, K and N up to 2^20 (beyond any transformer layer twell
 // targets; their products stay far from int64 overflow). Reps and warm-up runs up to a million.
@@ -137,7 +124,8 @@ twell::DType parse_dtype(const std::string& flag, const std::string& s) {
   usage_error(flag + ": expected float32 | bfloat16 | float16, got '" + s + "'");
 }
 
-int cmd_info() {
+int cmd_info(const std::vector<std::string>& a) {
+  if (!a.empty()) usage_error("arguments: expected none (see twell info --help), got '" + a[0] + "'");
   std::cout << "twell " << twell::version() << "\n"
             << "CPU backend: " << twell::cpu_description() << "\n"
             << "CUDA backend: " << (twell::cuda_compiled() ? "compiled" : "not compiled") << "\n";
@@ -145,6 +133,24 @@ int cmd_info() {
   if (devs.empty()) std::cout << "CUDA devices: none\n";
   for (size_t i = 0; i < devs.size(); ++i) std::cout << "cuda:" << i << ": " << devs[i] << "\n";
   return 0;
+}
+
+// --backend cuda where this twell cannot run CUDA: refused before any work.
+void check_backend(const std::string& backend) {
+  if (backend != "cuda") return;
+  if (!twell::cuda_compiled())
+    usage_error("--backend: expected auto | cpu (this twell was built without CUDA), got 'cuda'");
+  if (twell::cuda_device_count() == 0)
+    usage_error("--backend: expected auto | cpu (no CUDA device is visible), got 'cuda'");
+}
+
+// --out: a folder that exists (it is created) and can be written, before the run fills it.
+void check_out_dir(const std::string& dir) {
+  if (!dir.empty()) twell::bench::make_dirs(dir);
+  struct stat st{};
+  if (dir.empty() || ::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    usage_error("--out: expected a folder (created if missing), got '" + dir + "'");
+  if (::access(dir.c_str(), W_OK) != 0) usage_error("--out: expected a writable folder, got '" + dir + "'");
 }
 
 // The results folder without --out. Never the committed bench/results/<device>: a first `twell
@@ -198,6 +204,13 @@ void resolve_bench_suite(twell::bench::Options& o, bool suite_set, const std::st
     usage_error("--suite real needs --from DIR (a folder of `python -m twell.capture`)");
   } else if (o.from_rows > 0) {
     usage_error("--rows applies to --from");
+  }
+  if (!o.from_dir.empty()) {  // every layer's files, before the first one runs
+    try {
+      twell::testing::captured_layers(o.from_dir);
+    } catch (const twell::Error& e) {
+      flag_error("--from", e);
+    }
   }
 }
 
@@ -269,6 +282,8 @@ BenchRequest parse_bench(const std::vector<std::string>& a) {
     }
   }
   resolve_bench_suite(o, suite_set, custom_flag);
+  check_backend(o.backend);
+  if (r.write && !o.out_dir.empty()) check_out_dir(o.out_dir);
   return r;
 }
 
@@ -282,11 +297,11 @@ int bench_training(const twell::bench::Options& o, bool write) {
   const auto rows = twell::bench::run_training(o, std::cerr, &errors);
   twell::bench::print_training_table(rows, std::cout);
   if (write && !rows.empty()) {
-    const std::string dir = out_dir_of(o, rows[0].device);
-    twell::bench::write_training_results(rows, dir, o.suite);
-    std::cout << "results: " << dir << "/" << o.suite << ".json, .csv\n";
+    const std::string dir = out_dir_of(o, rows[0].device), name = twell::bench::result_name(o);
+    twell::bench::write_training_results(rows, dir, name);
+    std::cout << "results: " << dir << "/" << name << ".json, .csv\n";
   }
-  for (const auto& e : errors) std::cerr << "twell: training case failed: " << e << "\n";
+  for (const auto& e : errors) std::cerr << g_prefix << ": training case failed: " << one_line(e) << "\n";
   for (const auto& r : rows)
     if (!r.ok()) return 1;
   return errors.empty() ? 0 : 1;
@@ -296,9 +311,9 @@ int bench_inference(const twell::bench::Options& o, bool write) {
   const auto rows = twell::bench::run(o, std::cerr);
   twell::bench::print_table(rows, std::cout);
   if (write && !rows.empty()) {
-    const std::string dir = out_dir_of(o, rows[0].device);
-    twell::bench::write_results(rows, dir, o.suite);
-    std::cout << "results: " << dir << "/" << o.suite << ".json, .csv\n";
+    const std::string dir = out_dir_of(o, rows[0].device), name = twell::bench::result_name(o);
+    twell::bench::write_results(rows, dir, name);
+    std::cout << "results: " << dir << "/" << name << ".json, .csv\n";
   }
   for (const auto& r : rows)
     if (o.check && r.tolerance < 0) return 1;
@@ -320,40 +335,58 @@ int cmd_bench(const std::vector<std::string>& a) {
   return o.suite == "training" ? bench_training(o, r.write) : bench_inference(o, r.write);
 }
 
+int cmd_check(const std::vector<std::string>& a) {
+  std::string backend = "auto";
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != "--backend") usage_error("unknown check option " + a[i] + " (see twell check --help)");
+    if (i + 1 >= a.size()) usage_error("option --backend needs a value");
+    backend = parse_choice(a[i], a[i + 1], {"auto", "cpu", "cuda"});
+    ++i;
+  }
+  check_backend(backend);
+  return twell::cli::run_check(backend, std::cout) ? 1 : 0;
+}
+
+struct Command {
+  const char* name;
+  int (*run)(const std::vector<std::string>&);
+  const char* help;
+};
+
+const Command kCommands[] = {
+    {"bench", cmd_bench, twell::cli::kBenchHelp},
+    {"check", cmd_check, twell::cli::kCheckHelp},
+    {"info", cmd_info, twell::cli::kInfoHelp},
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-    std::cout << kHelp;
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || is_help(args[0]) || (args[0] == "help" && args.size() == 1)) {
+    std::cout << twell::cli::kGlobalHelp;
+    return 0;
+  }
+  // `twell help CMD` is `twell CMD --help`.
+  const bool help = args[0] == "help";
+  const std::string name = help ? args[1] : args[0];
+  const Command* cmd = nullptr;
+  for (const Command& c : kCommands)
+    if (name == c.name) cmd = &c;
+  if (cmd == nullptr) usage_error("unknown command '" + name + "' (expected bench | check | info; see twell --help)");
+  g_prefix = std::string("twell ") + cmd->name;
+  const std::vector<std::string> rest(args.begin() + 1 + help, args.end());
+  if (help || std::any_of(rest.begin(), rest.end(), is_help)) {
+    std::cout << cmd->help;
     return 0;
   }
   try {
-    const std::string cmd = args[0];
-    const std::vector<std::string> rest(args.begin() + 1, args.end());
-    for (const auto& r : rest)
-      if (r == "--help" || r == "-h") {
-        std::cout << kHelp;
-        return 0;
-      }
-    if (cmd == "info") return cmd_info();
-    if (cmd == "bench") return cmd_bench(rest);
-    if (cmd == "check") {
-      std::string backend = "auto";
-      for (size_t i = 0; i < rest.size(); ++i) {
-        if (rest[i] != "--backend") usage_error("unknown check option " + rest[i]);
-        if (i + 1 >= rest.size()) usage_error("option --backend needs a value");
-        backend = parse_choice(rest[i], rest[i + 1], {"auto", "cpu", "cuda"});
-        ++i;
-      }
-      return twell::cli::run_check(backend, std::cout) ? 1 : 0;
-    }
-    usage_error("unknown command '" + cmd + "'");
+    return cmd->run(rest);
   } catch (const twell::Error& e) {  // what the library cannot run: the request was bad
-    std::cerr << "twell: " << e.what() << "\n";
-    return 2;
+    fail(e.what(), 2);
   } catch (const std::bad_alloc&) {
-    std::cerr << "twell: out of memory for this case\n";
-    return 2;
+    fail("out of memory for this case", 2);
+  } catch (const std::exception& e) {
+    fail(e.what(), 1);
   }
 }

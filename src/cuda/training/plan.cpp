@@ -13,6 +13,7 @@
 // a routed row's rounding can change once C does. Determinism::deterministic keeps both off:
 // bit-identical reruns. docs/training.md has the reasoning.
 #include <algorithm>
+#include <cstddef>
 #include <iterator>
 #include <string>
 
@@ -120,9 +121,13 @@ void CudaTraining::raise_reported_fault(const char* op) {
   static constexpr const char* kWhat[] = {"", "header word", "num_routed", "routed_rows entry", "row_slot",
                                           "count", "column"};
   const bool known = code > 0 && code < int32_t(std::size(kWhat));
+  // The header's owner word differs alone when another plan's forward wrote the state.
+  const bool owner = code == int32_t(SavedFaultCode::header) &&
+                     value == int64_t(offsetof(TwellHeader, owner) / sizeof(uint64_t));
   throw Error(op, "saved", "the state a forward of this plan wrote (checked on the device before backward)",
               std::string("a corrupted or foreign buffer: ") + (known ? kWhat[code] : "fault") + " " +
-                  std::to_string(value) + (row >= 0 ? " at row " + std::to_string(row) : std::string()));
+                  std::to_string(value) + (row >= 0 ? " at row " + std::to_string(row) : std::string()) +
+                  (owner ? " (the header owner: another plan's state)" : ""));
 }
 
 std::shared_ptr<void> CudaTraining::allocate(size_t bytes) {
