@@ -70,8 +70,8 @@ def reuse_buffers(what):
         y, counters, ws = kept[key]
         if what != "all":
             y, counters = x.new_empty(x.shape), x.new_empty(2, dtype=torch.int64)
-        plan.run_addresses(x.data_ptr(), y.data_ptr(), rows, counters.data_ptr(), ws.data_ptr(), nbytes,
-                           _plans.stream_of(x.device))
+        plan._run_addresses(x.data_ptr(), y.data_ptr(), rows, counters.data_ptr(), ws.data_ptr(), nbytes,
+                            _plans.stream_of(x.device))
         return y, counters
 
     _ops.run_ffn_eager = run
