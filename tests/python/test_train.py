@@ -334,3 +334,17 @@ def test_no_reinit_in_the_last_steps(tmp_path):
             assert all(c == 256 for c in record["reinit"].values()), record["reinit"]
             reinit_at.append(trainer.step)
     assert reinit_at == [2, 4]  # steps 6 and 7: fewer than 2 steps before the end
+
+
+def test_relu_torch_baseline_runs_no_twell(tmp_path):
+    """--activation relu-torch: transformers' own MLPs with ReLU, no twell module, no L1 term."""
+    import torch
+    from twell.train import cli, loop
+    args = cli.parser().parse_args(["--model", "tiny", "--data", "synthetic", "--device", "cpu",
+                                    "--steps", "1", "--activation", "relu-torch", "--no-progress",
+                                    "--out", str(tmp_path / "r")])
+    trainer = loop.Trainer(args)
+    assert not trainer.sparse
+    acts = [m.act_fn for n, m in trainer.model.named_modules() if n.endswith(".mlp")]
+    assert acts and all(isinstance(a, torch.nn.ReLU) for a in acts)
+    trainer.monitor.remove()

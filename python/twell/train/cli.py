@@ -12,6 +12,8 @@ from twell.train.data import BPE_SIZES
 from twell.train.files import InputError
 from twell.train.models import PRESETS, shape
 
+ACTIVATIONS = ("relu", "silu", "relu-torch")
+
 EPILOG = """\
 data (--data):
   DIR with meta.json   a token folder: .carry/corpus from scripts/prepare-corpus (English text of
@@ -93,9 +95,10 @@ def parser():
                    help="shape preset (default s30m); see twell.train.models")
     for name in ("hidden", "intermediate", "layers", "heads", "kv-heads"):
         g.add_argument(f"--{name}", type=int, help=f"override the preset's {name}")
-    g.add_argument("--activation", choices=["relu", "silu"], default="relu",
+    g.add_argument("--activation", choices=ACTIVATIONS, default="relu",
                    help="relu: MLPs patched to twell ReLU FFNs (default); silu: the unpatched "
-                        "Llama MLPs, the dense reference")
+                        "Llama MLPs, the dense reference; relu-torch: unpatched Llama MLPs with "
+                        "ReLU (a ReLU baseline that runs no twell code; no L1 term, as silu)")
     g.add_argument("--l1", type=float, default=3e-4,
                    help="L1 coefficient on the FFN activations: times the mean over layers of "
                         "each layer's mean over tokens of sum |h| (tt.l1_loss, the paper's "
@@ -221,7 +224,7 @@ def check(args):
     _number(args, "l1", 0)
     _number(args, "max_minutes", 0, low_open=True, optional=True)
     _choice(args, "model", list(PRESETS))
-    _choice(args, "activation", ("relu", "silu"))
+    _choice(args, "activation", ACTIVATIONS)
     _choice(args, "dispatch", ("auto", "sparse", "dense"))
     _choice(args, "precision", (None, "fp32", "bf16"))
     shape(args.model, hidden=args.hidden, intermediate=args.intermediate, layers=args.layers,

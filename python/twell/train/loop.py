@@ -104,7 +104,8 @@ class Trainer:
         self._check_sizes()
         torch.manual_seed(a.seed)
         self.model, self.shape = models.build(
-            a.model, self.data.vocab_size, a.seq_len, hidden=a.hidden,
+            a.model, self.data.vocab_size, a.seq_len,
+            hidden_act="relu" if a.activation == "relu-torch" else "silu", hidden=a.hidden,
             intermediate=a.intermediate, layers=a.layers, heads=a.heads, kv_heads=a.kv_heads)
         self.params_total, self.params_body = models.count_params(self.model)
         if a.activation == "relu":

@@ -39,9 +39,9 @@ def shape(preset, **overrides):
     return out
 
 
-def build(preset, vocab_size, seq_len, device=None, **overrides):
-    """(LlamaForCausalLM with SiLU MLPs, its shape dict) in float32 on the CPU, or on `device`
-    ("meta": no memory, for sizes)."""
+def build(preset, vocab_size, seq_len, device=None, hidden_act="silu", **overrides):
+    """(LlamaForCausalLM with `hidden_act` MLPs (transformers' own), its shape dict) in float32 on
+    the CPU, or on `device` ("meta": no memory, for sizes)."""
     import contextlib
 
     import torch
@@ -51,7 +51,7 @@ def build(preset, vocab_size, seq_len, device=None, **overrides):
     config = transformers.LlamaConfig(
         vocab_size=vocab_size, hidden_size=s["hidden"], intermediate_size=s["intermediate"],
         num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
-        num_key_value_heads=s["kv_heads"], max_position_embeddings=seq_len, hidden_act="silu",
+        num_key_value_heads=s["kv_heads"], max_position_embeddings=seq_len, hidden_act=hidden_act,
         tie_word_embeddings=False, rms_norm_eps=1e-5)
     with torch.device(device) if device else contextlib.nullcontext():
         model = transformers.LlamaForCausalLM(config)
