@@ -219,6 +219,15 @@ testing::Json timing_json(const Timing& t) {
   return j;
 }
 
+testing::Json problem_json(const std::string& suite, const std::string& device, const std::string& backend,
+                           const ProblemSpec& s) {
+  testing::Json j = testing::Json::object();
+  j.set("suite", suite).set("device", device).set("backend", backend).set("kind", ffn_kind_name(s.kind));
+  j.set("dtype", dtype_name(s.dtype)).set("M", s.m).set("K", s.k).set("N", s.n);
+  j.set("pattern", testing::pattern_name(s.pattern)).set("target_density", testing::Json::number(s.density, "%.5f"));
+  return j;
+}
+
 void add_members(testing::Json& row, const testing::Json& more) {
   for (const auto& [key, value] : more.members()) row.set(key, value);
 }
@@ -236,12 +245,8 @@ namespace {
 
 testing::Json row_json(const Row& r) {
   using testing::Json;
-  const ProblemSpec& s = r.spec;
-  Json j = Json::object();
-  j.set("suite", r.suite).set("device", r.device).set("backend", r.backend).set("kind", ffn_kind_name(s.kind));
-  j.set("dtype", dtype_name(s.dtype)).set("M", s.m).set("K", s.k).set("N", s.n);
-  j.set("pattern", testing::pattern_name(s.pattern));
-  j.set("target_density", Json::number(s.density, "%.5f")).set("density", Json::number(r.density, "%.5f"));
+  Json j = problem_json(r.suite, r.device, r.backend, r.spec);
+  j.set("density", Json::number(r.density, "%.5f"));
   j.set("dense_ms", timing_json(r.dense)).set("gate_ms", timing_json(r.gate)).set("twell_ms", timing_json(r.twell));
   j.set("speedup", Json::number(r.speedup, "%.3f")).set("routed_rows", r.routed_rows).set("ran_dense", r.ran_dense);
   j.set("rel_error", Json::number(r.error, "%.3e")).set("tolerance", Json::number(r.tolerance, "%.3e"));

@@ -102,6 +102,10 @@ void make_dirs(const std::string& path);
 std::string csv_field(const std::string& s);   // quoted, inner quotes doubled
 std::string json_rows(const std::vector<testing::Json>& rows);  // a JSON array, a row per line
 testing::Json timing_json(const Timing& t);    // {"median", "p20", "p80"}, milliseconds
+// A row's first members: suite, device, backend and the problem (kind, dtype, M, K, N, pattern,
+// target_density).
+testing::Json problem_json(const std::string& suite, const std::string& device, const std::string& backend,
+                           const testing::ProblemSpec& s);
 void add_members(testing::Json& row, const testing::Json& more);  // more's members into row
 
 }  // namespace twell::bench

@@ -52,11 +52,7 @@ std::string fmt(const char* f, double v) {
 // A row as JSON (a NaN difference, an output left unwritten, is null).
 testing::Json row_json(const TrainingRow& r) {
   using testing::Json;
-  const ProblemSpec& s = r.spec;
-  Json j = Json::object();
-  j.set("suite", r.suite).set("device", r.device).set("backend", r.backend).set("kind", ffn_kind_name(s.kind));
-  j.set("dtype", dtype_name(s.dtype)).set("M", s.m).set("K", s.k).set("N", s.n);
-  j.set("pattern", testing::pattern_name(s.pattern)).set("target_density", Json::number(s.density, "%.5f"));
+  Json j = problem_json(r.suite, r.device, r.backend, r.spec);
   j.set("density", Json::number(r.density, "%.5f")).set("l0", Json::number(r.l0, "%.3f"));
   j.set("l1", Json::number(r.l1, "%.5g")).set("l1_coef", Json::number(r.l1_coef, "%.3g"));
   j.set("dense_ms", timing_json(r.dense)).set("twell_ms", timing_json(r.twell));

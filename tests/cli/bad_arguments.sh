@@ -10,52 +10,31 @@ failures=0
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
-# expect "message fragment" args...
-expect() {
-  local want=$1
-  shift
-  local out err rc
+# case RC STREAM "text" args...: `twell args` exits RC with "text" on STREAM (out or err) and
+# nothing on the other; a refusal (RC 2) prints exactly one line.
+case_of() {
+  local rc_want=$1 stream=$2 want=$3
+  shift 3
+  local out err rc said quiet
   out=$(mktemp) err=$(mktemp)
   timeout "$limit" "$twell" "$@" >"$out" 2>"$err"
   rc=$?
-  if [ "$rc" -ne 2 ] || [ -s "$out" ] || ! grep -qF -- "$want" "$err" || [ "$(wc -l <"$err")" -ne 1 ]; then
-    echo "FAIL: twell $*: exit $rc (want 2), $(wc -l <"$err") stderr line(s) (want 1): $(head -c 300 "$err"), stdout: $(head -c 300 "$out")"
+  if [ "$stream" = err ]; then said=$err quiet=$out; else said=$out quiet=$err; fi
+  if [ "$rc" -ne "$rc_want" ] || [ -s "$quiet" ] || ! grep -qF -- "$want" "$said" ||
+     { [ "$rc_want" -eq 2 ] && [ "$(wc -l <"$said")" -ne 1 ]; }; then
+    echo "FAIL: twell $*: exit $rc (want $rc_want), $(wc -l <"$said") line(s) on std$stream: $(head -c 300 "$said"); std$([ "$stream" = err ] && echo out || echo err): $(head -c 300 "$quiet")"
     failures=$((failures + 1))
   else
-    echo "ok:   twell $*: $(head -n 1 "$err")"
+    echo "ok:   twell $*: $(head -n 1 "$said")"
   fi
   rm -f "$out" "$err"
 }
-
+# expect "message fragment" args...: refused (exit 2, one line on stderr, nothing on stdout).
+expect() { case_of 2 err "$@"; }
 # help "text on stdout" args...: exit status 0, the text on stdout, nothing on stderr.
-help() {
-  local want=$1
-  shift
-  local out err rc
-  out=$(mktemp) err=$(mktemp)
-  timeout "$limit" "$twell" "$@" >"$out" 2>"$err"
-  rc=$?
-  if [ "$rc" -ne 0 ] || [ -s "$err" ] || ! grep -qF -- "$want" "$out"; then
-    echo "FAIL: twell $*: exit $rc (want 0), stdout: $(head -c 200 "$out"), stderr: $(head -c 200 "$err")"
-    failures=$((failures + 1))
-  else
-    echo "ok:   twell $*: $(head -n 1 "$out")"
-  fi
-  rm -f "$out" "$err"
-}
+help() { case_of 0 out "$@"; }
 
-# npy FILE ROWS COLS [BYTES]: a float32 .npy file of zeros (BYTES of them: default ROWS * COLS * 4).
-npy() {
-  local dict="{'descr': '<f4', 'fortran_order': False, 'shape': ($2, $3), }"
-  local pad=$(((64 - (10 + ${#dict} + 1) % 64) % 64))
-  local hlen=$((${#dict} + 1 + pad))
-  {
-    printf '\x93NUMPY\x01\x00'
-    printf "\\x$(printf %02x $((hlen & 255)))\\x$(printf %02x $((hlen >> 8)))"
-    printf '%s%*s\n' "$dict" "$pad" ''
-    head -c "${4:-$(($2 * $3 * 4))}" /dev/zero
-  } >"$1"
-}
+source "$(dirname "$0")/lib.sh"  # npy
 
 # capture DIR: a one-layer capture folder (x [4, 16], weights [32, 16]).
 capture() {

@@ -11,18 +11,7 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 failures=0
 
-# npy FILE ROWS COLS: a float32 .npy file of small values.
-npy() {
-  local dict="{'descr': '<f4', 'fortran_order': False, 'shape': ($2, $3), }"
-  local pad=$(((64 - (10 + ${#dict} + 1) % 64) % 64))
-  local hlen=$((${#dict} + 1 + pad))
-  {
-    printf '\x93NUMPY\x01\x00'
-    printf "\\x$(printf %02x $((hlen & 255)))\\x$(printf %02x $((hlen >> 8)))"
-    printf '%s%*s\n' "$dict" "$pad" ''
-    head -c $(($2 * $3 * 4)) /dev/zero | tr '\0' '\074'  # every float 0x3c3c3c3c: 0.0115
-  } >"$1"
-}
+source "$(dirname "$0")/lib.sh"  # npy
 
 # strict_json FILE: parses FILE as strict JSON, printing its rows' count.
 strict_json() {
@@ -40,8 +29,8 @@ PY
 dir="$scratch/odd \"name\"
 with a newline"
 mkdir -p "$dir"
-npy "$dir/layer0.x.npy" 8 16
-for w in gate up down; do npy "$dir/layer0.$w.npy" 32 16; done
+npy "$dir/layer0.x.npy" 8 16 "" 074
+for w in gate up down; do npy "$dir/layer0.$w.npy" 32 16 "" 074; done
 cat >"$dir/manifest.json" <<'JSON'
 {"checkpoint": "/runs/\"quoted\"\nline\\two}, \"x\": [", "l1_coef": Infinity,
  "train_log": {"nested": [1, {"deep": NaN}]}, "max_row_active": [1e999]}
