@@ -92,12 +92,8 @@ def _last_l1_coef(log_path):
     except InputError:
         return None
     coef = None
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and rec.get("kind") == "log" and type(
+    for rec in files.json_records(text):
+        if rec.get("kind") == "log" and type(
                 rec.get("l1_coef")) in (int, float) and math.isfinite(rec["l1_coef"]):
             coef = rec["l1_coef"]
     return coef
@@ -121,7 +117,10 @@ def _hf_model(folder, dtype):
         except TypeError:  # older transformers
             return transformers.AutoModelForCausalLM.from_pretrained(
                 folder, torch_dtype=dtype or "auto", **kwargs)
-    except (OSError, ValueError, KeyError) as e:
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 (any error of transformers or safetensors reading the
+        # folder's files: a truncated safetensors file, a config its classes refuse, ...)
         raise InputError(f"checkpoint {folder}", "a Hugging Face causal LM folder it can load",
                          f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}") from None
 

@@ -110,6 +110,22 @@ def test_capture_reads_no_pickled_hugging_face_weights(tmp_path, capsys):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("damage", ["truncated weights", "negative hidden size"])
+def test_capture_refuses_a_broken_hugging_face_folder(tmp_path, capsys, damage):
+    folder = _hf_folder(tmp_path / "hf")
+    if damage == "truncated weights":
+        data = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(data[:100])
+    else:
+        config = json.loads((folder / "config.json").read_text())
+        config["hidden_size"] = -5
+        (folder / "config.json").write_text(json.dumps(config))
+    rc, err = _fails(cap.main, [str(folder), "--out", str(tmp_path / "cap"), "--text",
+                                str(folder / "config.json"), "--tokenizer", "bytes", "--device",
+                                "cpu"], capsys)
+    assert rc == 2 and len(err) == 1 and "Hugging Face" in err[0], err
+
+
 def test_read_layer_refuses_pickled_arrays_and_bad_manifests(tmp_path):
     marker, payload = _payload(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps({"dtype": "float32", "layers": 1}))
@@ -329,3 +345,78 @@ def test_text_and_tokenizer_files_are_checked(tmp_path):
         td.make_encoder(str(tmp_path / "bad.json"))
     with pytest.raises(ValueError, match="a BPE vocabulary size from 257"):
         td.make_encoder(10)
+
+
+def _tiny(tmp_path, *extra):
+    return ["--device", "cpu", "--data", "synthetic", "--model", "tiny", "--no-progress",
+            "--batch-size", "2", "--seq-len", "16", "--eval-batches", "1",
+            "--out", str(tmp_path / "run"), *extra]
+
+
+def _train(args):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "twell.train"] + args, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_a_diverging_run_exits_non_zero_naming_the_cause(tmp_path):
+    """Finite but absurd settings that make the loss NaN end the run with exit 1 and one line,
+    keep the log valid JSON (no bare NaN) and write no checkpoint of the NaN model."""
+    r = _train(_tiny(tmp_path, "--steps", "6", "--log-every", "1", "--l1", "1e300", "--lr", "5"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("twell.train: training diverged")
+    log = (tmp_path / "run" / "log.jsonl").read_text()
+    for line in log.splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c} in the log"))
+    assert json.loads(log.splitlines()[-1])["reason"] == "diverged"
+    assert not (tmp_path / "run" / "checkpoint").exists()
+
+
+def test_deeply_nested_log_lines_are_skipped(tmp_path):
+    assert _train(_tiny(tmp_path, "--steps", "2")).returncode == 0
+    with open(tmp_path / "run" / "log.jsonl", "a") as f:
+        f.write("[" * 200000 + "]" * 200000 + "\n")
+    r = _train(_tiny(tmp_path, "--steps", "3", "--resume"))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    from twell import capture
+    assert capture._last_l1_coef(str(tmp_path / "run" / "log.jsonl")) is not None
+
+
+def test_a_log_that_is_a_folder_is_refused(tmp_path):
+    (tmp_path / "run" / "log.jsonl").mkdir(parents=True)
+    r = _train(_tiny(tmp_path, "--steps", "1"))
+    assert r.returncode == 2 and "log.jsonl" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_eval_batch_size_errors_name_it(tmp_path):
+    r = _train(_tiny(tmp_path, "--steps", "1", "--eval-batch-size", "100000000"))
+    assert r.returncode == 2 and "--eval-batch-size" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("flag, value", [("--lr", "1e38"), ("--lr", "11"),
+                                         ("--weight-decay", "1e300")])
+def test_absurd_optimiser_settings_are_refused(tmp_path, flag, value):
+    r = _train(_tiny(tmp_path, "--steps", "1", flag, value))
+    assert r.returncode == 2 and flag in r.stderr and "Traceback" not in r.stderr
+
+
+def test_meta_json_cannot_raise_the_decompression_bound(tmp_path, monkeypatch):
+    """A token count in meta.json lowers the bound on an xz file's decompressed size, never
+    raises it past data.XZ_LIMIT."""
+    import lzma
+    from twell.train import data
+    folder = tmp_path / "bomb"
+    folder.mkdir()
+    monkeypatch.setattr(data, "XZ_LIMIT", 1 << 16)
+    big = 1 << 17  # ids, 2 * 2^17 bytes of zeros > the (patched) bound
+    with lzma.open(folder / "train.bin.xz", "wb") as f:
+        f.write(b"\0" * 2 * big)
+    with lzma.open(folder / "val.bin.xz", "wb") as f:
+        f.write(b"\0" * 64)
+    (folder / "meta.json").write_text(json.dumps({
+        "format": "twell-tokens-1", "dtype": "uint16", "byteorder": "little", "vocab_size": 8,
+        "eos_id": 0, "tokens": {"train": big, "val": 32}}))
+    with pytest.raises(ValueError, match="once decompressed"):
+        data.load(str(folder))

@@ -8,7 +8,6 @@ checked against the run it is loaded into (names, shapes and dtypes of the tenso
 types of the rest) before use. A checkpoint.pt (a pickle of an older twell) is refused, never
 unpickled. `save`, `load`, `find` and `read` are the whole interface.
 """
-import json
 import math
 import os
 import random
@@ -284,11 +283,8 @@ def _truncate_log(trainer):
         return
     keep = []
     for line in files.read_text(trainer.log_path, f"--out {trainer.log_path}").splitlines(True):
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(rec, dict):
+        rec = next(files.json_records(line), None)
+        if rec is None:
             continue
         step = rec.get("step", 0)
         if rec.get("kind") in ("log", "end") and (type(step) is not int or step > trainer.step):

@@ -215,9 +215,9 @@ def check(args):
         _integer(args, name, 0, optional=True)
     _integer(args, "seed", 0, (1 << 63) - 1)
     _integer(args, "val_permille", 1, 999)  # both splits need documents
-    _number(args, "lr", 0, low_open=True)
+    _number(args, "lr", 0, 10, low_open=True)  # AdamW steps of over 10 per unit gradient: no run
     _number(args, "min_lr_ratio", 0, 1)
-    _number(args, "weight_decay", 0)
+    _number(args, "weight_decay", 0, 1e3)
     _number(args, "beta1", 0, 1, high_open=True)
     _number(args, "beta2", 0, 1, high_open=True)
     _number(args, "clip", 0)
@@ -280,6 +280,9 @@ def main(argv=None):
     except InputError as e:
         _fail(f"twell.train: {e}")
     except (MemoryError, RuntimeError) as e:
+        if type(e).__name__ == "Diverged":  # loop.Diverged: a finished run, not a misuse
+            print(str(e), file=sys.stderr)
+            sys.exit(1)
         torch = sys.modules.get("torch")
         if not (isinstance(e, MemoryError) or (torch and isinstance(e, torch.OutOfMemoryError))):
             raise

@@ -170,13 +170,15 @@ def is_token_folder(path):
         os.path.lexists(os.path.join(path, n)) for n in ("train.bin", "train.bin.xz"))
 
 
-# An xz token file is refused past this many compressed bytes (ids decompress to memory).
+# An xz token file is refused past this many bytes, compressed or decompressed (its ids
+# decompress to memory; a count in meta.json can lower the bound, never raise it).
 XZ_LIMIT = 1 << 31
 
 
 def _token_ids(folder, name, want):
     """The ids of folder/NAME.bin (memory-mapped) or, where there is none, NAME.bin.xz
-    (decompressed in memory, at most `want` ids where meta.json gives a count, else 2^31 bytes)."""
+    (decompressed in memory: exactly `want` ids where meta.json gives a count, and at most 2^31
+    bytes either way)."""
     path = os.path.join(folder, f"{name}.bin")
     if os.path.lexists(path) or not os.path.lexists(path + ".xz"):
         size = files.check_regular(path, path)
@@ -187,7 +189,7 @@ def _token_ids(folder, name, want):
                              f"{size // 2}")
         return np.memmap(path, dtype="<u2", mode="r")
     path += ".xz"
-    limit = 2 * want if type(want) is int and want > 0 else XZ_LIMIT
+    limit = min(2 * want, XZ_LIMIT) if type(want) is int and want > 0 else XZ_LIMIT
     packed = files.read_bytes(path, path, XZ_LIMIT)
     try:
         raw = lzma.LZMADecompressor().decompress(packed, max_length=limit + 1)

@@ -3,6 +3,7 @@ FIFO, device or socket named as a file is refused before anything blocks on it),
 before reading, JSON parsed strictly, and every problem an InputError naming what was read:
 "<what>: expected <expected>, got <actual>"."""
 import json
+import math
 import os
 import stat
 
@@ -101,6 +102,29 @@ def parse_json(data, what):
         raise InputError(what, "JSON", "JSON nested too deeply") from None
     except ValueError as e:  # json.JSONDecodeError and the constants above
         raise InputError(what, "JSON", f"invalid JSON ({e})") from None
+
+
+def json_records(text):
+    """The JSON objects of a JSON-lines text (a log), skipping lines that are not one (a torn
+    last line, garbage, nesting too deep to parse)."""
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(rec, dict):
+            yield rec
+
+
+def finite_json(value):
+    """`value` with every non-finite float replaced by None (JSON has no NaN or Infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
 
 
 def read_json(path, what, limit=JSON_LIMIT):

@@ -139,6 +139,8 @@ class Trainer:
         self.step, self.tokens, self.last_reinit = 0, 0, 0
         self.coef = a.l1
         self.log_path = os.path.join(self.out, "log.jsonl")
+        if os.path.lexists(self.log_path):  # appended to on resume, replaced otherwise
+            files.check_regular(self.log_path, f"--out {self.out}: log.jsonl")
         self._reset_interval()
         self.step_time = None  # seconds per optimizer step (measured)
         self.eval_time = None
@@ -168,7 +170,8 @@ class Trainer:
                              f"{memory / gib:.1f} GiB of {self.device}",
                              f"{params:,} parameters needing {weights / gib:.1f} GiB")
         if weights + logits > memory:
-            raise InputError("--batch-size", f"micro-batches whose logits fit in the "
+            raise InputError("--eval-batch-size" if (a.eval_batch_size or 0) > a.batch_size
+                             else "--batch-size", f"micro-batches whose logits fit in the "
                              f"{(memory - weights) / gib:.1f} GiB of {self.device} the model "
                              f"leaves", f"{batch} x --seq-len {a.seq_len} x vocabulary "
                              f"{data.vocab_size} needing {logits / gib:.1f} GiB")
@@ -290,7 +293,7 @@ class Trainer:
 
     def _write(self, record):
         with open(self.log_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(files.finite_json(record), allow_nan=False) + "\n")
 
     def log(self, val=None):
         acc = self.acc
@@ -421,6 +424,10 @@ def _layer_report(trainer, record):
     return layer_table(names, n, record) + layer_warnings(names, n, record, window)
 
 
+class Diverged(RuntimeError):
+    """The loss or the gradient norm of a step is not finite."""
+
+
 def run(args, start_time=None):
     """Trains as the parsed command line says; returns the last log record."""
     trainer = Trainer(args, start_time)
@@ -473,6 +480,10 @@ def run(args, start_time=None):
         if trainer.step % args.log_every == 0 or val is not None or last:
             record = trainer.log(val)
             bar.update(trainer.step, record)
+            if not all(math.isfinite(record[k]) for k in ("train_ce", "grad_norm")
+                       if record[k] is not None):
+                reason = "diverged"
+                break
             if val is not None and not last:
                 for line in _layer_report(trainer, record):
                     say(line)
@@ -491,7 +502,7 @@ def run(args, start_time=None):
             bar.update(trainer.step, None)
         if args.ckpt_every and trainer.step % args.ckpt_every == 0 and not last:
             checkpoint.save(trainer)
-    if trainer.acc["steps"]:  # a partial interval before a budget stop
+    if trainer.acc["steps"] and reason != "diverged":  # a partial interval before a stop
         val = None
         if reason == "time budget" and trainer.eval_time is not None and not trainer.out_of_time(
                 True):
@@ -500,10 +511,16 @@ def run(args, start_time=None):
         record = trainer.log(val)
         bar.update(trainer.step, record)
     bar.close()
-    if reason != "already done":
+    if reason not in ("already done", "diverged"):  # a diverged model keeps the last checkpoint
         checkpoint.save(trainer)
     trainer._write({"kind": "end", "step": trainer.step, "tokens": trainer.tokens,
                     "reason": reason, "elapsed_s": round(time.monotonic() - trainer.start_time, 3)})
+    if reason == "diverged":
+        trainer.monitor.remove()
+        raise Diverged(f"twell.train: training diverged: the loss or gradient norm is not finite "
+                       f"at step {trainer.step} (see {trainer.log_path}); expected a run with "
+                       f"finite values: lower --lr (now {args.lr:g}) or --l1 (now {args.l1:g}), "
+                       f"or check the data")
     if reason in ("time budget", "stop-at"):
         print(f"twell.train: stopped at step {trainer.step} of {args.steps} ({reason}); the "
               f"checkpoint is {trainer.ckpt_path}: the same command with --resume continues",
@@ -521,11 +538,7 @@ def run(args, start_time=None):
 
 def _last_record(path):
     rec = None
-    for line in files.read_text(path, f"--out {path}").splitlines():
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(r, dict) and r.get("kind") == "log":
+    for r in files.json_records(files.read_text(path, f"--out {path}")):
+        if r.get("kind") == "log":
             rec = r
     return rec
