@@ -7,6 +7,12 @@ no pickle, so reading a checkpoint runs no code), written atomically. Everything
 checked against the run it is loaded into (names, shapes and dtypes of the tensors, the keys and
 types of the rest) before use. A checkpoint.pt (a pickle of an older twell) is refused, never
 unpickled. `save`, `load`, `find` and `read` are the whole interface.
+
+Several ranks (--dist): the checkpoint is the one-process one. Rank 0 writes it, FSDP2's shards
+gathered into whole tensors first (the fp32 shards are the master weights; the model entry holds
+them in the compute dtype, as one process's parameters); the data position, the dead-unit window
+(hits summed over ranks) and rank 0's generators are global. Every rank reads it back and keeps
+its share, so a run resumes on any number of ranks (--batch-size stays the global batch).
 """
 import math
 import os
@@ -53,29 +59,37 @@ def _jsonable(x):
 
 
 def save(trainer):
-    """Writes OUT/checkpoint (atomically)."""
+    """Writes OUT/checkpoint (atomically; rank 0, every rank taking part)."""
     t = time.monotonic()
+    model, master = trainer.weights_state()  # FSDP2: gathers, every rank
+    opt = trainer.optimizer_state()
+    monitor = trainer.monitor.state_dict()  # sums over ranks
+    if not trainer.dist.main:
+        trainer.dist.barrier()
+        trainer.ckpt_time = time.monotonic() - t
+        trainer.paused_s += trainer.ckpt_time
+        return
     py = random.getstate()
     name, keys, pos, has_gauss, gauss = np.random.get_state()
     rng = {"torch": torch.get_rng_state(), "python": [py[0], list(py[1]), py[2]],
            "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(gauss)]}
     if trainer.device.type == "cuda":
         rng["cuda"] = torch.cuda.get_rng_state(trainer.device)
-    opt = trainer.optimizer.state_dict()
     state = {
         "format": FORMAT, "precision": trainer.precision,
         "step": trainer.step, "tokens": trainer.tokens, "last_reinit": trainer.last_reinit,
         "args": {k: _jsonable(v) for k, v in vars(trainer.args).items()},
-        "model": trainer.model.state_dict(),
-        "master": trainer.master,
+        "model": model,
+        "master": master,
         "optimizer": {"state": {str(i): s for i, s in opt["state"].items()},
                       "param_groups": opt["param_groups"]},
         "scheduler": trainer.scheduler.state_dict(),
         "sampler": trainer.sampler.state_dict(),
-        "monitor": trainer.monitor.state_dict(),
+        "monitor": monitor,
         "rng": rng,
     }
     state_files.write(trainer.ckpt_path, state)
+    trainer.dist.barrier()  # the others wait: nothing runs on while it is written
     trainer.ckpt_time = time.monotonic() - t
     trainer.paused_s += trainer.ckpt_time
 
@@ -160,7 +174,8 @@ def _check_args(state, trainer):
         raise InputError("--resume", f"a checkpoint of precision {trainer.precision} (this run's "
                          f"on {trainer.device.type}; see --precision)",
                          f"{trainer.ckpt_path}, of precision {state.get('precision')!r}"[:200])
-    changed = [k for k in mine if k not in ("resume", "max_minutes", "stop_at", "out")
+    changed = [k for k in mine if k not in ("resume", "max_minutes", "stop_at", "out",
+                                            "no_checkpoint")
                and saved.get(k) != mine[k]]
     return ("WARNING: resuming with changed " + ", ".join(
         f"--{k.replace('_', '-')} {repr(saved.get(k))[:40]} -> {mine[k]!r}" for k in changed)
@@ -244,15 +259,16 @@ def load(trainer, say):
     warning = _check_args(state, trainer)
     step, tokens, last_reinit = (_count(state.get(k), f"{where}: {k}")
                                  for k in ("step", "tokens", "last_reinit"))
-    check_tensors(state.get("model"), trainer.model.state_dict(), f"{where}: model")
+    check_tensors(state.get("model"), trainer.weights_spec(), f"{where}: model")
     master = state.get("master")
-    if trainer.master is None:
+    master_spec = trainer.master_spec()
+    if master_spec is None:
         if master is not None:
             raise InputError(f"{where}: master", "none (this run keeps no master weights)",
                              _type(master))
     else:
         check_tensors(dict(enumerate(master)) if isinstance(master, list) else master,
-                      dict(enumerate(trainer.master)), f"{where}: master")
+                      dict(enumerate(master_spec)), f"{where}: master")
     optimizer = _optimizer_state(state.get("optimizer"), trainer, f"{where}: optimizer")
     scheduler = _conform(state.get("scheduler"), trainer.scheduler.state_dict(),
                          f"{where}: scheduler")
@@ -263,16 +279,13 @@ def load(trainer, say):
         trainer.monitor.load_state_dict(state.get("monitor"))
     except InputError as e:
         raise e.within(where) from None
-    trainer.model.load_state_dict(state["model"])
-    if trainer.master is not None:
-        with torch.no_grad():
-            for m, s in zip(trainer.master, master):
-                m.copy_(s)
-    trainer.optimizer.load_state_dict(optimizer)
+    trainer.load_weights(state["model"], master)
+    trainer.load_optimizer(optimizer)
     trainer.scheduler.load_state_dict(scheduler)
     _restore_rng(state.get("rng"), trainer, f"{where}: rng")
     trainer.step, trainer.tokens, trainer.last_reinit = step, tokens, last_reinit
-    _truncate_log(trainer)
+    if trainer.dist.main:
+        _truncate_log(trainer)
     if warning:
         say(warning)
 

@@ -9,6 +9,8 @@ import time
 
 from twell.train import files
 from twell.train.data import BPE_SIZES
+from twell.train.distributed import MODES as DIST_MODES
+from twell.train.distributed import launch
 from twell.train.files import InputError
 from twell.train.models import PRESETS, shape
 
@@ -153,6 +155,14 @@ def parser():
     g.add_argument("--precision", choices=["fp32", "bf16"],
                    help="default: fp32 on the CPU, bf16 (fp32 master weights) on CUDA")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--dist", choices=DIST_MODES, default="none",
+                   help="several processes, launched by torchrun --nproc-per-node N -m "
+                        "twell.train: ddp (DistributedDataParallel) or fsdp2 (fully_shard per "
+                        "decoder layer); --batch-size is the global batch, split over the ranks; "
+                        "NCCL on CUDA (rank r on cuda:LOCAL_RANK), gloo on the CPU (default none: "
+                        "one process)")
+    g.add_argument("--no-checkpoint", action="store_true",
+                   help="write no checkpoint, not even at the end (timing runs)")
     g.add_argument("--deterministic", action="store_true",
                    help="torch.use_deterministic_algorithms (twell: deterministic kernels)")
     return p
@@ -227,6 +237,7 @@ def check(args):
     _choice(args, "activation", ACTIVATIONS)
     _choice(args, "dispatch", ("auto", "sparse", "dense"))
     _choice(args, "precision", (None, "fp32", "bf16"))
+    _choice(args, "dist", DIST_MODES)
     shape(args.model, hidden=args.hidden, intermediate=args.intermediate, layers=args.layers,
           heads=args.heads, kv_heads=args.kv_heads)
     tok = args.tokenizer
@@ -275,6 +286,7 @@ def main(argv=None):
             raise InputError("--data", "a token folder, a text folder, hf:NAME or synthetic "
                              "(the default, .carry/corpus, comes from scripts/prepare-corpus)",
                              "no .carry/corpus here")
+        launch(args)  # --dist against torchrun's environment, before torch is imported
         from twell.train.loop import run  # imports torch and transformers
         return run(args, start)
     except InputError as e:

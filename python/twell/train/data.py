@@ -13,6 +13,12 @@ starts are drawn from numpy's PCG64 seeded with (seed, rank, batch index): a bat
 nothing else, so a run resumes at any batch index, and each rank of a (rank, world_size) run draws
 from its own contiguous 1/world_size of the token stream. Validation uses fixed, non-overlapping
 windows of the validation ids, rank r taking every world_size-th one.
+
+Several processes training one model (python -m twell.train --dist) use `part` and `parts`
+instead: every process draws the batch one process would (the same windows, the same state) and
+keeps its slice of it, rows [part * B / parts, (part + 1) * B / parts); the validation windows of
+one process are dealt out the same way (process p takes every parts-th). Together the processes
+see exactly one process's tokens, none twice, whatever their number.
 """
 import hashlib
 import json
@@ -36,9 +42,13 @@ class RandomWindows:
     """Batches [batch_size, seq_len + 1] (int64) of random windows of `tokens`; `position` is
     the index of the next batch (checkpointed through state_dict)."""
 
-    def __init__(self, tokens, batch_size, seq_len, *, seed=0, rank=0, world_size=1):
+    def __init__(self, tokens, batch_size, seq_len, *, seed=0, rank=0, world_size=1, part=0,
+                 parts=1):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank: expected 0 <= rank < world_size ({world_size}), got {rank}")
+        if not 0 <= part < parts or batch_size % parts:
+            raise ValueError(f"part: expected 0 <= part < parts ({parts}) dividing the batch size "
+                             f"{batch_size}, got {part}")
         n = len(tokens)
         self.lo, self.hi = n * rank // world_size, n * (rank + 1) // world_size
         if self.hi - self.lo < seq_len + 1:
@@ -46,11 +56,15 @@ class RandomWindows:
                              f"shorter than one window of seq_len + 1 = {seq_len + 1}")
         self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
         self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.part, self.parts = part, parts  # not in the state: a run resumes on any number
         self.position = 0
 
     def batch(self, index):
+        """Batch `index`: this part's rows of it ([batch_size / parts, seq_len + 1])."""
         rng = np.random.default_rng([self.seed, self.rank, index])
         starts = self.lo + rng.integers(0, self.hi - self.lo - self.seq_len, size=self.batch_size)
+        rows = self.batch_size // self.parts
+        starts = starts[self.part * rows:(self.part + 1) * rows]
         return np.stack([np.asarray(self.tokens[s:s + self.seq_len + 1], dtype=np.int64)
                          for s in starts])
 
@@ -91,6 +105,18 @@ def eval_starts(length, batch_size, seq_len, *, max_batches=None, rank=0, world_
     return [mine[b:b + batch_size] for b in range(0, len(mine), batch_size)]
 
 
+def deal_starts(batches, part, parts):
+    """The window starts of `batches` (eval_starts of one process) that process `part` of `parts`
+    takes: every parts-th window, in batches of ceil(batch_size / parts) (batch_size: the first
+    batch's), so that the parts together run each window once."""
+    if parts == 1:
+        return batches
+    flat = [s for b in batches for s in b]
+    size = -(-max((len(b) for b in batches), default=1) // parts)
+    mine = flat[part::parts]
+    return [mine[b:b + size] for b in range(0, len(mine), size)]
+
+
 def eval_windows(tokens, batch_size, seq_len, *, max_batches=None, rank=0, world_size=1):
     """Batches of the windows eval_starts gives (each validation token a target at most once): a
     list of int64 arrays [<= batch_size, seq_len + 1]."""
@@ -111,15 +137,27 @@ class TokenData:
         self.meta = dict(meta or {})
         self.tokenizer = tokenizer
 
-    def sampler(self, batch_size, seq_len, *, seed=0, rank=0, world_size=1):
+    def sampler(self, batch_size, seq_len, *, seed=0, rank=0, world_size=1, part=0, parts=1):
         return RandomWindows(self.train, batch_size, seq_len, seed=seed, rank=rank,
-                             world_size=world_size)
+                             world_size=world_size, part=part, parts=parts)
 
-    def val_batches(self, batch_size, seq_len, *, max_batches=None, rank=0, world_size=1):
-        return eval_windows(self.val, batch_size, seq_len, max_batches=max_batches, rank=rank,
-                            world_size=world_size)
+    def val_starts(self, batch_size, seq_len, *, max_batches=None, rank=0, world_size=1, part=0,
+                   parts=1):
+        """The window starts of val_batches (same arguments), in batches."""
+        return deal_starts(eval_starts(len(self.val), batch_size, seq_len,
+                                       max_batches=max_batches, rank=rank,
+                                       world_size=world_size), part, parts)
 
-    def val_source_ids(self, batch_size, seq_len, *, max_batches=None, rank=0, world_size=1):
+    def val_batches(self, batch_size, seq_len, *, max_batches=None, rank=0, world_size=1, part=0,
+                    parts=1):
+        """Validation batches (eval_windows; with parts > 1, this part's share of one process's
+        windows, deal_starts)."""
+        return [np.stack([np.asarray(self.val[i:i + seq_len + 1], dtype=np.int64) for i in b])
+                for b in self.val_starts(batch_size, seq_len, max_batches=max_batches, rank=rank,
+                                         world_size=world_size, part=part, parts=parts)]
+
+    def val_source_ids(self, batch_size, seq_len, *, max_batches=None, rank=0, world_size=1,
+                       part=0, parts=1):
         """For the batches of val_batches (same arguments): per batch an int64 array
         [<= batch_size, seq_len] giving the source (an index into val_sources) of each target
         token; None where the validation ids hold one source."""
@@ -128,9 +166,9 @@ class TokenData:
         ends = np.array([end for _, _, end in self.val_sources])
         offsets = np.arange(1, seq_len + 1)
         return [np.searchsorted(ends, np.asarray(starts)[:, None] + offsets, side="right")
-                for starts in eval_starts(len(self.val), batch_size, seq_len,
-                                          max_batches=max_batches, rank=rank,
-                                          world_size=world_size)]
+                for starts in self.val_starts(batch_size, seq_len, max_batches=max_batches,
+                                              rank=rank, world_size=world_size, part=part,
+                                              parts=parts)]
 
     def check_ids(self, what):
         """InputError naming `what` where an id is not below the vocabulary size."""

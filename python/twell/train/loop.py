@@ -7,6 +7,13 @@ Precision: float32 on the CPU; on CUDA, bfloat16 parameters (the twell CUDA kern
 under bf16 autocast, with float32 master weights in the optimizer (gradients accumulate there in
 float32, the updated weights are copied back to the bf16 parameters in place, so twell's plans
 stay valid).
+
+Several processes (--dist ddp|fsdp2 under torchrun, twell.train.distributed): each rank takes its
+slice of every global batch; DDP averages gradients in backward (every micro-batch where fp32
+master weights take them, else on the last one: no_sync before), FSDP2 shards parameters,
+gradients and AdamW state (its fp32 shards are the master weights: bf16 compute, fp32 gradient
+reduction); the log, validation and sparsity figures are reduced over ranks and rank 0 writes
+them and the checkpoints.
 """
 import contextlib
 import json
@@ -19,7 +26,7 @@ import torch.nn.functional as F
 
 import twell
 import twell.torch as tt
-from twell.train import checkpoint, files, models
+from twell.train import checkpoint, distributed, files, models
 from twell.train import data as data_mod
 from twell.train.files import InputError
 from twell.train.progress import Progress
@@ -66,11 +73,15 @@ def _schedule(warmup, total, min_ratio):
 
 
 class Trainer:
-    def __init__(self, args, start_time=None):
+    def __init__(self, args, start_time=None, prepare=None):
+        """prepare: called with the trainer once its model is built, patched and on its device
+        in its dtype, before FSDP2 shards or DDP wraps it (bench/distributed.py calibrates the
+        gates there)."""
         self.args = a = args
         self.start_time = start_time or time.monotonic()
         self.deadline = (self.start_time + a.max_minutes * 60) if a.max_minutes else None
-        self.device = resolve_device(a.device)
+        self.dist, self.device = distributed.setup(a, resolve_device)
+        self.fsdp = self.dist.mode == "fsdp2"
         if self.device.type == "cuda" and a.activation == "relu" and not twell.cuda_compiled():
             raise InputError("--device", "cpu, or a twell built with CUDA (its ReLU FFNs run on "
                              "twell)", repr(a.device))
@@ -112,11 +123,22 @@ class Trainer:
             tt.patch_model(self.model, activation="relu", l1_coef=a.l1, dispatch=a.dispatch)
         self.model.to(self.device, self.dtype).train()
         self.sparse = [m for _, m in tt.sparse_modules(self.model)]
+        if prepare is not None:
+            prepare(self)
+        # bf16 weights beside fp32 master weights: the optimizer's copies (one process, DDP), or
+        # FSDP2's fp32 shards gathered as bf16 for compute (from the same bf16-rounded start).
+        self.keeps_master = self.dtype != torch.float32
+        if self.fsdp:
+            if self.keeps_master:
+                with torch.no_grad():
+                    for p in self.model.parameters():
+                        p.data = p.data.float()
+            distributed.shard_model(self.model, self.dist, self.dtype)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.params = params
         self.master = ([p.detach().float().clone() for p in params]
-                       if self.dtype != torch.float32 else None)
+                       if self.keeps_master and not self.fsdp else None)
         opt_params = self.master or params
         decay = [q for p, q in zip(params, opt_params) if p.ndim >= 2]
         no_decay = [q for p, q in zip(params, opt_params) if p.ndim < 2]
@@ -128,13 +150,30 @@ class Trainer:
         warmup = a.warmup if a.warmup is not None else max(1, min(200, a.steps // 20))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, _schedule(warmup, a.steps, a.min_lr_ratio))
+        self.engine = self.model  # what training forwards run through
+        if self.dist.mode == "ddp":
+            self.engine = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if cuda else None,
+                broadcast_buffers=False)
 
-        self.sampler = self.data.sampler(a.batch_size, a.seq_len, seed=a.seed)
-        self.val = self.data.val_batches(a.eval_batch_size or a.batch_size, a.seq_len,
-                                         max_batches=a.eval_batches)
-        self.val_sources = self.data.val_source_ids(a.eval_batch_size or a.batch_size,
-                                                    a.seq_len, max_batches=a.eval_batches)
-        self.monitor = LayerMonitor(self.model, a.dead_window, track_dead=not a.no_dead_tracking)
+        # Rank r of n: its rows of every global batch, its share of the validation windows.
+        part, parts = self.dist.rank, self.dist.world
+        eval_batch = a.eval_batch_size or a.batch_size
+        self.sampler = self.data.sampler(a.batch_size, a.seq_len, seed=a.seed, part=part,
+                                         parts=parts)
+        self.val = self.data.val_batches(eval_batch, a.seq_len, max_batches=a.eval_batches,
+                                         part=part, parts=parts)
+        self.val_sources = self.data.val_source_ids(eval_batch, a.seq_len,
+                                                    max_batches=a.eval_batches, part=part,
+                                                    parts=parts)
+        # FSDP2 gathers weights in every forward: every rank runs as many validation forwards
+        # (a rank with fewer windows repeats one, uncounted).
+        self.val_rounds = max(len(self.data.val_starts(eval_batch, a.seq_len,
+                                                       max_batches=a.eval_batches, part=p,
+                                                       parts=parts))
+                              for p in range(parts)) if self.fsdp else len(self.val)
+        self.monitor = LayerMonitor(self.model, a.dead_window, track_dead=not a.no_dead_tracking,
+                                    group=self.dist)
         self.tokens_per_step = a.batch_size * a.seq_len * a.grad_accum
         self.step, self.tokens, self.last_reinit = 0, 0, 0
         self.coef = a.l1
@@ -161,6 +200,8 @@ class Trainer:
         params = sum(p.numel() for p in meta.parameters())
         bf16 = (a.precision or ("bf16" if self.device.type == "cuda" else "fp32")) == "bf16"
         weights = params * (20 if bf16 else 16)  # weight, gradient, AdamW moments, fp32 master
+        if a.dist == "fsdp2":
+            weights //= self.dist.world  # sharded (a lower bound still)
         batch = max(a.batch_size, a.eval_batch_size or 0)
         logits = batch * a.seq_len * data.vocab_size * 12  # fp32 logits, their log-softmax, grad
         memory = _memory_bytes(self.device)
@@ -196,15 +237,16 @@ class Trainer:
         coef = self.coef = self.l1_coef()
         for m in self.sparse:
             m.l1_coef = coef
-        for _ in range(a.grad_accum):
+        for micro in range(a.grad_accum):
             batch = torch.from_numpy(next(self.sampler)).to(self.device, non_blocking=True)
             inputs, targets = batch[:, :-1], batch[:, 1:]
-            with self.autocast:
-                logits = self.model(input_ids=inputs, use_cache=False).logits
-            ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                 targets.reshape(-1))
-            l1 = tt.l1_loss(self.model)
-            ((ce + l1) / a.grad_accum).backward()
+            with self._gradient_sync(micro == a.grad_accum - 1):
+                with self.autocast:
+                    logits = self.engine(input_ids=inputs, use_cache=False).logits
+                ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                     targets.reshape(-1))
+                l1 = tt.l1_loss(self.model)
+                ((ce + l1) / a.grad_accum).backward()
             if self.master is not None:
                 for p, m in zip(self.params, self.master):
                     if p.grad is not None:
@@ -216,7 +258,7 @@ class Trainer:
                 self.acc["l1"] += l1.detach().float()
             self.acc["micro"] += 1
         if a.clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(self.opt_params, a.clip)
+            norm = distributed.full(torch.nn.utils.clip_grad_norm_(self.opt_params, a.clip))
             self.acc["grad_norm"] = torch.maximum(self.acc["grad_norm"], norm.float())
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -232,13 +274,24 @@ class Trainer:
         if self.monitor.window_full():
             self._close_dead_window()
 
+    def _gradient_sync(self, last):
+        """The context of a micro-batch's forward and backward: gradients reduced over ranks on
+        the last micro-batch of a step only (DDP's no_sync before; FSDP2's
+        set_requires_gradient_sync), except under DDP with master weights, which take each
+        micro-batch's reduced gradients (the accumulation stays in fp32, as in one process)."""
+        if self.dist.mode == "ddp" and not last and self.master is None:
+            return self.engine.no_sync()
+        if self.fsdp and self.args.grad_accum > 1:
+            self.engine.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
     def _close_dead_window(self):
         a = self.args
         # No re-initialisation in the run's last reinit_dead_every steps: re-initialised units fire
         # densely at first, and the final model would keep what had no time to settle.
         reinit = (bool(a.reinit_dead_every) and self.step - self.last_reinit >= a.reinit_dead_every
                   and self.step + a.reinit_dead_every <= a.steps)
-        masks = self.monitor.close_window(reinit=reinit)
+        masks = self.monitor.close_window(reinit=reinit, dtype=self.dtype)
         if not reinit:
             return
         self.last_reinit = self.step
@@ -257,13 +310,98 @@ class Trainer:
                     target[mask] = w[mask].float()
                 for key in ("exp_avg", "exp_avg_sq"):
                     state = self.optimizer.state.get(target, {})
-                    if key in state:
+                    if key in state and distributed.is_sharded(state[key]):  # FSDP2: my rows
+                        state[key].to_local()[distributed.local_rows(mask, state[key])] = 0
+                    elif key in state:
                         state[key][mask] = 0
+
+    # ---- whole-model state (checkpoint.py) ------------------------------------------------
+
+    def weights_state(self):
+        """(model state dict, fp32 master weights or None) as one process holds them, on rank 0;
+        (None, None) on the others. Under FSDP2 every rank calls it (it gathers the shards)."""
+        if not self.fsdp:
+            return (self.model.state_dict(), self.master) if self.dist.main else (None, None)
+        distributed.reshard(self.model)  # the root keeps its weights gathered after a forward
+        params = dict(self.model.named_parameters())
+        index = {id(p): i for i, p in enumerate(self.params)}
+        model = {}
+        master = [None] * len(self.params) if self.keeps_master else None
+        for name, value in self.model.state_dict().items():
+            p = params.get(name)
+            whole = distributed.full(p if p is not None else value).detach()
+            if not self.dist.main:
+                continue
+            whole = whole.to("cpu", copy=True)
+            if p is not None and master is not None and id(p) in index:
+                master[index[id(p)]] = whole
+                whole = whole.to(self.dtype)
+            model[name] = whole
+        return (model, master) if self.dist.main else (None, None)
+
+    def optimizer_state(self):
+        """The optimizer's state_dict as one process holds it, on rank 0 (None elsewhere)."""
+        opt = self.optimizer.state_dict()
+        if not self.fsdp:
+            return opt if self.dist.main else None
+        state = {}
+        for i in sorted(opt["state"]):
+            s = {k: distributed.full(v) for k, v in opt["state"][i].items()}
+            state[i] = {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in s.items()}
+        return {"state": state, "param_groups": opt["param_groups"]} if self.dist.main else None
+
+    def weights_spec(self):
+        """Name -> a tensor of the shape and dtype a checkpoint's model entry must have."""
+        state = self.model.state_dict()
+        if not self.fsdp:
+            return state
+        return {k: torch.empty(tuple(v.shape), device="meta",
+                               dtype=self.dtype if v.is_floating_point() else v.dtype)
+                for k, v in state.items()}
+
+    def master_spec(self):
+        """The master weights a checkpoint must have (tensors of their shapes), or None."""
+        if self.master is not None or not (self.fsdp and self.keeps_master):
+            return self.master
+        return [torch.empty(tuple(p.shape), device="meta") for p in self.params]
+
+    @torch.no_grad()
+    def load_weights(self, model, master):
+        """Loads checked whole tensors (checkpoint.load): every rank holds them; FSDP2 ranks keep
+        their shards (of the fp32 master weights under bf16)."""
+        if not self.fsdp:
+            self.model.load_state_dict(model)
+            if self.master is not None:
+                for m, s in zip(self.master, master):
+                    m.copy_(s)
+            return
+        distributed.reshard(self.model)
+        index = {id(p): i for i, p in enumerate(self.params)}
+        params = dict(self.model.named_parameters())
+        for name, value in self.model.state_dict().items():
+            p = params.get(name)
+            if p is None:  # a buffer
+                dict(self.model.named_buffers())[name].copy_(model[name])
+                continue
+            source = master[index[id(p)]] if master is not None else model[name]
+            if distributed.is_sharded(p):
+                p.to_local().copy_(distributed.shard_like(source.float(), p).to_local())
+            else:
+                p.copy_(source)
+
+    def load_optimizer(self, state):
+        if self.fsdp:
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            state["state"] = {i: {k: distributed.shard_like(v, params[i])
+                                  if k != "step" and distributed.is_sharded(params[i]) else v
+                                  for k, v in s.items()}
+                              for i, s in state["state"].items()}
+        self.optimizer.load_state_dict(state)
 
     @torch.no_grad()
     def evaluate(self):
         t = time.monotonic()
-        self.model.eval()
+        self.model.eval()  # through the model itself: no DDP hook (ranks may run fewer batches)
         self.monitor.set_training(False)
         names = [n for n, _, _ in self.data.val_sources] if self.val_sources else []
         # Summed losses and target counts per source (one slot when the ids hold one source).
@@ -279,9 +417,17 @@ class Trainer:
                      if names else torch.zeros_like(loss, dtype=torch.int64))
             total.index_add_(0, where, loss)
             count.index_add_(0, where, torch.ones_like(loss))
+        for _ in range(self.val_rounds - len(self.val)):  # FSDP2: as many forwards as rank 0
+            spare = self.val[0] if self.val else self.data.val_batches(
+                1, self.args.seq_len, max_batches=1)[0]
+            with self.monitor.muted(), self.autocast:
+                self.model(input_ids=torch.from_numpy(spare[:, :-1]).to(self.device),
+                           use_cache=False)
         figures = self.monitor.collect("eval")
         self.monitor.set_training(True)
         self.model.train()
+        self.dist.sum_(total)
+        self.dist.sum_(count)
         totals, counts = total.tolist(), count.tolist()
         val_ce = sum(totals) / sum(counts)
         figures["ce_sources"] = {n: t / c for n, t, c in zip(names, totals, counts) if c}
@@ -292,6 +438,8 @@ class Trainer:
     # ---- log -------------------------------------------------------------------------------
 
     def _write(self, record):
+        if not self.dist.main:
+            return
         with open(self.log_path, "a") as f:
             f.write(json.dumps(files.finite_json(record), allow_nan=False) + "\n")
 
@@ -306,9 +454,10 @@ class Trainer:
         density = figures["density"]
         known = [d for d in density if d is not None]
         mean_density = sum(known) / len(known) if known else None
-        micro = max(acc["micro"], 1)
+        micro = max(acc["micro"], 1) * self.dist.world  # the mean over ranks too
         coef = self.coef
-        l1_term = float(acc["l1"]) / micro if acc["micro"] else None
+        ce, l1 = self.dist.sum_(torch.stack([acc["ce"].float(), acc["l1"].float()])).tolist()
+        l1_term = l1 / micro if acc["micro"] else None
         silent = [n for n, d in zip(self.monitor.names, density) if d == 0.0]
         record = {
             "kind": "log",
@@ -316,7 +465,7 @@ class Trainer:
             "tokens": self.tokens,
             "lr": self.scheduler.get_last_lr()[0],
             "l1_coef": coef if self.sparse else None,
-            "train_ce": float(acc["ce"]) / micro if acc["micro"] else None,
+            "train_ce": ce / micro if acc["micro"] else None,
             "l1_term": l1_term if self.sparse else None,
             "l1_value": l1_term / coef if self.sparse and coef and l1_term is not None else None,
             "val_ce": val[0] if val else None,
@@ -349,9 +498,12 @@ class Trainer:
 
     def out_of_time(self, eval_next):
         """True when the next step (and an evaluation due after it), a checkpoint and a margin
-        would not end before the deadline."""
+        would not end before the deadline (rank 0's clock decides for every rank)."""
         if self.deadline is None:
             return False
+        return self.dist.decide(self._out_of_time(eval_next))
+
+    def _out_of_time(self, eval_next):
         step = self.step_time if self.step_time is not None else 0.0
         if self.ckpt_time is None:  # not measured yet: the checkpoint's bytes at 200 MB/s
             n = sum(p.numel() for p in self.params)
@@ -374,6 +526,8 @@ class Trainer:
             "vocab_size": self.data.vocab_size,
             "layers": self.monitor.names,
             "device": dev, "precision": self.precision,
+            "dist": {"mode": self.dist.mode, "world_size": self.dist.world,
+                     "backend": self.dist.backend},
             "tokens_per_step": self.tokens_per_step,
             "data": meta,
             "train_tokens": len(self.data.train), "val_tokens": len(self.data.val),
@@ -428,11 +582,37 @@ class Diverged(RuntimeError):
     """The loss or the gradient norm of a step is not finite."""
 
 
-def run(args, start_time=None):
-    """Trains as the parsed command line says; returns the last log record."""
-    trainer = Trainer(args, start_time)
-    bar = Progress(args.steps, enabled=not args.no_progress)
-    say = bar.write
+def peak_bytes(trainer):
+    """torch.cuda.max_memory_allocated of every rank (CUDA), else None."""
+    if trainer.device.type != "cuda":
+        return None
+    return trainer.dist.gather(torch.cuda.max_memory_allocated(trainer.device))
+
+
+def run(args, start_time=None, prepare=None):
+    """Trains as the parsed command line says; returns the last log record (on every rank;
+    ranks other than 0 write and print nothing). prepare: see Trainer."""
+    ok = False
+    try:
+        trainer = Trainer(args, start_time, prepare)
+        try:
+            record = _run(trainer, args)
+            ok = True
+        except Diverged:
+            ok = True  # every rank saw the same record
+            raise
+        finally:
+            trainer.monitor.remove()
+    finally:
+        distributed.shutdown(ok)
+    return record
+
+
+def _run(trainer, args):
+    main = trainer.dist.main
+    bar = Progress(args.steps, enabled=not args.no_progress and main)
+    say = bar.write if main else (lambda text: None)
+    out = print if main else (lambda *a, **k: None)
     try:
         resume = args.resume and checkpoint.find(trainer.out) is not None
     except InputError as e:
@@ -442,15 +622,17 @@ def run(args, start_time=None):
         trainer._write({"kind": "resume", "step": trainer.step, "tokens": trainer.tokens})
         say(f"twell.train: resumed {trainer.ckpt_path} at step {trainer.step}")
     else:
-        if os.path.exists(trainer.log_path):
+        if main and os.path.exists(trainer.log_path):
             os.remove(trainer.log_path)
         trainer._write(trainer.config_record())
-    print(f"twell.train: {trainer.data.describe()}; {args.model} "
+    ranks = trainer.dist
+    out(f"twell.train: {trainer.data.describe()}; {args.model} "
           f"{trainer.params_total / 1e6:.1f}M parameters ({trainer.params_body / 1e6:.1f}M "
           f"non-embedding), {args.activation}"
           + (f" (twell, L1 {args.l1:g})" if trainer.sparse else " (unpatched)")
           + f", {trainer.device.type} {trainer.precision}, {trainer.tokens_per_step:,} tokens "
-          f"per step, out {args.out}", flush=True)
+          f"per step" + (f" ({ranks.mode} over {ranks.world} ranks, {ranks.backend})"
+                         if ranks.mode != "none" else "") + f", out {args.out}", flush=True)
     bar.start(trainer.step)
     record, val_ce, reason = None, None, "done"
     if trainer.step >= args.steps:
@@ -500,7 +682,8 @@ def run(args, start_time=None):
                         f"{args.dead_window} tokens): {', '.join(mostly)}")
         else:
             bar.update(trainer.step, None)
-        if args.ckpt_every and trainer.step % args.ckpt_every == 0 and not last:
+        if (args.ckpt_every and trainer.step % args.ckpt_every == 0 and not last
+                and not args.no_checkpoint):
             checkpoint.save(trainer)
     if trainer.acc["steps"] and reason != "diverged":  # a partial interval before a stop
         val = None
@@ -511,28 +694,28 @@ def run(args, start_time=None):
         record = trainer.log(val)
         bar.update(trainer.step, record)
     bar.close()
-    if reason not in ("already done", "diverged"):  # a diverged model keeps the last checkpoint
+    # A diverged model keeps the last checkpoint.
+    if reason not in ("already done", "diverged") and not args.no_checkpoint:
         checkpoint.save(trainer)
     trainer._write({"kind": "end", "step": trainer.step, "tokens": trainer.tokens,
-                    "reason": reason, "elapsed_s": round(time.monotonic() - trainer.start_time, 3)})
+                    "reason": reason, "elapsed_s": round(time.monotonic() - trainer.start_time, 3),
+                    "peak_bytes": peak_bytes(trainer)})
     if reason == "diverged":
-        trainer.monitor.remove()
         raise Diverged(f"twell.train: training diverged: the loss or gradient norm is not finite "
                        f"at step {trainer.step} (see {trainer.log_path}); expected a run with "
                        f"finite values: lower --lr (now {args.lr:g}) or --l1 (now {args.l1:g}), "
                        f"or check the data")
-    if reason in ("time budget", "stop-at"):
-        print(f"twell.train: stopped at step {trainer.step} of {args.steps} ({reason}); the "
+    if reason in ("time budget", "stop-at") and not args.no_checkpoint:
+        out(f"twell.train: stopped at step {trainer.step} of {args.steps} ({reason}); the "
               f"checkpoint is {trainer.ckpt_path}: the same command with --resume continues",
               flush=True)
-    if record is None:
+    if record is None and main:
         record = _last_record(trainer.log_path)
         val_ce = record.get("val_ce") if record else None
     if record is not None:
         for line in _layer_report(trainer, record):
-            print(line, flush=True)
-        print(_summary(trainer, record, val_ce), flush=True)
-    trainer.monitor.remove()
+            out(line, flush=True)
+        out(_summary(trainer, record, val_ce), flush=True)
     return record
 
 

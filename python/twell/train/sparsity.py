@@ -23,7 +23,15 @@ Over validation (inference) forwards, `collect("eval")` gives the density and
   ran_dense    fraction of the validation forwards that twell's inference dispatch ran dense
                (the modules' `ran_dense`: CPU, dense above 3.5% density; CUDA, where it measured
                dense faster)
+
+Several ranks (twell.train.distributed: `group`): every figure is reduced over the ranks (sums of
+the L0 sums, calls, rows and hits) before it is computed, so it is the one-process figure of the
+global batch; the dead-unit window closes when the ranks together have seen `window` tokens, its
+hits summed over ranks, and re-initialisation (FSDP2: on sharded weights, reinit_dead_sharded)
+draws the same values on every rank.
 """
+import contextlib
+
 import torch
 
 import twell.layout
@@ -54,8 +62,41 @@ def _train_node(out):
     return None
 
 
+@torch.no_grad()
+def reinit_dead_sharded(tracker, dtype):
+    """SparsityTracker.reinit_dead (default std, global generator) for gate weights that are FSDP2
+    DTensors sharded over their rows: the same draws as one process holding the weights in
+    `dtype` (the std of its live rows in `dtype`, the new rows rounded to `dtype`), each rank
+    writing its rows. Every rank calls it (it gathers each layer's gate weight)."""
+    from twell.train import distributed
+
+    done = {}
+    for n, m in tracker.layers.items():
+        dead = tracker.dead(n)
+        if dead is None:
+            continue
+        w = m.first_weight
+        count = int(dead.sum())
+        if count:
+            whole = distributed.full(w)
+            rounded = whole.to(dtype)
+            live = rounded[~dead] if count < len(dead) else rounded
+            scale = live.float().std().item()
+            fresh = torch.randn((count, whole.shape[1]), device=whole.device,
+                                dtype=torch.float32) * scale
+            whole[dead] = fresh.to(dtype).to(whole.dtype)
+            w.to_local().copy_(distributed.shard_like(whole, w).to_local())
+        done[n] = count
+        tracker.reset([n])
+    return done
+
+
 class LayerMonitor:
-    def __init__(self, model, window, track_dead=True):
+    def __init__(self, model, window, track_dead=True, group=None):
+        self.group = group
+        self.world = group.world if group is not None else 1
+        self.rank = group.rank if group is not None else 0
+        self._muted = False
         self.layers = tt.sparse_modules(model)
         self.names = [n for n, _ in self.layers]
         self.window = window
@@ -95,8 +136,24 @@ class LayerMonitor:
         if not training:
             self.reset_interval("eval")
 
+    @contextlib.contextmanager
+    def muted(self):
+        """Forwards inside are not counted (FSDP2's extra validation forwards)."""
+        tracking = self.val_tracker is not None and bool(self.val_tracker._hooks)
+        if tracking:
+            self.val_tracker.stop()
+        self._muted = True
+        try:
+            yield
+        finally:
+            self._muted = False
+            if tracking:
+                self.val_tracker.start()
+
     def _observe(self, i):
         def hook(module, args, out):
+            if self._muted:
+                return
             acc = self._train if self.training else self._eval
             if module.l0 is not None:
                 acc["l0"][i] = module.l0 if acc["l0"][i] is None else acc["l0"][i] + module.l0
@@ -136,7 +193,7 @@ class LayerMonitor:
         """{"density": [...], "sparse_form": [...], "sparse_rows": [...]} per layer (None where
         nothing was seen) over the interval (synchronises), and starts a new interval; for
         split="eval" also "dead" and "ran_dense" (see the module's docstring) and "tokens"."""
-        acc = self._train if split == "train" else self._eval
+        acc = self._reduced(self._train if split == "train" else self._eval)
         out = {"density": [], "sparse_form": [], "sparse_rows": []}
         if split != "train":
             out.update(self._eval_figures(acc))
@@ -152,9 +209,54 @@ class LayerMonitor:
         self.reset_interval(split)
         return out
 
+    def _sum(self, t):
+        return self.group.sum_(t) if self.world > 1 else t
+
+    def _device(self):
+        return self.group.device if self.group is not None and self.group.device is not None \
+            else self.layers[0][1].up_proj.weight.device
+
+    _COUNTS = ("calls", "compact", "known", "rows", "compact_rows", "dense_calls",
+               "dispatch_calls")
+
+    def _reduced(self, acc):
+        """An interval's figures summed over ranks (itself for one process)."""
+        if self.world == 1 or not self.layers:
+            return acc
+        n, keys = len(self.layers), self._COUNTS
+        t = torch.zeros(n, 2 + len(keys), dtype=torch.float64, device=self._device())
+        for i in range(n):
+            for j, k in enumerate(("l0", "routed")):
+                if acc[k][i] is not None:
+                    t[i, j] = acc[k][i]
+        t[:, 2:] = torch.tensor([[acc[k][i] for k in keys] for i in range(n)],
+                                dtype=torch.float64)
+        rows = self._sum(t).tolist()
+        out = {k: [int(r[2 + j]) for r in rows] for j, k in enumerate(keys)}
+        out["l0"] = [r[0] if r[2] else None for r in rows]
+        out["routed"] = [r[1] for r in rows]
+        return out
+
+    def _summed_hits(self, tracker):
+        """({layer: hits summed over ranks}, {layer: tokens summed over ranks}) of a tracker's
+        window (a rank without hits counts zeros)."""
+        device = self._device()
+        hits = [tracker._hits[n] if tracker._hits[n] is not None else
+                torch.zeros(m.intermediate_size, dtype=torch.int64, device=device)
+                for n, m in self.layers]
+        flat = self._sum(torch.cat(hits + [torch.tensor([tracker._tokens[n] for n in self.names],
+                                                        dtype=torch.int64, device=device)]))
+        parts = flat.split([m.intermediate_size for _, m in self.layers] + [len(self.names)])
+        tokens = [int(t) for t in parts[-1].tolist()]
+        return dict(zip(self.names, parts[:-1])), dict(zip(self.names, tokens))
+
     def _eval_figures(self, acc):
         out = {"dead": [], "ran_dense": [], "tokens": 0}
         summary = self.val_tracker.summary() if self.val_tracker is not None else {}
+        if self.world > 1 and self.val_tracker is not None:
+            hits, tokens = self._summed_hits(self.val_tracker)
+            summary = {n: {"tokens": tokens[n], "dead": int((hits[n] == 0).sum())}
+                       for n in self.names}
         for i, name in enumerate(self.names):
             s = summary.get(name, {})
             out["dead"].append(s.get("dead") if s.get("tokens") else None)
@@ -164,17 +266,28 @@ class LayerMonitor:
         return out
 
     def window_full(self):
+        # Every rank sees as many tokens (equal slices of each batch): the ranks' count is this
+        # rank's times the world size.
         return self.tracker is not None and all(
-            self.tracker.tokens(n) >= self.window for n in self.names)
+            self.tracker.tokens(n) * self.world >= self.window for n in self.names)
 
-    def close_window(self, reinit=False, generator=None):
-        """Records the dead units of the full window, then re-initialises them (reinit=True, see
-        SparsityTracker.reinit_dead) or just starts a new window. Returns {layer: bool mask of the
-        dead units} (the units re-initialised when reinit)."""
+    def close_window(self, reinit=False, generator=None, dtype=None):
+        """Records the dead units of the full window (hits summed over ranks), then
+        re-initialises them (reinit=True, see SparsityTracker.reinit_dead; reinit_dead_sharded
+        for FSDP2's sharded weights, `dtype` the weights' compute dtype) or just starts a new
+        window. Returns {layer: bool mask of the dead units} (the units re-initialised when
+        reinit)."""
+        if self.world > 1:
+            hits, tokens = self._summed_hits(self.tracker)
+            self.tracker._hits.update(hits)
+            self.tracker._tokens.update(tokens)
         masks = {n: self.tracker.dead(n).clone() for n in self.names}
         self.dead = [int(masks[n].sum()) for n in self.names]
         self.dead_windows += 1
-        if reinit:
+        from twell.train import distributed
+        if reinit and distributed.is_sharded(self.layers[0][1].first_weight):
+            reinit_dead_sharded(self.tracker, dtype or torch.float32)
+        elif reinit:
             self.tracker.reinit_dead(generator=generator)
         else:
             self.tracker.reset()
@@ -187,11 +300,23 @@ class LayerMonitor:
     # The tracker keeps its window in private fields; a checkpoint saves and restores them so a
     # resumed run closes (and re-initialises) windows at the same steps as an uninterrupted one.
     def state_dict(self):
+        """The windows' state (the ranks' sums: a checkpoint resumes on any number of ranks;
+        every rank calls it)."""
         state = {"dead": self.dead, "dead_windows": self.dead_windows}
         if self.tracker is not None:
             t = self.tracker
             state["tracker"] = {"hits": dict(t._hits), "tokens": dict(t._tokens),
                                 "l0_sum": dict(t._l0_sum)}
+            if self.world > 1:
+                started = any(t._hits[n] is not None for n in self.names)
+                hits, tokens = self._summed_hits(t)
+                l0 = {n: self._sum(t._l0_sum[n].clone() if t._l0_sum[n] is not None else
+                                   torch.zeros((), device=self._device())) for n in self.names}
+                # None where no rank has seen a token since the window started (as one process)
+                state["tracker"] = {
+                    "hits": {n: hits[n] if started else None for n in self.names},
+                    "tokens": tokens,
+                    "l0_sum": {n: l0[n] if started else None for n in self.names}}
         return state
 
     def load_state_dict(self, state):
@@ -210,10 +335,25 @@ class LayerMonitor:
         tracker = state.get("tracker")
         restored = (self._tracker_state(tracker, sizes)
                     if self.tracker is not None and tracker is not None else None)
+        if restored is not None and self.world > 1:
+            restored = self._share(*restored)
         self.dead, self.dead_windows = list(dead), windows
         if restored is not None:
             for field, values in zip(("_hits", "_tokens", "_l0_sum"), restored):
                 getattr(self.tracker, field).update(values)
+
+    def _share(self, hits, tokens, l0_sum):
+        """A saved window's (the ranks' sums) share of this rank: the token count split evenly
+        (every rank counts as many), the hits and L0 sum on rank 0 (zeros elsewhere)."""
+        for name, t in tokens.items():
+            if t % self.world:
+                raise InputError(f"monitor.tracker.tokens[{name}]", f"a multiple of the "
+                                 f"world size {self.world}", t)
+        tokens = {n: t // self.world for n, t in tokens.items()}
+        if self.rank != 0:
+            hits = {n: None if h is None else torch.zeros_like(h) for n, h in hits.items()}
+            l0_sum = {n: None if s is None else torch.zeros_like(s) for n, s in l0_sum.items()}
+        return hits, tokens, l0_sum
 
     def _tracker_state(self, tracker, sizes):
         """(hits, tokens, l0_sum) per layer from a saved tracker state, checked, on the model's
