@@ -151,6 +151,22 @@ def test_dist_device_index_exits_2(capsys, monkeypatch, tmp_path):
     assert err.startswith("twell.train: --device: expected auto, cpu or cuda under --dist")
 
 
+def test_checkpoint_older_than_dist_resumes_without_a_warning_for_it(tmp_path, capsys):
+    out = tmp_path / "old"
+    short = [a if a != "10" else "2" for a in ARGS] + CPU + ["--out", str(out)]
+    main(short)
+    path = out / "checkpoint" / "state.json"
+    state = json.load(open(path))
+    for k in ("dist", "no_checkpoint"):  # as a twell before --dist wrote it
+        del state["args"][k]
+    json.dump(state, open(path, "w"))
+    capsys.readouterr()
+    main(short[:short.index("--steps") + 1] + ["3"] + short[short.index("--steps") + 2:]
+         + ["--resume"])
+    err = capsys.readouterr().err
+    assert "resuming with changed --steps 2 -> 3" in err and "--dist" not in err, err
+
+
 # ---- gloo, 2 processes ---------------------------------------------------------------------
 
 def test_ddp_matches_one_process(one_process, tmp_path):

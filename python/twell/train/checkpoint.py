@@ -174,6 +174,11 @@ def _check_args(state, trainer):
         raise InputError("--resume", f"a checkpoint of precision {trainer.precision} (this run's "
                          f"on {trainer.device.type}; see --precision)",
                          f"{trainer.ckpt_path}, of precision {state.get('precision')!r}"[:200])
+    from twell.train import cli
+
+    # An argument newer than the checkpoint counts as its default there (--dist none, ...).
+    defaults = {k: _jsonable(v) for k, v in vars(cli.parser().parse_args([])).items()}
+    saved = {k: saved.get(k, defaults.get(k)) for k in mine}
     changed = [k for k in mine if k not in ("resume", "max_minutes", "stop_at", "out",
                                             "no_checkpoint")
                and saved.get(k) != mine[k]]

@@ -37,6 +37,7 @@ examples:
   python -m twell.train --model s30m --l1 3e-4 --steps 2000 --max-minutes 9 --out runs/l1-3e-4
   python -m twell.train --model s30m --activation silu --steps 2000 --out runs/silu
   python -m twell.train --model tiny --data synthetic --device cpu --steps 50
+  torchrun --nproc-per-node 2 -m twell.train --model paper-0.5b --dist fsdp2 --out runs/fsdp2
 """
 
 
