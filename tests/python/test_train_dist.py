@@ -233,7 +233,7 @@ def test_fsdp2_bf16_checkpoint_is_one_process_and_resumes_on_one(tmp_path):
 
 # ---- NCCL, 2 GPUs --------------------------------------------------------------------------
 
-GPU_ARGS = ["--model", "tiny", "--hidden", "128", "--intermediate", "512", "--data",
+GPU_ARGS = ["--model", "tiny", "--hidden", "256", "--intermediate", "1024", "--data",
             "synthetic", "--steps", "6", "--batch-size", "8", "--seq-len", "64", "--log-every",
             "1", "--eval-every", "3", "--eval-batches", "2", "--dead-window", "4096", "--lr",
             "3e-3", "--l1", "1e-3", "--no-progress", "--device", "cuda"]
