@@ -28,11 +28,12 @@ from twell.train import data as td  # noqa: E402
 from twell.train.cli import main  # noqa: E402
 
 # 8 sequences of 32 tokens a step (2 micro-batches of 4), windows of 512 tokens closing every 2
-# steps (mid-window at step 5), re-initialisation at step 8.
+# steps (mid-window at step 5), re-initialisation at step 8; 3 validation windows one at a time
+# (rank 0 runs 2 batches, rank 1 one: under FSDP2 it repeats one, uncounted).
 ARGS = ["--model", "tiny", "--data", "synthetic", "--steps", "10", "--batch-size", "4",
         "--seq-len", "32", "--grad-accum", "2", "--log-every", "1", "--eval-every", "5",
-        "--eval-batches", "2", "--dead-window", "512", "--reinit-dead-every", "2", "--lr", "1e-2",
-        "--l1", "0.3", "--no-progress"]
+        "--eval-batches", "3", "--eval-batch-size", "1", "--dead-window", "512",
+        "--reinit-dead-every", "2", "--lr", "1e-2", "--l1", "0.3", "--no-progress"]
 CPU = ["--device", "cpu"]
 LAUNCH_ENV = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
               "MASTER_PORT": "29500"}
@@ -86,6 +87,7 @@ def one_process(tmp_path_factory):
     # the case exercises what it should: units died and were re-initialised, validation ran
     assert any(r["reinit"] and any(r["reinit"].values()) for r in logs), logs
     assert [r["step"] for r in logs if r["val_ce"] is not None] == [5, 10]
+    assert {r["val_tokens"] for r in logs if r["val_ce"] is not None} == {3 * 32}
     return logs
 
 
