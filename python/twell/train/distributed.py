@@ -67,10 +67,6 @@ class Group:
         self.main = rank == 0
         self.backend = None
 
-    @property
-    def active(self):
-        return self.world > 1 or self.mode != "none"
-
     def start(self, device):
         """init_process_group from torchrun's environment: NCCL for CUDA, gloo for the CPU."""
         import torch
@@ -94,12 +90,6 @@ class Group:
         if self.world > 1:
             import torch.distributed as dist
             dist.all_reduce(t)
-        return t
-
-    def max_(self, t):
-        if self.world > 1:
-            import torch.distributed as dist
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t
 
     def decide(self, flag):
