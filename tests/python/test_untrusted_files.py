@@ -420,3 +420,19 @@ def test_meta_json_cannot_raise_the_decompression_bound(tmp_path, monkeypatch):
         "eos_id": 0, "tokens": {"train": big, "val": 32}}))
     with pytest.raises(ValueError, match="once decompressed"):
         data.load(str(folder))
+
+
+@pytest.mark.parametrize("depth", [900, 5000, 200000])
+def test_a_deeply_nested_state_json_is_named(tmp_path, depth):
+    """state.json nested deeper than any state is refused naming state.json (a nesting that
+    json.loads took but rebuilding the state did not blamed tensors.safetensors)."""
+    from twell.train import state_files
+    from twell.train.files import InputError
+    folder = tmp_path / "ck"
+    state_files.write(str(folder), {"t": torch.zeros(2), "x": 1})
+    (folder / "state.json").write_text(
+        '{"t": {"__tensor__": "t"}, "deep": ' + "[" * depth + "]" * depth + "}")
+    with pytest.raises(InputError) as e:
+        state_files.read(str(folder), "ck")
+    assert e.value.what == "ck/state.json", str(e.value)
+    assert "deep" in str(e.value) and "Traceback" not in str(e.value), str(e.value)

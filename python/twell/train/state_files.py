@@ -2,7 +2,8 @@
 disk without pickle: a folder holding tensors.safetensors (every tensor, under its path in the
 state, e.g. "optimizer/state/3/exp_avg") and state.json (the rest, each tensor replaced by
 {"__tensor__": its key}). Reading either runs no code: safetensors is a JSON header and raw
-bytes, and state.json is parsed strictly and refused over files.JSON_LIMIT before parsing.
+bytes, and state.json is parsed strictly, refused over files.JSON_LIMIT before parsing and
+nested over MAX_DEPTH levels after.
 
 Writing is atomic: FOLDER.tmp is written and synced, then an existing FOLDER moves to
 FOLDER.old, FOLDER.tmp becomes FOLDER and FOLDER.old goes. A reader finding no FOLDER but a
@@ -18,6 +19,7 @@ from twell.train.files import InputError
 
 STATE, TENSORS = "state.json", "tensors.safetensors"
 TENSOR = "__tensor__"
+MAX_DEPTH = 64  # levels of nesting in state.json (a state has a few; reading recurses per level)
 PICKLE_MAGIC = (b"PK\x03\x04", b"\x80")  # torch.save's zip archive; a pickle of protocol >= 2
 
 
@@ -97,6 +99,19 @@ def write(folder, state):
         shutil.rmtree(old)
 
 
+def _nests_within(doc, limit):
+    """Whether no dict or list in `doc` lies more than `limit` levels deep (doc itself: 1),
+    found without recursion."""
+    stack = [(doc, 1)]
+    while stack:
+        obj, depth = stack.pop()
+        if isinstance(obj, (dict, list)):
+            if depth > limit:
+                return False
+            stack.extend((v, depth + 1) for v in (obj.values() if isinstance(obj, dict) else obj))
+    return True
+
+
 def _join(obj, source, where):
     """obj with each {"__tensor__": key} replaced by that tensor of `source`."""
     if isinstance(obj, dict):
@@ -121,6 +136,9 @@ def read(folder, where, keys=None):
     doc = files.read_json(os.path.join(folder, STATE), f"{where}/{STATE}")
     if not isinstance(doc, dict):
         raise InputError(f"{where}/{STATE}", "a JSON object", type(doc).__name__)
+    if not _nests_within(doc, MAX_DEPTH):
+        raise InputError(f"{where}/{STATE}", f"JSON nested at most {MAX_DEPTH} levels deep",
+                         "deeper nesting")
     if keys is not None:
         doc = {k: doc[k] for k in keys if k in doc}
     path = os.path.join(folder, TENSORS)
