@@ -145,9 +145,15 @@ void run_case(Runner& runner, testing::Problem& p, const Options& o, int warmup,
 
 }  // namespace
 
-Cases::Cases(const Options& o, std::vector<ProblemSpec> specs)
-    : o_(o), specs_(std::move(specs)),
-      count_(o.from_dir.empty() ? specs_.size() : size_t(testing::captured_layers(o.from_dir))) {}
+Cases::Cases(const Options& o, std::vector<ProblemSpec> specs) : o_(o), specs_(std::move(specs)) {
+  if (!captured()) {
+    count_ = specs_.size();
+    return;
+  }
+  testing::CaptureFolder folder = testing::read_capture(o.from_dir);  // the manifest, parsed once
+  count_ = size_t(folder.layers);
+  manifest_ = std::move(folder.manifest);
+}
 
 testing::Problem Cases::load(size_t i) const {
   return captured() ? testing::load_captured_layer(o_.from_dir, int(i), o_.from_rows)
@@ -159,7 +165,7 @@ std::string Cases::source(size_t i) const {
 }
 
 testing::Json Cases::model(size_t i) const {
-  return captured() ? testing::capture_model(o_.from_dir, int(i)) : testing::Json::object();
+  return captured() ? testing::capture_model(manifest_, int(i)) : testing::Json::object();
 }
 
 std::string Cases::name(size_t i) const { return captured() ? source(i) : specs_[i].describe(); }

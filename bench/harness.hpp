@@ -60,7 +60,8 @@ struct Options {
 };
 
 // The cases of a run: generated from `specs`, or, with o.from_dir set, each layer of that capture
-// folder (its x cut to o.from_rows rows).
+// folder (its x cut to o.from_rows rows), the folder's headers and manifest read once, when the
+// Cases are made (testing::read_capture).
 class Cases {
  public:
   // specs: the suite's generated cases, ignored when o.from_dir names a capture.
@@ -78,6 +79,7 @@ class Cases {
   const Options& o_;
   std::vector<testing::ProblemSpec> specs_;
   size_t count_ = 0;
+  testing::Json manifest_;  // captured: the folder's manifest.json (null without one)
 };
 
 std::vector<testing::ProblemSpec> suite_cases(const std::string& suite, bool cuda,

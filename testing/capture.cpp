@@ -23,23 +23,63 @@ const char* descr_of(DType t) {
   throw Error("write_npy", "dtype", "float32, float16 or bfloat16", dtype_name(t));
 }
 
-// The value of `key` in the header's dict ("'key': value"), up to the next ',' or '}' outside
-// parentheses; "" when absent.
-std::string header_value(const std::string& h, const std::string& key) {
-  const size_t at = h.find("'" + key + "'");
-  if (at == std::string::npos) return "";
-  size_t i = h.find(':', at);
-  if (i == std::string::npos) return "";
+// The values of an .npy header's dict as written, each the text after its ':' (spaces skipped) up
+// to the next ',' or '}' outside parentheses.
+struct HeaderDict {
+  std::string descr, fortran_order, shape;
+};
+
+// The header's dict: '{', the keys 'descr', 'fortran_order' and 'shape' (single-quoted, as NumPy
+// writes them; any order; exactly these, as NumPy's reader wants), each once, '}', then only the
+// padding (spaces and the final newline). Error naming the file otherwise: a second 'shape' was
+// read as the first one said.
+HeaderDict parse_header_dict(const std::string& h, const std::string& path) {
+  static const char* const kKeys[] = {"descr", "fortran_order", "shape"};
+  const auto refuse = [&path](const std::string& got) {
+    return Error("read_npy", path, "a header dict of 'descr', 'fortran_order' and 'shape', each once", got);
+  };
+  HeaderDict d;
+  std::string* const values[] = {&d.descr, &d.fortran_order, &d.shape};
+  bool seen[3] = {};
+  size_t i = 0;
+  const auto spaces = [&] {
+    while (i < h.size() && h[i] == ' ') ++i;
+  };
+  spaces();
+  if (i >= h.size() || h[i] != '{') throw refuse("no '{' at its start");
   ++i;
-  while (i < h.size() && h[i] == ' ') ++i;
-  int depth = 0;
-  size_t end = i;
-  for (; end < h.size(); ++end) {
-    if (h[end] == '(') ++depth;
-    if (h[end] == ')') --depth;
-    if (depth == 0 && (h[end] == ',' || h[end] == '}')) break;
+  while (true) {
+    spaces();
+    if (i < h.size() && h[i] == '}') break;
+    const size_t close = i < h.size() && h[i] == '\'' ? h.find('\'', i + 1) : std::string::npos;
+    if (close == std::string::npos) throw refuse("no quoted key or '}' at byte " + std::to_string(i));
+    const std::string key = h.substr(i + 1, close - i - 1);
+    i = close + 1;
+    int k = 0;
+    while (k < 3 && key != kKeys[k]) ++k;
+    if (k == 3) throw refuse("key '" + key.substr(0, 40) + (key.size() > 40 ? "...'" : "'"));
+    if (seen[k]) throw refuse("'" + key + "' again");
+    seen[k] = true;
+    spaces();
+    if (i >= h.size() || h[i] != ':') throw refuse("no ':' after '" + key + "'");
+    ++i;
+    spaces();
+    const size_t begin = i;
+    for (int depth = 0; i < h.size(); ++i) {
+      if (h[i] == '(') ++depth;
+      if (h[i] == ')') --depth;
+      if (depth == 0 && (h[i] == ',' || h[i] == '}')) break;
+    }
+    *values[k] = h.substr(begin, i - begin);
+    if (i >= h.size()) throw refuse("no ',' or '}' after '" + key + "'");
+    if (h[i] == ',') ++i;
   }
-  return h.substr(i, end - i);
+  ++i;  // the '}'
+  while (i < h.size() && (h[i] == ' ' || h[i] == '\n')) ++i;
+  if (i != h.size()) throw refuse("text after the dict");
+  for (int k = 0; k < 3; ++k)
+    if (!seen[k]) throw refuse(std::string("no '") + kKeys[k] + "'");
+  return d;
 }
 
 // "(3, 4)" -> {3, 4}: a Python tuple of two non-negative integers (spaces around each, a trailing
@@ -93,18 +133,17 @@ NpyArray read_npy_header(InputFile& f, const std::string& path) {
   if (header_bytes > 0 && !f.read(&header[0], header_bytes)) throw Error(op, path, "the whole header", "end of file");
 
   NpyArray a;
-  const std::string descr = header_value(header, "descr");
-  if (descr == "'<f4'") a.dtype = DType::f32;
-  else if (descr == "'<f2'") a.dtype = DType::f16;
-  else if (descr == "'<u2'") a.dtype = DType::bf16;
-  else throw Error(op, path, "dtype '<f4' (float32), '<f2' (float16) or '<u2' (bfloat16 bits)", descr);
-  if (header_value(header, "fortran_order") != "False")
-    throw Error(op, path, "C order (fortran_order False)", header_value(header, "fortran_order"));
-  if (!parse_shape(header_value(header, "shape"), a.rows, a.cols))
-    throw Error(op, path, "a 2-D shape (two non-negative integers)", header_value(header, "shape"));
+  const HeaderDict dict = parse_header_dict(header, path);
+  if (dict.descr == "'<f4'") a.dtype = DType::f32;
+  else if (dict.descr == "'<f2'") a.dtype = DType::f16;
+  else if (dict.descr == "'<u2'") a.dtype = DType::bf16;
+  else throw Error(op, path, "dtype '<f4' (float32), '<f2' (float16) or '<u2' (bfloat16 bits)", dict.descr);
+  if (dict.fortran_order != "False") throw Error(op, path, "C order (fortran_order False)", dict.fortran_order);
+  if (!parse_shape(dict.shape, a.rows, a.cols))
+    throw Error(op, path, "a 2-D shape (two non-negative integers)", dict.shape);
   const size_t es = dtype_size(a.dtype);
   if (a.cols != 0 && uint64_t(a.rows) > std::numeric_limits<uint64_t>::max() / 4 / uint64_t(a.cols))
-    throw Error(op, path, "a shape whose bytes fit in 64 bits", header_value(header, "shape"));
+    throw Error(op, path, "a shape whose bytes fit in 64 bits", dict.shape);
   const uint64_t want = uint64_t(a.rows) * uint64_t(a.cols) * es;
   const uint64_t have = f.size() - f.offset();
   if (have < want) throw Error(op, path, std::to_string(want) + " data bytes for its shape", std::to_string(have));
@@ -171,8 +210,8 @@ void check_layer(int layer, const NpyArray& x, const NpyArray& up, const NpyArra
   }
 }
 
-// Whether layer i has a gate weight: its file is there (a file that is there but not a regular
-// file is refused when read).
+// Whether layer i has a gate weight: a file of that name is there (anything else there than a
+// regular file, a link to nothing included, is refused when read).
 bool has_gate(const std::string& dir, int layer) {
   return path_kind(layer_file(dir, layer, "gate")) != PathKind::missing;
 }
@@ -183,44 +222,50 @@ Json read_manifest(const std::string& dir) {
   const std::string path = dir + "/manifest.json";
   if (path_kind(path) == PathKind::missing) return Json();
   constexpr uint64_t kMaxManifest = uint64_t(16) << 20;  // python -m twell.capture writes a few KB
+  constexpr size_t kMaxManifestValues = size_t(1) << 16;  // and a few values per layer
   InputFile f(path, op);
-  const Json doc = parse_json(f.read_rest(kMaxManifest), op, path);
+  const Json doc = parse_json(f.read_rest(kMaxManifest), op, path, kMaxManifestValues);
   if (doc.kind() != Json::Kind::object) throw Error(op, path, "a JSON object", "another JSON value");
   return doc;
 }
 
 }  // namespace
 
-Json capture_model(const std::string& dir, int layer) {
-  const Json doc = read_manifest(dir);
+Json capture_model(const Json& manifest, int layer) {
   Json model = Json::object();
-  if (doc.is_null()) return model;
-  model.set("checkpoint", doc["checkpoint"]);
-  model.set("checkpoint_l1_coef", doc["l1_coef"]);
-  model.set("train_log", doc["train_log"]);
-  model.set("max_row_active", doc["max_row_active"][size_t(layer)]);
+  if (manifest.is_null()) return model;
+  model.set("checkpoint", manifest["checkpoint"]);
+  model.set("checkpoint_l1_coef", manifest["l1_coef"]);
+  model.set("train_log", manifest["train_log"]);
+  model.set("max_row_active", manifest["max_row_active"][size_t(layer)]);
   return model;
 }
 
-int captured_layers(const std::string& dir) {
+Json capture_model(const std::string& dir, int layer) { return capture_model(read_manifest(dir), layer); }
+
+CaptureFolder read_capture(const std::string& dir) {
   const char* op = "load_capture";
   const std::string want = "a folder of `python -m twell.capture` (layer0.x.npy, ...)";
   const PathKind kind = path_kind(dir);
   if (kind != PathKind::directory)
     throw Error(op, "folder", want, dir + (kind == PathKind::missing ? " does not exist" : " is not a folder"));
-  int n = 0;
-  while (path_kind(layer_file(dir, n, "x")) != PathKind::missing) ++n;
+  CaptureFolder c;
+  int& n = c.layers;
+  while (path_kind(layer_file(dir, n, "x")) != PathKind::missing) ++n;  // a dangling link counts: refused below
   if (n == 0) throw Error(op, "folder", want, dir + " holds no layer0.x.npy");
   for (int i = 0; i < n; ++i) {  // every header, before any layer runs
     const NpyArray x = read_npy_shape(layer_file(dir, i, "x"));
     const NpyArray up = read_npy_shape(layer_file(dir, i, "up"));
     const NpyArray down = read_npy_shape(layer_file(dir, i, "down"));
-    const NpyArray gate = has_gate(dir, i) ? read_npy_shape(layer_file(dir, i, "gate")) : NpyArray{};
-    check_layer(i, x, up, down, has_gate(dir, i) ? &gate : nullptr);
+    const bool gated = has_gate(dir, i);
+    const NpyArray gate = gated ? read_npy_shape(layer_file(dir, i, "gate")) : NpyArray{};
+    check_layer(i, x, up, down, gated ? &gate : nullptr);
   }
-  read_manifest(dir);
-  return n;
+  c.manifest = read_manifest(dir);
+  return c;
 }
+
+int captured_layers(const std::string& dir) { return read_capture(dir).layers; }
 
 Problem load_captured_layer(const std::string& dir, int layer, int64_t max_rows) {
   NpyArray x = read_npy(layer_file(dir, layer, "x"));

@@ -33,15 +33,24 @@ void write_npy(const std::string& path, const NpyArray& a);
 // run), its x cut to the first max_rows rows (0: all). Throws Error naming the file or the
 // mismatch (shapes, dtypes, an x of no rows) when the layer's files do not describe one FFN.
 Problem load_captured_layer(const std::string& dir, int layer, int64_t max_rows = 0);
-// The layers a capture folder holds (layer0 .. layer{L-1}), every one of them checked from its
-// files' headers as load_captured_layer checks it, and manifest.json (when there) read: Error if
-// the folder is not one, holds no layer, or any of that fails.
-int captured_layers(const std::string& dir);
-// What the capture's manifest.json says of the model behind layer i, as an object for a result
-// row: {"checkpoint", "checkpoint_l1_coef" (its "l1_coef"), "train_log", "max_row_active" (its
-// entry for layer i)}, each value as the manifest holds it (null where it has none). An empty
-// object without a manifest.json; Error when the manifest is not a regular file holding a JSON
-// object.
+// A capture folder as a run reads it, once: its layers (layer0 .. layer{L-1}, every one of them
+// checked from its files' headers as load_captured_layer checks it) and its manifest.json (null
+// without one; else a JSON object of at most 16 MiB and 65536 values, each member name once).
+// Error if the folder is not one, holds no layer, or any of that fails. A name that is there but
+// no regular file (a directory, a FIFO, a link to nothing) is refused naming it, never taken for
+// a missing file (a missing gate file: a plain FFN; the first missing x ends the layers).
+struct CaptureFolder {
+  int layers = 0;
+  Json manifest;
+};
+CaptureFolder read_capture(const std::string& dir);
+int captured_layers(const std::string& dir);  // read_capture(dir).layers
+// What a capture's manifest (read_capture's) says of the model behind layer i, as an object for a
+// result row: {"checkpoint", "checkpoint_l1_coef" (its "l1_coef"), "train_log", "max_row_active"
+// (its entry for layer i)}, each value as the manifest holds it (null where it has none). An
+// empty object for a null manifest.
+Json capture_model(const Json& manifest, int layer);
+// The same from the folder's manifest.json, read now: Error when it is not as read_capture wants.
 Json capture_model(const std::string& dir, int layer);
 
 }  // namespace twell::testing

@@ -27,9 +27,14 @@ std::string describe(mode_t mode) {
 
 PathKind path_kind(const std::string& path) {
   struct stat st{};
-  if (::stat(path.c_str(), &st) != 0) return PathKind::missing;
-  if (S_ISREG(st.st_mode)) return PathKind::regular;
-  return S_ISDIR(st.st_mode) ? PathKind::directory : PathKind::other;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISREG(st.st_mode)) return PathKind::regular;
+    return S_ISDIR(st.st_mode) ? PathKind::directory : PathKind::other;
+  }
+  // Missing only where no entry has the name: a link to nothing or a loop of links is there
+  // (lstat finds it), and so may be what a search permission hides.
+  if (errno != ENOENT) return PathKind::other;
+  return ::lstat(path.c_str(), &st) == 0 ? PathKind::other : PathKind::missing;
 }
 
 InputFile::InputFile(const std::string& path, const char* op) : path_(path), op_(op) {
@@ -37,7 +42,13 @@ InputFile::InputFile(const std::string& path, const char* op) : path_(path), op_
   // O_NONBLOCK: opening a FIFO returns at once (fstat then refuses it); a regular file's reads
   // are unaffected by the flag.
   fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd_ < 0) throw Error(op, path, want, errno == ENOENT ? "no such file" : std::strerror(errno));
+  if (fd_ < 0) {
+    const int error = errno;
+    struct stat link{};
+    if (error == ENOENT && ::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode))
+      throw Error(op, path, want, "a dangling symbolic link");
+    throw Error(op, path, want, error == ENOENT ? "no such file" : std::strerror(error));
+  }
   struct stat st{};
   const bool stated = ::fstat(fd_, &st) == 0;
   if (!stated || !S_ISREG(st.st_mode)) {

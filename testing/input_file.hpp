@@ -7,13 +7,15 @@
 
 namespace twell::testing {
 
-// What a path names (following links), without opening it: nothing, a regular file, a directory,
-// or something else (a FIFO, a device, a socket).
+// What a path names (following links), without opening it: nothing (no entry of that name), a
+// regular file, a directory, or something else (a FIFO, a device, a socket, a link to nothing or a
+// loop of links, a path it may not search): a name that is there is never "missing".
 enum class PathKind : uint8_t { missing, regular, directory, other };
 PathKind path_kind(const std::string& path);
 
-// An open regular file, read from its start. The constructor throws Error(op, path, "a readable
-// regular file", what it is) for a missing or unreadable path or anything but a regular file.
+// An open regular file (through links), read from its start. The constructor throws Error(op, path,
+// "a readable regular file", what it is) for a missing or unreadable path, a link to nothing, or
+// anything but a regular file.
 class InputFile {
  public:
   InputFile(const std::string& path, const char* op);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 
 #include "twell/error.hpp"
 
@@ -107,7 +108,8 @@ bool is_digit(char c) { return c >= '0' && c <= '9'; }
 // A recursive-descent reader of one document, nesting limited to kMaxDepth.
 class JsonReader {
  public:
-  JsonReader(const std::string& text, const char* op, const std::string& what) : s_(text), op_(op), what_(what) {}
+  JsonReader(const std::string& text, const char* op, const std::string& what, size_t max_values)
+      : s_(text), op_(op), what_(what), max_values_(max_values) {}
 
   Json document() {
     Json v = value(0);
@@ -146,6 +148,9 @@ class JsonReader {
   Json value(int depth) {
     if (depth > kMaxDepth) fail("nesting at most " + std::to_string(kMaxDepth) + " levels deep");
     skip_space();
+    if (++values_ > max_values_)
+      throw Error(op_, what_, "at most " + std::to_string(max_values_) + " values (members and items included)",
+                  "more (the next at byte " + std::to_string(at_) + ")");
     if (next_is('{')) return object(depth);
     if (next_is('[')) return array(depth);
     if (next_is('"')) return Json(string());
@@ -235,17 +240,28 @@ class JsonReader {
     }
   }
 
+  // A name as an Error shows it: JSON-escaped, cut to about 80 characters.
+  static std::string shown(const std::string& name) {
+    const std::string s = Json(name).dump();
+    return s.size() <= 80 ? s : s.substr(0, 76) + "...\"";
+  }
+
   Json object(int depth) {
     ++at_;
     Json o = Json::object();
+    std::set<std::string> names;  // the members' names so far (a tree: no input makes lookups slow)
     skip_space();
     if (next_is('}')) return ++at_, o;
     while (true) {
       skip_space();
       if (!next_is('"')) fail("a member name");
-      const std::string key = string();
+      const size_t name_at = at_;
+      std::string key = string();
+      if (!names.insert(key).second)
+        throw Error(op_, what_, "a member name not used before in its object at byte " + std::to_string(name_at),
+                    shown(key) + " again");
       expect(':', "':'");
-      o.set(key, value(depth + 1));
+      o.members_.emplace_back(std::move(key), value(depth + 1));
       skip_space();
       if (next_is('}')) return ++at_, o;
       expect(',', "',' or '}'");
@@ -255,7 +271,8 @@ class JsonReader {
   const std::string& s_;
   const char* op_;
   const std::string& what_;
-  size_t at_ = 0;
+  const size_t max_values_;
+  size_t at_ = 0, values_ = 0;
 };
 
 Json Json::number(double v, const char* format) {
@@ -311,8 +328,8 @@ std::string Json::dump() const {
   return out;
 }
 
-Json parse_json(const std::string& text, const char* op, const std::string& what) {
-  return JsonReader(text, op, what).document();
+Json parse_json(const std::string& text, const char* op, const std::string& what, size_t max_values) {
+  return JsonReader(text, op, what, max_values).document();
 }
 
 }  // namespace twell::testing

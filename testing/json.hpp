@@ -40,6 +40,8 @@ class Json {
   const Json& operator[](size_t i) const;
   // Adds member `key` to an object, or replaces its value in place (members keep the order of
   // their first set); returns *this. Error on another kind of value (push: on all but an array).
+  // Lookups and set search the members in order: meant for the few members of a result row
+  // (parse_json builds objects without set).
   Json& set(const std::string& key, Json value);
   Json& push(Json item);  // appends to an array; returns *this
 
@@ -56,8 +58,13 @@ class Json {
 
 // The JSON value `text` holds (whitespace around it only). NaN, Infinity and -Infinity, which
 // Python's json module writes for non-finite floats, and numbers beyond double's range read as
-// null. Throws Error(op, what, ...) naming the first flaw and its byte offset, or nesting deeper
-// than 64 levels.
-Json parse_json(const std::string& text, const char* op, const std::string& what);
+// null. Throws Error(op, what, ...) naming the first flaw and its byte offset: malformed JSON, a
+// member name twice in one object (Python's json keeps the last; here neither is picked),
+// nesting deeper than 64 levels, or more than max_values values (the document, its members and
+// items, nested ones included; a small text of many values cannot take memory far beyond its
+// size). Reading takes O(n log n) time at worst (names checked against a tree per object).
+constexpr size_t kMaxJsonValues = size_t(1) << 20;
+Json parse_json(const std::string& text, const char* op, const std::string& what,
+                size_t max_values = kMaxJsonValues);
 
 }  // namespace twell::testing

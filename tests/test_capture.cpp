@@ -298,6 +298,45 @@ TEST(Capture, NpyShapeWithASpaceInsideANumberRaises) {
   }
 }
 
+// An .npy header is a dict of exactly the keys 'descr', 'fortran_order' and 'shape' (as NumPy's
+// reader requires), each once: a second 'shape' was read as the first one said, a key NumPy does
+// not know was ignored, and text after the dict's '}' was not looked at.
+TEST(Capture, NpyHeaderKeysAreEachNamedOnce) {
+  TempDir d;
+  const std::string p = d.file("a.npy");
+  const std::string descr = "'descr': '<f4', ", order = "'fortran_order': False, ", shape = "'shape': (2, 3), ";
+  const std::pair<std::string, const char*> bad[] = {
+      {"{" + descr + order + shape + "'shape': (4, 5), }", "'shape' again"},
+      {"{" + descr + order + "'shape': (4, 5), " + shape + "}", "'shape' again"},
+      {"{" + descr + descr + order + shape + "}", "'descr' again"},
+      {"{" + descr + order + order + shape + "}", "'fortran_order' again"},
+      {"{" + descr + order + shape + "'extra': 1, }", "'extra'"},
+      {"{" + descr + order + "}", "no 'shape'"},
+      {"{" + order + shape + "}", "no 'descr'"},
+      {"{" + descr + order + shape + "} 'shape': (4, 5)", "after the dict"},
+      {descr + order + shape, "'{'"},
+      {"{" + descr + order + "'shape' (2, 3), }", "':'"},
+      {"{" + descr + order + "'shape': (2, 3)", "'}'"},
+  };
+  for (const auto& [dict, needle] : bad) {
+    write_raw(p, dict, 20 * 4 * 4);
+    try {
+      const testing::NpyArray a = testing::read_npy(p);
+      ADD_FAILURE() << dict << ": read as [" << a.rows << ", " << a.cols << "]";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), p) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << dict << ": " << e.what();
+    }
+  }
+  for (const std::string& dict : {"{" + descr + order + shape + "}", "{" + shape + order + descr + "}",
+                                  std::string("{'descr':'<f4','fortran_order':False,'shape':(2, 3)}")}) {
+    write_raw(p, dict, 24);
+    const testing::NpyArray a = testing::read_npy(p);
+    EXPECT_EQ(a.rows, 2) << dict;
+    EXPECT_EQ(a.cols, 3) << dict;
+  }
+}
+
 // Runs `read` on another thread: a read that blocks (opening a FIFO without a writer) fails the
 // test after 10 s, and is then released by opening the FIFO's other end.
 template <class F>
@@ -341,6 +380,65 @@ TEST(Capture, FilesThatAreNotRegularRaiseWithoutBlocking) {
   expect_named_error([&] { testing::read_npy(d.file("layer0.up.npy")); }, d.file("layer0.up.npy"), "a directory");
   expect_named_error([&] { testing::captured_layers(d.file("layer0.x.npy")); }, "folder", "is not a folder");
   expect_named_error([&] { testing::captured_layers(d.file("nothing")); }, "folder", "does not exist");
+}
+
+// A capture file that is a symbolic link to nothing is no missing file: a dangling layer0.gate.npy
+// made the layer a plain FFN, and a dangling layer1.x.npy ended the layers at one; a dangling
+// manifest.json was no manifest. Each is refused naming it. A link to a regular file is read.
+TEST(Capture, DanglingLinksRaiseNamingTheFile) {
+  TempDir d;
+  for (int i = 0; i < 2; ++i) {
+    testing::Problem p = testing::make_problem({FfnKind::gated, 4, 64, 128, DType::f32, Pattern::uniform, 0.05, 64, 1});
+    write_layer(d, i, p);
+  }
+  ASSERT_EQ(std::rename(d.file("layer0.gate.npy").c_str(), d.file("gate.npy").c_str()), 0);
+  ASSERT_EQ(::symlink("gate.npy", d.file("layer0.gate.npy").c_str()), 0);  // a link to a regular file
+  EXPECT_EQ(testing::captured_layers(d.path()), 2);
+  EXPECT_EQ(testing::load_captured_layer(d.path(), 0).spec.kind, FfnKind::gated);
+  std::remove(d.file("gate.npy").c_str());  // now a link to nothing
+  const std::string gate = d.file("layer0.gate.npy");
+  expect_named_error([&] { testing::captured_layers(d.path()); }, gate, "a dangling symbolic link");
+  expect_named_error([&] { testing::load_captured_layer(d.path(), 0); }, gate, "a dangling symbolic link");
+  std::remove(gate.c_str());
+  EXPECT_EQ(testing::captured_layers(d.path()), 2);  // no gate file at all: a plain FFN
+  EXPECT_EQ(testing::load_captured_layer(d.path(), 0).spec.kind, FfnKind::plain);
+
+  const std::string x1 = d.file("layer1.x.npy");
+  std::remove(x1.c_str());
+  ASSERT_EQ(::symlink("nowhere.npy", x1.c_str()), 0);
+  expect_named_error([&] { testing::captured_layers(d.path()); }, x1, "a dangling symbolic link");
+  std::remove(x1.c_str());
+  ASSERT_EQ(::symlink("layer1.x.npy", x1.c_str()), 0);  // a link to itself
+  expect_named_error([&] { testing::captured_layers(d.path()); }, x1);
+  std::remove(x1.c_str());
+  for (const char* name : {"layer1.gate.npy", "layer1.up.npy", "layer1.down.npy"}) std::remove(d.file(name).c_str());
+  EXPECT_EQ(testing::captured_layers(d.path()), 1);
+
+  ASSERT_EQ(::symlink("nowhere.json", d.file("manifest.json").c_str()), 0);
+  expect_named_error([&] { testing::captured_layers(d.path()); }, d.file("manifest.json"), "a dangling symbolic link");
+  expect_named_error([&] { testing::capture_model(d.path(), 0); }, d.file("manifest.json"), "a dangling symbolic link");
+}
+
+// A manifest of many members is refused by its count of values, at once (member names were looked
+// up one by one: a 1 MB manifest of 70000 names took seconds per parse, and a run parsed it per
+// row); a run reads the manifest once, when it first looks at the folder.
+TEST(Capture, ManifestIsBoundedAndReadOncePerRun) {
+  TempDir d;
+  testing::Problem p = testing::make_problem({FfnKind::gated, 4, 64, 128, DType::f32, Pattern::uniform, 0.05, 64, 1});
+  write_layer(d, 0, p);
+  std::string many = "{";
+  for (int i = 0; i < 70000; ++i) many += (i ? ", \"k" : "\"k") + std::to_string(100000 + i) + "\": 0";
+  std::ofstream(d.file("manifest.json")) << many << "}";
+  expect_named_error([&] { testing::captured_layers(d.path()); }, d.file("manifest.json"), "at most 65536 values");
+  expect_named_error([&] { testing::capture_model(d.path(), 0); }, d.file("manifest.json"), "at most 65536 values");
+
+  std::ofstream(d.file("manifest.json")) << "{\"checkpoint\": \"c.pt\", \"max_row_active\": [9]}";
+  const bench::Options o = captured_suite("real", d);
+  const bench::Cases cases(o, {});
+  ASSERT_EQ(cases.size(), 1u);
+  std::ofstream(d.file("manifest.json")) << "not JSON";  // after the run read the folder
+  EXPECT_EQ(cases.model(0)["checkpoint"].text(), "c.pt");
+  EXPECT_EQ(cases.model(0)["max_row_active"].text(), "9");
 }
 
 // A manifest that is not JSON, or not an object, is refused naming the file.

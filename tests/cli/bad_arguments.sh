@@ -77,6 +77,8 @@ expect "option --backend needs a value" check --backend
 expect "twell: unknown command 'frobnicate'" frobnicate
 expect "twell: unknown command 'bogus'" help bogus
 expect "twell info: arguments: expected none" info extra
+expect "twell help: arguments: expected one command (bench | check | info), got 'check extra'" help check extra
+expect "twell help: arguments: expected one command (bench | check | info), got 'info --help'" help info --help
 expect "twell bench: --from: folder: expected a folder" bench --no-write --from "$scratch/nonexistent"
 capture "$scratch/ok"
 expect "twell bench: --out: expected a folder" bench --from "$scratch/ok" --out /dev/null/results
@@ -92,6 +94,20 @@ capture "$scratch/spaced" && npy "$scratch/spaced/layer0.x.npy" "1 6" 16 1024
 expect "a 2-D shape" bench --no-write --from "$scratch/spaced"
 capture "$scratch/late" && mkdir -p "$scratch/late" && cp "$scratch/late/layer0.x.npy" "$scratch/late/layer1.x.npy"
 expect "layer1.up.npy: expected a readable regular file" bench --no-write --from "$scratch/late"
+# A link to nothing is no missing file: a dangling gate made the layer a plain FFN, a dangling
+# layer1.x.npy ended the layers at one.
+capture "$scratch/gatelink" && rm "$scratch/gatelink/layer0.gate.npy" && ln -s nowhere.npy "$scratch/gatelink/layer0.gate.npy"
+expect "layer0.gate.npy: expected a readable regular file, got a dangling symbolic link" bench --no-write --from "$scratch/gatelink"
+capture "$scratch/xlink" && ln -s nowhere.npy "$scratch/xlink/layer1.x.npy"
+expect "layer1.x.npy: expected a readable regular file, got a dangling symbolic link" bench --no-write --from "$scratch/xlink"
+capture "$scratch/twice" && npy_dict "$scratch/twice/layer0.x.npy" "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 16), 'shape': (2, 16), }" 256
+expect "layer0.x.npy: expected a header dict of 'descr', 'fortran_order' and 'shape', each once, got 'shape' again" bench --no-write --from "$scratch/twice"
+capture "$scratch/dup" && printf '{"checkpoint": "a", "checkpoint": "b"}' >"$scratch/dup/manifest.json"
+expect 'manifest.json: expected a member name not used before in its object at byte 20, got "checkpoint" again' bench --no-write --from "$scratch/dup"
+# About 1 MB of 70000 member names: refused at once by their count (each name was looked up among
+# the ones before it, for every row of the run).
+capture "$scratch/many" && seq 100000 169999 | awk 'BEGIN { printf "{" } { printf "%s\"k%d\": 0", (NR > 1 ? ", " : ""), $1 } END { print "}" }' >"$scratch/many/manifest.json"
+expect "manifest.json: expected at most 65536 values" bench --no-write --from "$scratch/many"
 if ! "$twell" info | grep -q "CUDA backend: compiled"; then
   expect "twell check: --backend: expected auto | cpu (this twell was built without CUDA), got 'cuda'" check --backend cuda
   expect "twell bench: --backend: expected auto | cpu (this twell was built without CUDA), got 'cuda'" bench --no-write --backend cuda

@@ -367,8 +367,14 @@ int main(int argc, char** argv) {
     std::cout << twell::cli::kGlobalHelp;
     return 0;
   }
-  // `twell help CMD` is `twell CMD --help`.
+  // `twell help CMD` is `twell CMD --help`; anything after CMD is refused.
   const bool help = args[0] == "help";
+  if (help && args.size() > 2) {
+    g_prefix = "twell help";
+    std::string got;
+    for (size_t i = 1; i < args.size(); ++i) got += (i > 1 ? " " : "") + args[i];
+    usage_error("arguments: expected one command (bench | check | info), got '" + got + "'");
+  }
   const std::string name = help ? args[1] : args[0];
   const Command* cmd = nullptr;
   for (const Command& c : kCommands)
