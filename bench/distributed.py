@@ -46,16 +46,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-
-def ints(text):
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
-    return values
+if HERE not in sys.path:  # bench/ is no package: its modules are imported beside this one
+    sys.path.insert(0, HERE)
+from cli_args import positive_ints  # noqa: E402
 
 
 def words(choices):
@@ -84,7 +77,7 @@ def parse_args(argv):
     p.add_argument("--no-write", action="store_true", help="print the rows only")
     p.add_argument("--append", action="store_true",
                    help="add this run's rows to those already in DIR/distributed.json")
-    p.add_argument("--gpus", type=ints,
+    p.add_argument("--gpus", type=positive_ints,
                    help="GPU counts above 1 (default: 2, 4, 8... up to the GPUs here)")
     p.add_argument("--engines", type=words(("ddp", "fsdp2")), default=["ddp", "fsdp2"])
     p.add_argument("--regimes", type=words(("init", "sparse")), default=["init", "sparse"])
@@ -323,8 +316,6 @@ def worker(argv):
     import torch
 
     from twell.train import cli, distributed, loop
-    if HERE not in sys.path:
-        sys.path.insert(0, HERE)
     from model import calibrate  # bench/model.py
 
     args = cli.parser().parse_args(argv[2:])

@@ -84,18 +84,9 @@ import model_generate  # noqa: E402
 from timing import Timer, summary  # noqa: E402
 from model_agreement import SplitMLP, agrees, distance  # noqa: E402,F401  (tests use SplitMLP)
 from model_floor import GateOnlyMLP, floor_fields, floor_note  # noqa: E402
+from cli_args import positive_ints  # noqa: E402
 
 MODES = ("inference", "training", "generate")
-
-
-def positive_ints(text):
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
-    return values
 
 
 def parse_args(argv, **defaults):
