@@ -445,7 +445,8 @@ def capture(model, batches, out, tokens, dtype=None, *, manifest=None, progress=
     doc["max_row_active"] = max_active
     tmp = os.path.join(out, "manifest.json.tmp")
     with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
+        # A NaN or inf (an l1_coef from a diverged checkpoint, a caller's manifest entry) is null.
+        json.dump(files.finite_json(doc), f, indent=1, allow_nan=False)
         f.write("\n")
     os.replace(tmp, os.path.join(out, "manifest.json"))
     return doc

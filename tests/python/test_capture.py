@@ -227,6 +227,17 @@ def test_stale_files_go_and_the_manifest_comes_last(tmp_path):
     assert not os.path.exists(tmp_path / "layer7.x.npy") and _manifest(tmp_path)["layers"] == 2
 
 
+def test_manifest_is_strict_json(tmp_path):
+    """A non-finite manifest value (an l1_coef of a diverged run) is written as null: the file
+    parses as strict JSON."""
+    model = _hf_model()
+    cap.capture(model, [np.arange(2 * 17).reshape(2, 17)], str(tmp_path), 10, progress=False,
+                manifest={"l1_coef": float("nan"), "note": [float("inf"), 1.5]})
+    text = (tmp_path / "manifest.json").read_text()
+    doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"manifest holds {c}"))
+    assert doc["l1_coef"] is None and doc["note"] == [None, 1.5]
+
+
 def test_bad_inputs(run, tmp_path, capsys):
     with pytest.raises(ValueError, match="no such file or folder"):
         cap.load_model(tmp_path / "missing")
