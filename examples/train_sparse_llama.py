@@ -33,34 +33,40 @@ twell.train as is.
 import argparse
 import sys
 
+from twell.train.cli import DefaultsHelpFormatter
 from twell.train.cli import main as train_main
 
 
-def parse_args(argv=None):
+def parser():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                epilog="Other flags are passed on to python -m twell.train.")
+                                epilog="Other flags are passed on to python -m twell.train.",
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu or cuda")
     p.add_argument("--data", default="synthetic",
-                   help="synthetic (default), a token folder (scripts/prepare-gcide) or a text "
-                        "folder")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--intermediate", type=int, default=256)
-    p.add_argument("--layers", type=int, default=2)
+                   help="synthetic, a token folder (scripts/prepare-gcide) or a text folder")
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps")
+    p.add_argument("--batch", type=int, default=8, help="sequences per step")
+    p.add_argument("--seq", type=int, default=64, help="tokens per sequence")
+    p.add_argument("--hidden", type=int, default=64, help="model width")
+    p.add_argument("--intermediate", type=int, default=256, help="FFN units per layer")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers")
     p.add_argument("--l1", type=float, default=2e-2,
                    help="L1 coefficient (times the mean over layers of each layer's mean over "
                         "tokens of sum |h|, as python -m twell.train --l1)")
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=3e-3,
+                   help="peak learning rate (warm-up, then cosine decay)")
     p.add_argument("--reinit-dead-every", type=int, default=200,
                    help="re-initialise units dead over 16,384 training tokens, at most every N "
                         "steps (0: never)")
     p.add_argument("--report-every", type=int, default=100,
                    help="validate and print the per-layer report every N steps (and at the end)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--out", default="build-train/runs/example", help="run folder (log.jsonl)")
-    return p.parse_known_args(argv)
+    return p
+
+
+def parse_args(argv=None):
+    return parser().parse_known_args(argv)
 
 
 def main(argv=None):

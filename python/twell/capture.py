@@ -485,13 +485,13 @@ def read_layer(folder, i, name):
 # ---- command line -----------------------------------------------------------------------------
 
 def parser():
-    from twell.train.cli import OneLineParser
+    from twell.train.cli import DefaultsHelpFormatter, OneLineParser
 
     p = OneLineParser(
         name="twell.capture", prog="python -m twell.capture",
         description="Save each decoder layer's MLP input (first --tokens tokens of validation "
                     "text) and weights of a trained model as .npy files plus manifest.json.",
-        epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=__doc__.split("\n\n", 1)[1], formatter_class=DefaultsHelpFormatter)
     p.add_argument("checkpoint", help="a python -m twell.train checkpoint folder (or its run "
                                       "folder), or a Hugging Face model folder")
     p.add_argument("--out", required=True, help="output folder")

@@ -36,7 +36,9 @@ examples:
   scripts/prepare-corpus                      # once: .carry/corpus (about 20 MiB)
   python -m twell.train --model s30m --l1 3e-4 --steps 2000 --max-minutes 9 --out runs/l1-3e-4
   python -m twell.train --model s30m --activation silu --steps 2000 --out runs/silu
-  python -m twell.train --model tiny --data synthetic --device cpu --steps 50
+  # a smoke test, seconds on a CPU: loss 4.9 -> ~0.1, FFN density ~45% -> ~15%, some rows sparse
+  python -m twell.train --model tiny --data synthetic --device cpu --steps 100 --batch-size 8 \\
+      --seq-len 64 --l1 2e-2 --lr 3e-3 --out build-train/runs/smoke
   torchrun --nproc-per-node 2 -m twell.train --model paper-0.5b --dist fsdp2 --out runs/fsdp2
 """
 
@@ -55,6 +57,18 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
         message = message[len("argument "):] if message.startswith("argument ") else message
         self.exit(2, f"{self.name}: {message}\n")
+
+
+class DefaultsHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help states each option's default: "(default: X)" after a help text that names none
+    (options without a value, or with none by default, get nothing)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (not action.option_strings or "default" in text or action.default is None
+                or action.default is False or action.default is argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
 
 
 def _parse(kind, expected):
@@ -81,7 +95,7 @@ def parser():
         description="Train a Llama (Hugging Face LlamaForCausalLM) whose MLPs are twell ReLU FFNs "
                     "with the L1 activation penalty, on real text; log per-layer density, dead "
                     "units and the path twell ran.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG, formatter_class=DefaultsHelpFormatter)
     g = p.add_argument_group("data")
     g.add_argument("--data", default=".carry/corpus",
                    help="token folder, text folder, hf:NAME or synthetic (default .carry/corpus)")
@@ -123,8 +137,8 @@ def parser():
     g.add_argument("--warmup", type=int,
                    help="linear warm-up steps (default steps/20, at most 200)")
     g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW, matrices only")
-    g.add_argument("--beta1", type=float, default=0.9)
-    g.add_argument("--beta2", type=float, default=0.95)
+    g.add_argument("--beta1", type=float, default=0.9, help="AdamW")
+    g.add_argument("--beta2", type=float, default=0.95, help="AdamW")
     g.add_argument("--clip", type=float, default=1.0, help="gradient-norm clip (0: none)")
 
     g = p.add_argument_group("validation, logging, dead units")
@@ -155,7 +169,7 @@ def parser():
     g.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda[:N]")
     g.add_argument("--precision", choices=["fp32", "bf16"],
                    help="default: fp32 on the CPU, bf16 (fp32 master weights) on CUDA")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="random seed")
     g.add_argument("--dist", choices=DIST_MODES, default="none",
                    help="several processes, launched by torchrun --nproc-per-node N -m "
                         "twell.train: ddp (DistributedDataParallel) or fsdp2 (fully_shard per "
