@@ -6,4 +6,5 @@
 #include "twell/format.hpp"
 #include "twell/info.hpp"
 #include "twell/tensor.hpp"
+#include "twell/threads.hpp"
 #include "twell/training.hpp"

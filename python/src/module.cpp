@@ -9,6 +9,7 @@
 #include "twell/dtype.hpp"
 #include "twell/error.hpp"
 #include "twell/info.hpp"
+#include "twell/threads.hpp"
 
 namespace nb = nanobind;
 
@@ -61,6 +62,15 @@ NB_MODULE(_core, m) {
   m.def("cuda_device_count", &twell::cuda_device_count);
   m.def("cuda_devices", &twell::cuda_devices);
   m.def("cpu_description", &twell::cpu_description);
+  m.def("set_cpu_threads", &twell::set_cpu_threads, "n"_a,
+        "Threads of every CPU call: n >= 1 (at most cpu_count()), or 0 (the default): the calling "
+        "thread's OpenMP count. Process-wide; twell.torch sets it to torch.get_num_threads().");
+  m.def("cpu_threads_setting", &twell::cpu_threads_setting, "What set_cpu_threads set (0: automatic).");
+  m.def("cpu_threads", &twell::cpu_threads, "The threads a CPU call from this thread runs now.");
+  m.def("last_cpu_threads", &twell::last_cpu_threads,
+        "The threads the last CPU call ran (0: none yet).");
+  m.def("cpu_count", &twell::cpu_count,
+        "CPUs this process may run on (affinity mask, within a cgroup CPU quota).");
 
   twell::python::bind_plans(m);
 }

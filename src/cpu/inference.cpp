@@ -14,6 +14,7 @@
 #include "core/backend.hpp"
 #include "cpu/blas.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/threads.hpp"
 
 namespace twell::detail {
 
@@ -75,6 +76,7 @@ class CpuInference final : public InferenceBackend {
   }
 
   RunInfo run(const InferenceArgs& a, Stream, void* workspace) override {
+    const cpu::CallThreads team;
     RunInfo info;
     info.rows = a.x.shape[0];
     auto* ws = static_cast<uint8_t*>(workspace);

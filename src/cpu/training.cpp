@@ -19,6 +19,7 @@
 #include "core/backend.hpp"
 #include "cpu/blas.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/threads.hpp"
 
 namespace twell::detail {
 
@@ -57,6 +58,7 @@ class CpuTraining final : public TrainingBackend {
   }
 
   void forward(const TrainingForwardArgs& a, const TwellView& v, Stream) override {
+    const cpu::CallThreads team;
     const TwellShape& s = v.shape;
     const int64_t m = s.rows, nt = s.num_tiles();
     const Weights32 W = weights32();
@@ -131,6 +133,7 @@ class CpuTraining final : public TrainingBackend {
 
   void backward(const TrainingBackwardArgs& a, const TensorView& xv, const TwellView& v,
                 Stream) override {
+    const cpu::CallThreads team;
     const TwellShape& s = v.shape;
     const int64_t m = s.rows, nt = s.num_tiles();
     const Weights32 W = weights32();

@@ -70,6 +70,8 @@ def run_ffn(x, gate, up, down, tile, capacity, dispatch, dense_above):
     workspace = None
     if x.device.type == "cuda":
         workspace = x.new_empty(plan.workspace_bytes(_plans.dl(x), _plans.dl(y)), dtype=torch.uint8)
+    else:
+        _plans.follow_torch_threads()
     plan.run(_plans.dl(x), _plans.dl(y), _plans.dl(counters), _plans.dl(workspace),
              _plans.stream_of(x.device))
     return y, counters
@@ -86,6 +88,8 @@ def run_ffn_eager(plan, x):
         nbytes = plan.workspace_bytes_for(rows)
         workspace = x.new_empty(nbytes, dtype=torch.uint8)
         stream = _plans.stream_of(x.device)
+    else:
+        _plans.follow_torch_threads()
     plan._run_addresses(x.data_ptr(), y.data_ptr(), rows, counters.data_ptr(),
                         workspace.data_ptr() if workspace is not None else 0, nbytes, stream)
     return y, counters
@@ -168,6 +172,8 @@ def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile:
     # depend on what memory held before (eager and compiled runs must agree byte for byte).
     saved = x.new_zeros(nbytes, dtype=torch.uint8)
     stats = x.new_empty(2, dtype=torch.float32)
+    if x.device.type == "cpu":
+        _plans.follow_torch_threads()
     plan.forward(_plans.dl(x), _plans.dl(y), _plans.dl(saved), _plans.dl(stats),
                  _plans.stream_of(x.device),
                  _workspace(plan, x, mirror[nbytes], twell.TrainingCall.forward))
@@ -210,6 +216,8 @@ def ffn_train_backward(dy: Tensor, x: Tensor, gate: Optional[Tensor], up: Tensor
     dx = x.new_empty(x.shape)
     grads = [up.new_empty(up.shape, dtype=torch.float32) for _ in range(3 if gate is not None else 2)]
     dgate = grads[0] if gate is not None else None
+    if x.device.type == "cpu":
+        _plans.follow_torch_threads()
     plan.backward(_plans.dl(dy), _plans.dl(dx), _plans.dl(dgate), _plans.dl(grads[-2]),
                   _plans.dl(grads[-1]), _plans.dl(x), _plans.dl(saved), _plans.dl(l1_coef),
                   _plans.stream_of(x.device),

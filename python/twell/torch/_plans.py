@@ -42,6 +42,14 @@ def stream_of(device):
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 
+def follow_torch_threads():
+    """Before each CPU call: twell's CPU threads = torch's intra-op count (torch.get_num_threads(),
+    which torch.set_num_threads changes), whether or not torch shares twell's OpenMP runtime."""
+    n = torch.get_num_threads()
+    if n != twell.cpu_threads_setting():
+        twell.set_cpu_threads(n)
+
+
 def dispatch_value(dispatch):
     try:
         return _DISPATCH[dispatch]

@@ -1,0 +1,133 @@
+"""The CPU backend's threads in a Python process: twell.torch runs torch's intra-op count, never
+more than the CPUs; importing twell first makes idle OpenMP workers sleep instead of spinning
+(docs/python.md, "Threads")."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import twell
+from twell import _openmp
+
+
+def run_python(code, env=None):
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, **(env or {})))
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_cpu_threads_api():
+    assert twell.cpu_count() >= 1
+    old = twell.cpu_threads_setting()
+    try:
+        twell.set_cpu_threads(1)
+        assert twell.cpu_threads() == 1 and twell.cpu_threading()["setting"] == 1
+        twell.set_cpu_threads(10_000)
+        assert twell.cpu_threads() == twell.cpu_count()
+        with pytest.raises(twell.TwellError) as e:
+            twell.set_cpu_threads(-1)
+        assert e.value.argument == "n"
+    finally:
+        twell.set_cpu_threads(old)
+
+
+def test_numpy_calls_run_the_count_set(seed):
+    rng = np.random.default_rng(seed)
+    w = [rng.standard_normal((96, 32), dtype=np.float32) for _ in range(3)]
+    plan = twell.InferencePlan(*w)
+    x = rng.standard_normal((64, 32), dtype=np.float32)
+    old = twell.cpu_threads_setting()
+    try:
+        for n in (1, 2):
+            twell.set_cpu_threads(n)
+            plan.run(x, np.empty_like(x))
+            assert twell.last_cpu_threads() == min(n, twell.cpu_count())
+    finally:
+        twell.set_cpu_threads(old)
+
+
+def test_twell_torch_follows_torch_set_num_threads(seed):
+    torch = pytest.importorskip("torch")
+    import twell.torch as tt
+    torch.manual_seed(seed)
+    mlp = tt.SparseGatedMLP(32, 96)
+    x = torch.randn(64, 32)
+    old = torch.get_num_threads()
+    try:
+        for n in (1, 2, 1):
+            torch.set_num_threads(n)
+            want = min(n, twell.cpu_count())
+            with torch.no_grad():
+                mlp(x)  # the modules' eager inference call
+            assert twell.last_cpu_threads() == want
+            torch.ops.twell.ffn(x, mlp.gate_proj.weight, mlp.up_proj.weight,
+                                mlp.down_proj.weight.t().contiguous(), 0, 0, "auto", 0.035)
+            assert twell.last_cpu_threads() == want
+            twell.set_cpu_threads(0)  # the training forward sets it again
+            y = mlp(x.clone().requires_grad_())
+            assert twell.last_cpu_threads() == want
+            twell.set_cpu_threads(0)
+            y.sum().backward()
+            assert twell.last_cpu_threads() == want
+            assert twell.cpu_threading()["threads"] == want
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_prepare_sets_passive_only_where_nothing_decided():
+    env = {}
+    assert _openmp.prepare(env, lambda: False) == "passive (set by twell)"
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    env = {"OMP_WAIT_POLICY": "active"}
+    assert "environment" in _openmp.prepare(env, lambda: False)
+    assert env == {"OMP_WAIT_POLICY": "active"}
+    env = {"GOMP_SPINCOUNT": "10000"}
+    assert "environment" in _openmp.prepare(env, lambda: False)
+    assert "OMP_WAIT_POLICY" not in env
+    env = {}
+    assert "loaded before twell" in _openmp.prepare(env, lambda: True)
+    assert env == {}
+
+
+def test_import_order_decides_the_wait_policy():
+    clean = {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": ""}
+    code = ("import os; [os.environ.pop(k) for k in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT')]; {}; "
+            "import twell; print(os.environ.get('OMP_WAIT_POLICY'), '|', "
+            "twell.cpu_threading()['wait_policy'])")
+    assert run_python(code.format("pass"), clean) == "PASSIVE | passive (set by twell)"
+    if _openmp.runtime_loaded():  # this process loaded libgomp with twell: /proc/self/maps works
+        assert "loaded before twell" in run_python(code.format("import ctypes; "
+                                                                "ctypes.CDLL('libgomp.so.1')"), clean)
+    out = run_python("import os, twell; print(os.environ['OMP_WAIT_POLICY'], '|', "
+                     "twell.cpu_threading()['wait_policy'])", {"OMP_WAIT_POLICY": "ACTIVE"})
+    assert out == "ACTIVE | OMP_WAIT_POLICY=ACTIVE (environment)"
+
+
+SPIN = """
+import time, numpy as np, twell
+rng = np.random.default_rng(0)
+w = [rng.standard_normal((512, 64), dtype=np.float32) for _ in range(3)]
+x = rng.standard_normal((256, 64), dtype=np.float32)
+plan = twell.InferencePlan(*w)
+twell.set_cpu_threads(2)
+plan.run(x, np.empty_like(x))
+idle = 0.0
+for _ in range(20):
+    plan.run(x, np.empty_like(x))
+    t0 = time.process_time(); time.sleep(0.02); idle += time.process_time() - t0
+print(idle)
+"""
+
+
+@pytest.mark.skipif(twell.cpu_count() < 2, reason="one CPU: no OpenMP worker to spin")
+def test_idle_workers_sleep_after_a_call():
+    """The process's CPU time while it sleeps right after twell calls on 2 threads: GNU OpenMP's
+    default spinning burns 100+ ms of the 400 ms slept (two thirds of a core beside a busy
+    process), the passive policy nothing."""
+    clean = {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": ""}
+    idle = float(run_python("import os; [os.environ.pop(k) for k in ('OMP_WAIT_POLICY', "
+                            "'GOMP_SPINCOUNT')]\n" + SPIN, clean))
+    assert idle < 0.04, f"{idle * 1000:.0f} ms of CPU while sleeping 400 ms after twell calls"
