@@ -212,22 +212,25 @@ def test_out_naming_a_file(tmp_path):
     assert r.returncode == 2 and "--out" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_without_tokenizers_stops_before_downloading(tmp_path):
+@pytest.mark.parametrize("script", ["prepare-corpus", "prepare-gcide"])
+def test_without_tokenizers_stops_before_downloading(tmp_path, script):
     """Under an interpreter without `tokenizers` and no project venv beside the script, it says
-    how to get the package and downloads nothing."""
+    how to get the package and downloads nothing (prepare-gcide runs prepare-corpus)."""
     scripts = tmp_path / "repo" / "scripts"
     scripts.mkdir(parents=True)
-    for name in ("prepare-corpus", "corpus_sources.py"):
+    for name in ("prepare-corpus", "prepare-gcide", "corpus_sources.py"):
         shutil.copy(os.path.join(ROOT, "scripts", name), scripts / name)
     hide = tmp_path / "hide"
     hide.mkdir()
     (hide / "tokenizers.py").write_text("raise ImportError('hidden for the test')\n")
-    env = dict(os.environ, PYTHONPATH=str(hide))
-    r = subprocess.run([sys.executable, str(scripts / "prepare-corpus"), "--deb-dir",
-                        str(tmp_path / "debs")], capture_output=True, text=True, env=env,
-                       timeout=60)
+    (hide / "python3").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")  # the shebang's
+    (hide / "python3").chmod(0o755)
+    env = dict(os.environ, PYTHONPATH=str(hide), PATH=f"{hide}{os.pathsep}{os.environ['PATH']}")
+    r = subprocess.run([str(scripts / script), "--deb-dir", str(tmp_path / "debs")],
+                       capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 2 and "tokenizers" in r.stderr and "nothing was downloaded" in r.stderr
-    assert not (tmp_path / "debs").exists()
+    assert "pip install tokenizers" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "debs").exists() and not (tmp_path / "repo" / ".carry").exists()
 
 
 def test_twell_train_reads_the_corpus_and_reports_each_source(built, tmp_path):
