@@ -63,7 +63,7 @@ std::vector<ProblemSpec> suite_cases(const std::string& suite, bool cuda, const 
     add(4096, 2048, 5632, half, Pattern::uniform, 0.005);
     add(16384, 2048, 5632, DType::f16, Pattern::uniform, 0.005);
   } else if (suite == "decode") {  // tokens per call from one decoding step to a prefill chunk
-    for (Pattern p : {Pattern::uniform, Pattern::heavy_tailed})
+    for (Pattern p : {Pattern::uniform, Pattern::heavy_tailed, Pattern::trained_like})
       for (double d : {0.005, 0.01, 0.02})
         for (int64_t m : {1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096}) add(m, 2048, 5632, half, p, d);
     add(1, 4096, 11008, half, Pattern::uniform, 0.005);

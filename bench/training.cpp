@@ -108,6 +108,7 @@ std::vector<ProblemSpec> training_cases(bool cuda) {
     const DType t = DType::bf16;
     for (double d : {0.005, 0.01, 0.02, 0.05, 0.16}) add(16384, t, Pattern::uniform, d);
     for (double d : {0.005, 0.01, 0.02}) add(16384, t, Pattern::heavy_tailed, d);
+    for (double d : {0.005, 0.01}) add(16384, t, Pattern::trained_like, d);
     for (int64_t m : {65536, 131072, 262144}) add(m, t, Pattern::uniform, 0.005);
   } else {  // a small check of the same code path: the CPU plan against a CBLAS dense step
     for (Pattern p : {Pattern::uniform, Pattern::heavy_tailed}) add(256, DType::f32, p, 0.005);

@@ -25,12 +25,34 @@ double normal_tail_quantile(double p) {  // t with P(Z > t) = p, by bisection on
 
 double tail(double t) { return 0.5 * std::erfc(t / std::sqrt(2.0)); }
 
+// The expected density of a trained_like problem at threshold multiplier a: its sequences' first
+// rows (M >= 1024: scale 3, one in 1024) weighted by their share of the rows, which a strided sample of rows
+// would over- or under-count, and a strided sample of the others.
+double trained_like_mean(const std::vector<double>& t, const std::vector<double>& scale, double a) {
+  const int64_t m = int64_t(scale.size()), n = int64_t(t.size());
+  const int64_t nstep = std::max<int64_t>(1, n / 512), first = m >= 1024 ? (m + 1023) / 1024 : 0;
+  auto row_mean = [&](double sc) {
+    double sum = 0;
+    int64_t cnt = 0;
+    for (int64_t i = 0; i < n; i += nstep, ++cnt) sum += tail(a * t[size_t(i)] / sc);
+    return sum / double(cnt);
+  };
+  double rest = 0;
+  int64_t cnt = 0;
+  const int64_t stride = std::max<int64_t>(1, (m - first) / 256);
+  for (int64_t r = first ? 1 : 0; r < m; r += stride)
+    if (!first || r % 1024 != 0) rest += row_mean(scale[size_t(r)]), ++cnt;
+  const double others = cnt ? rest / double(cnt) : 0.0;
+  return ((first ? double(first) * row_mean(scale[0]) : 0.0) + double(m - first) * others) / double(m);
+}
+
 }  // namespace
 
 const char* pattern_name(Pattern p) {
   switch (p) {
     case Pattern::uniform: return "uniform";
     case Pattern::heavy_tailed: return "heavy_tailed";
+    case Pattern::trained_like: return "trained_like";
     case Pattern::edge_rows: return "edge_rows";
     case Pattern::all_zero: return "all_zero";
     case Pattern::all_dense: return "all_dense";
@@ -40,10 +62,11 @@ const char* pattern_name(Pattern p) {
 }
 
 Pattern parse_pattern(const std::string& s) {
-  for (Pattern p : {Pattern::uniform, Pattern::heavy_tailed, Pattern::edge_rows, Pattern::all_zero,
-                    Pattern::all_dense})
+  for (Pattern p : {Pattern::uniform, Pattern::heavy_tailed, Pattern::trained_like, Pattern::edge_rows,
+                    Pattern::all_zero, Pattern::all_dense})
     if (s == pattern_name(p)) return p;
-  throw Error("parse_pattern", "pattern", "uniform, heavy_tailed, edge_rows, all_zero or all_dense", s);
+  throw Error("parse_pattern", "pattern", "uniform, heavy_tailed, trained_like, edge_rows, all_zero or all_dense",
+              s);
 }
 
 std::string ProblemSpec::describe() const {
@@ -88,21 +111,38 @@ ThresholdsAndScales thresholds_and_scales(const ProblemSpec& spec, std::mt19937_
   t.assign(static_cast<size_t>(n), 0.0);
   scale.assign(size_t(m), 1.0);
   const double d = std::clamp(spec.density, 0.0, 1.0);
-  if (spec.pattern == Pattern::heavy_tailed) {
+  if (spec.pattern == Pattern::heavy_tailed || spec.pattern == Pattern::trained_like) {
     std::vector<double> rate(static_cast<size_t>(n));
-    for (auto& r : rate) r = std::min(0.5, d * std::exp(1.5 * z(rng) - 1.125));
+    if (spec.pattern == Pattern::heavy_tailed) {
+      for (auto& r : rate) r = std::min(0.5, d * std::exp(1.5 * z(rng) - 1.125));
+      for (auto& s : scale) s = u01(rng) < 0.03 ? 1.8 + 1.4 * u01(rng) : std::exp(0.25 * z(rng));
+    } else {
+      std::vector<int64_t> order(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) order[size_t(i)] = i;
+      std::shuffle(order.begin(), order.end(), rng);
+      double harmonic = 0;
+      for (int64_t i = 1; i <= n; ++i) harmonic += 1.0 / double(i);
+      for (int64_t i = 0; i < n; ++i)
+        rate[size_t(order[size_t(i)])] = std::min(0.5, d * double(n) / (harmonic * double(i + 1)));
+      // A sequence's first token in problems of whole sequences (M >= 1024: prefill, training);
+      // fewer rows are decoding steps, later tokens.
+      for (int64_t r = 0; r < m; ++r) scale[size_t(r)] = m >= 1024 && r % 1024 == 0 ? 3.0 : std::exp(0.2 * z(rng));
+    }
     for (int64_t i = 0; i < n; ++i) t[size_t(i)] = normal_tail_quantile(rate[size_t(i)]);
-    for (auto& s : scale) s = u01(rng) < 0.03 ? 1.8 + 1.4 * u01(rng) : std::exp(0.25 * z(rng));
     // Scale all thresholds so the expected mean density is d (bisection on the multiplier).
     double lo = 0.05, hi = 20;
     const size_t stride = std::max<size_t>(1, size_t(m) / 256);
     for (int it = 0; it < 60 && m > 0; ++it) {
       const double a = 0.5 * (lo + hi);
       double mean = 0;
-      size_t cnt = 0;
-      for (size_t r = 0; r < size_t(m); r += stride, ++cnt)
-        for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 512)) mean += tail(a * t[size_t(i)] / scale[r]);
-      mean /= double(cnt) * double((n + std::max<int64_t>(1, n / 512) - 1) / std::max<int64_t>(1, n / 512));
+      if (spec.pattern == Pattern::trained_like) {
+        mean = trained_like_mean(t, scale, a);
+      } else {
+        size_t cnt = 0;
+        for (size_t r = 0; r < size_t(m); r += stride, ++cnt)
+          for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 512)) mean += tail(a * t[size_t(i)] / scale[r]);
+        mean /= double(cnt) * double((n + std::max<int64_t>(1, n / 512) - 1) / std::max<int64_t>(1, n / 512));
+      }
       (mean > d ? lo : hi) = a;
     }
     for (auto& v : t) v *= 0.5 * (lo + hi);

@@ -17,6 +17,9 @@ namespace twell::testing {
 enum class Pattern : uint8_t {
   uniform,       // every neuron fires with probability `density`, independently per token
   heavy_tailed,  // lognormal per-neuron rates, per-token scale (some tokens 10-40x denser)
+  trained_like,  // as a trained ReLU model's: neuron rates by Zipf's law over a random order
+                 // (rate ~ 1 / rank, the first ones capped at 50%); from M = 1024 rows up,
+                 // the first token of every 1024 (a sequence's first) far denser than the rest
   edge_rows,     // uniform plus all-zero rows, fully dense rows and single-hot-tile rows
   all_zero,      // no neuron fires
   all_dense,     // every neuron fires
@@ -30,7 +33,7 @@ struct ProblemSpec {
   int64_t m = 16, k = 64, n = 300;
   DType dtype = DType::f32;
   Pattern pattern = Pattern::uniform;
-  double density = 0.05;   // mean fraction of active neurons (uniform / heavy_tailed / edge_rows)
+  double density = 0.05;   // mean fraction of active neurons (uniform, heavy_tailed, trained_like, edge_rows)
   int32_t hot_tile = 256;  // tile width whose first tile the hot rows fill
   uint64_t seed = 1;
   std::string describe() const;  // "gated bf16 M=16 K=64 N=300 uniform 5%"

@@ -69,7 +69,7 @@ std::vector<Case> cases() {
   std::vector<Case> out;
   const int64_t ms[] = {1, 7, 255, 257, 4097};
   const std::pair<int64_t, int64_t> kn[] = {{64, 520}, {40, 300}, {136, 1000}};
-  const Pattern pats[] = {Pattern::uniform, Pattern::heavy_tailed, Pattern::edge_rows,
+  const Pattern pats[] = {Pattern::uniform, Pattern::heavy_tailed, Pattern::trained_like, Pattern::edge_rows,
                           Pattern::all_zero, Pattern::all_dense};
   int i = 0;
   for (FfnKind kind : {FfnKind::gated, FfnKind::plain})

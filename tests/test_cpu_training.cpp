@@ -109,7 +109,7 @@ std::vector<Case> cases() {
   std::vector<Case> out;
   for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
     for (DType dt : {DType::f32, DType::bf16, DType::f16})
-      for (Pattern pat : {Pattern::uniform, Pattern::heavy_tailed, Pattern::edge_rows,
+      for (Pattern pat : {Pattern::uniform, Pattern::heavy_tailed, Pattern::trained_like, Pattern::edge_rows,
                           Pattern::all_zero, Pattern::all_dense})
         for (int64_t m : {1, 7, 129}) out.push_back({kind, dt, pat, m, 24, 200, m == 7 ? 2 : 8});
   return out;

@@ -76,7 +76,7 @@ std::vector<DecodeCase> decode_cases() {
   const int64_t ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 31, 32, 33, 63, 64, 65, 128, 257};
   for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
     for (DType dt : {DType::bf16, DType::f16})
-      for (Pattern p : {Pattern::uniform, Pattern::heavy_tailed, Pattern::edge_rows})
+      for (Pattern p : {Pattern::uniform, Pattern::heavy_tailed, Pattern::trained_like, Pattern::edge_rows})
         for (int64_t m : ms) out.push_back({kind, dt, p, 0.05, m, 264, 1000});
   for (Pattern p : {Pattern::all_zero, Pattern::all_dense})
     for (int64_t m : {int64_t(1), int64_t(6), int64_t(64)}) out.push_back({FfnKind::gated, DType::bf16, p, 0.05, m, 264, 1000});

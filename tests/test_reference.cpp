@@ -109,7 +109,7 @@ TEST(Reference, DeadNeuronTracker) {
 }
 
 TEST(Reference, WorkloadHitsTargetDensity) {
-  for (Pattern pat : {Pattern::uniform, Pattern::heavy_tailed}) {
+  for (Pattern pat : {Pattern::uniform, Pattern::heavy_tailed, Pattern::trained_like}) {
     Problem p = testing::make_problem({FfnKind::gated, 2000, 64, 2000, DType::f32, pat, 0.02, 256, seed(9)});
     const ref::Weights w = ref::from_weights(p.weights());
     const ref::Forward f = ref::ffn_forward(w, ref::from_view(p.x_view()));
@@ -124,6 +124,32 @@ TEST(Reference, WorkloadHitsTargetDensity) {
       }
       EXPECT_GT(max_row, 8 * density);
     }
+  }
+}
+
+// trained_like: neuron rates spread over orders of magnitude (Zipf), a sequence's first token far
+// denser than the others, the mean on target at a decoding-like M and at a prefill-like M.
+TEST(Reference, TrainedLikeWorkload) {
+  for (int64_t m : {int64_t(1), int64_t(3000)}) {
+    Problem p = testing::make_problem({FfnKind::gated, m, 64, 2000, DType::f32, Pattern::trained_like, 0.02, 256,
+                                       seed(10)});
+    const ref::Forward f = ref::ffn_forward(ref::from_weights(p.weights()), ref::from_view(p.x_view()));
+    std::vector<double> rows(size_t(m), 0.0), units(2000, 0.0);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t n = 0; n < 2000; ++n)
+        if (f.gate_pre.at(r, n) > 0) rows[size_t(r)] += 1, units[size_t(n)] += 1;
+    const double density = ref::l0_per_token(f) / 2000.0;
+    if (m == 1) {  // a decoding step: a later token (no sequence start), its own scale
+      EXPECT_GT(density, 0.02 / 4);
+      EXPECT_LT(density, 0.02 * 4);
+      continue;
+    }
+    EXPECT_NEAR(density, 0.02, 0.006);
+    for (int64_t r : {int64_t(0), int64_t(1024), int64_t(2048)}) EXPECT_GT(rows[size_t(r)] / 2000.0, 4 * density) << r;
+    std::sort(units.begin(), units.end());
+    // The busiest tenth of the units fire far more often than the median unit.
+    const double top = units[size_t(1900)], median = units[1000];
+    EXPECT_GT(top, 5 * std::max(median, 1.0));
   }
 }
 

@@ -20,8 +20,8 @@ int run_check(const std::string& backend, std::ostream& out) {
     for (DType dt : dtypes) {
       if (cuda && dt == DType::f32) continue;  // the CUDA backend computes in 16-bit types
       for (testing::Pattern pat : {testing::Pattern::uniform, testing::Pattern::heavy_tailed,
-                                   testing::Pattern::edge_rows, testing::Pattern::all_zero,
-                                   testing::Pattern::all_dense})
+                                   testing::Pattern::trained_like, testing::Pattern::edge_rows,
+                                   testing::Pattern::all_zero, testing::Pattern::all_dense})
         for (Dispatch d : {Dispatch::force_sparse, Dispatch::automatic}) {
           testing::ProblemSpec s;
           s.kind = kind, s.dtype = dt, s.pattern = pat, s.density = 0.02;

@@ -40,7 +40,8 @@ options:
   --m M --k K --n N shape of a custom case (implies --suite custom; with --suite training or
                     decode: one case of these parameters, timed as that suite times its own)
   --density D       mean fraction of active neurons of a custom case (default 0.005)
-  --pattern P       uniform | heavy_tailed | edge_rows | all_zero | all_dense (default heavy_tailed)
+  --pattern P       uniform | heavy_tailed | trained_like | edge_rows | all_zero | all_dense
+                    (default heavy_tailed)
   --dtype T         float32 | bfloat16 | float16   (default: float32 on CPU, bfloat16 on CUDA)
   --kind K          gated | plain   (default gated)
   --gate G          auto | portable: the CUDA gate GEMM + pack (default auto: fused on sm_90a)
@@ -66,7 +67,7 @@ examples:
 const char* const kCheckHelp = R"(usage: twell check [--backend NAME]
 
 Runs every FFN kind (gated, plain), dtype (bfloat16, float16; float32 on the CPU), activation
-pattern (uniform, heavy_tailed, edge_rows, all_zero, all_dense) and dispatch (sparse, auto) on
+pattern (uniform, heavy_tailed, trained_like, edge_rows, all_zero, all_dense) and dispatch (sparse, auto) on
 M = 257, K = 256, N = 1000..1016 and compares twell's output with the fp64 oracle: a line per
 case, then a summary. Exit status 1 when a case fails.
 
