@@ -67,9 +67,9 @@ examples:
 const char* const kCheckHelp = R"(usage: twell check [--backend NAME]
 
 Runs every FFN kind (gated, plain), dtype (bfloat16, float16; float32 on the CPU), activation
-pattern (uniform, heavy_tailed, trained_like, edge_rows, all_zero, all_dense) and dispatch (sparse, auto) on
-M = 257, K = 256, N = 1000..1016 and compares twell's output with the fp64 oracle: a line per
-case, then a summary. Exit status 1 when a case fails.
+pattern (uniform, heavy_tailed, trained_like, edge_rows, all_zero, all_dense) and dispatch
+(sparse, auto) on M = 257, K = 256, N = 1000..1016 and compares twell's output with the fp64
+oracle: a line per case, then a summary. Exit status 1 when a case fails.
 
 options:
   --backend NAME    auto | cpu | cuda   (auto: CUDA when a GPU is present)   (default: auto)
