@@ -25,12 +25,12 @@ double normal_tail_quantile(double p) {  // t with P(Z > t) = p, by bisection on
 
 double tail(double t) { return 0.5 * std::erfc(t / std::sqrt(2.0)); }
 
-// The expected density of a trained_like problem at threshold multiplier a: its sequences' first
-// rows (M >= 1024: scale 3, one in 1024) weighted by their share of the rows, which a strided sample of rows
-// would over- or under-count, and a strided sample of the others.
-double trained_like_mean(const std::vector<double>& t, const std::vector<double>& scale, double a) {
-  const int64_t m = int64_t(scale.size()), n = int64_t(t.size());
-  const int64_t nstep = std::max<int64_t>(1, n / 512), first = m >= 1024 ? (m + 1023) / 1024 : 0;
+// The expected density at threshold multiplier a: a strided sample of up to ~256 rows, and the
+// `first` rows that start a sequence (rows 0, 1024, 2048, ...: trained_like from M = 1024 up)
+// apart, weighted by their share of the rows, which a strided sample would over- or under-count.
+double expected_density(const std::vector<double>& t, const std::vector<double>& scale, double a,
+                        int64_t first) {
+  const int64_t m = int64_t(scale.size()), n = int64_t(t.size()), nstep = std::max<int64_t>(1, n / 512);
   auto row_mean = [&](double sc) {
     double sum = 0;
     int64_t cnt = 0;
@@ -111,6 +111,9 @@ ThresholdsAndScales thresholds_and_scales(const ProblemSpec& spec, std::mt19937_
   t.assign(static_cast<size_t>(n), 0.0);
   scale.assign(size_t(m), 1.0);
   const double d = std::clamp(spec.density, 0.0, 1.0);
+  // trained_like rows that start a sequence (every 1024th) in problems of whole sequences (M >= 1024:
+  // prefill, training); fewer rows are decoding steps, later tokens.
+  const int64_t first = spec.pattern == Pattern::trained_like && m >= 1024 ? (m + 1023) / 1024 : 0;
   if (spec.pattern == Pattern::heavy_tailed || spec.pattern == Pattern::trained_like) {
     std::vector<double> rate(static_cast<size_t>(n));
     if (spec.pattern == Pattern::heavy_tailed) {
@@ -124,25 +127,14 @@ ThresholdsAndScales thresholds_and_scales(const ProblemSpec& spec, std::mt19937_
       for (int64_t i = 1; i <= n; ++i) harmonic += 1.0 / double(i);
       for (int64_t i = 0; i < n; ++i)
         rate[size_t(order[size_t(i)])] = std::min(0.5, d * double(n) / (harmonic * double(i + 1)));
-      // A sequence's first token in problems of whole sequences (M >= 1024: prefill, training);
-      // fewer rows are decoding steps, later tokens.
-      for (int64_t r = 0; r < m; ++r) scale[size_t(r)] = m >= 1024 && r % 1024 == 0 ? 3.0 : std::exp(0.2 * z(rng));
+      for (int64_t r = 0; r < m; ++r) scale[size_t(r)] = first && r % 1024 == 0 ? 3.0 : std::exp(0.2 * z(rng));
     }
     for (int64_t i = 0; i < n; ++i) t[size_t(i)] = normal_tail_quantile(rate[size_t(i)]);
     // Scale all thresholds so the expected mean density is d (bisection on the multiplier).
     double lo = 0.05, hi = 20;
-    const size_t stride = std::max<size_t>(1, size_t(m) / 256);
     for (int it = 0; it < 60 && m > 0; ++it) {
       const double a = 0.5 * (lo + hi);
-      double mean = 0;
-      if (spec.pattern == Pattern::trained_like) {
-        mean = trained_like_mean(t, scale, a);
-      } else {
-        size_t cnt = 0;
-        for (size_t r = 0; r < size_t(m); r += stride, ++cnt)
-          for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 512)) mean += tail(a * t[size_t(i)] / scale[r]);
-        mean /= double(cnt) * double((n + std::max<int64_t>(1, n / 512) - 1) / std::max<int64_t>(1, n / 512));
-      }
+      const double mean = expected_density(t, scale, a, first);
       (mean > d ? lo : hi) = a;
     }
     for (auto& v : t) v *= 0.5 * (lo + hi);
