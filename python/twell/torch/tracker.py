@@ -9,9 +9,9 @@ at least `window` tokens is dead. Counts stay on the device (no host synchronisa
 Where the forward is a training forward whose twell::ffn_train node is reachable from the
 module's output, the counts are the op's own, read from the state it saved for backward
 (twell.torch.saved): no GEMM for the rows it keeps (every row of the dense form, the compact rows
-of the compact form), a GEMM on x for the rows it does not (the compact form's routed rows: on the
-CPU those rows alone; on CUDA, where only the device knows them, all rows masked to them).
-Elsewhere (inference and validation forwards, torch.compile, a state of unknown size) one extra
+of the compact form), a GEMM on x for the rows it does not (the compact form's routed rows, on
+the CPU those rows alone). Elsewhere (CUDA's compact form, whose routed rows only the device
+knows; inference and validation forwards, torch.compile, a state of unknown size) one extra
 [M, N] GEMM per forward computes them.
 """
 import torch
@@ -52,7 +52,9 @@ class SparsityTracker:
         def hook(module, args, output):
             with torch.no_grad():
                 state = None if torch.compiler.is_compiling() else saved.find(module, output)
-                if state is not None:
+                # CUDA's compact form keeps no routed rows and only the device knows them: their
+                # GEMM would run over every row anyway, so the plain GEMM alone is cheaper.
+                if state is not None and (state.dense or not state.x.is_cuda):
                     hits, rows = state.unit_hits(), state.rows
                 else:
                     x = args[0].detach().reshape(-1, module.hidden_size)
