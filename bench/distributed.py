@@ -6,7 +6,7 @@ Each case is a short run of the one training entry point, python -m twell.train 
 for 1 GPU): the paper's 0.5B shape (--model paper-0.5b: hidden 2048, intermediate 5632, 8 layers)
 on the corpus (.carry/corpus), bf16 with fp32 master weights, --batch-per-gpu sequences of
 --seq-len tokens per GPU (weak scaling: the global batch grows with the GPUs), --warmup-steps
-steps then --measure-steps more, no checkpoint, no dead-unit tracking (its extra GEMM would be a
+steps then --measure-steps more, no checkpoint, no dead-unit tracking (its counting would be a
 cost of twell's runs alone). tokens/s: the median over the log's intervals of --warmup-steps steps
 after the first (twell.train's tokens_per_s: the global batch's tokens over rank 0's wall time,
 validation excluded); peak memory per GPU: torch.cuda.max_memory_allocated of every rank (the log's

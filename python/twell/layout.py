@@ -48,6 +48,27 @@ def _aligned(nbytes):
     return (nbytes + 15) // 16 * 16
 
 
+SAVED_ARRAYS = ("values", "backup", "cols", "counts", "row_slot", "routed_rows", "num_routed",
+                "header")
+
+
+def saved_offsets(rows, cols, tile, capacity, planes, itemsize, dense=False):
+    """{array: byte offset} of the saved layout's single buffer (the arrays of saved_bytes, in its
+    order: SAVED_ARRAYS), and "end": its size, saved_bytes. `itemsize`: bytes per value."""
+    if dense:
+        capacity = 1
+    tiles = (cols + tile - 1) // tile
+    slots = rows * tiles * capacity
+    sizes = (planes * slots * itemsize, planes * rows * cols * itemsize if dense else 0, slots * 2,
+             rows * tiles * 2, rows * 4, rows * 4, 4, HEADER_BYTES)
+    out, at = {}, 0
+    for name, size in zip(SAVED_ARRAYS, sizes):
+        out[name] = at
+        at += _aligned(size)
+    out["end"] = at
+    return out
+
+
 def saved_bytes(rows, cols, tile, capacity, planes, dtype, dense=False):
     """Bytes of the saved TwELL layout for `rows` rows of `cols` neurons, values of `dtype`
     (anything with an itemsize: a torch or numpy dtype): the compact form (no backup rows) or,

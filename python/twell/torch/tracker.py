@@ -3,13 +3,21 @@ the gate rows of dead units.
 
 While started, the tracker observes every forward of every twell FFN of a model (a forward hook):
 it counts, per unit, the tokens for which the unit was active (relu(x W1^T) > 0 with W1 the gate,
-or up for a plain FFN; one extra [M, N] GEMM per forward, on the device, no host sync) and sums
-the layer's L0. A unit that was active for no token of a window of at least `window` tokens is
-dead.
+or up for a plain FFN) and sums the layer's L0. A unit that was active for no token of a window of
+at least `window` tokens is dead. Counts stay on the device (no host synchronisation).
+
+Where the forward is a training forward whose twell::ffn_train node is reachable from the
+module's output, the counts are the op's own, read from the state it saved for backward
+(twell.torch.saved): no GEMM for the rows it keeps (every row of the dense form, the compact rows
+of the compact form), a GEMM on x for the rows it does not (the compact form's routed rows, on
+the CPU those rows alone). Elsewhere (CUDA's compact form, whose routed rows only the device
+knows; inference and validation forwards, torch.compile, a state of unknown size) one extra
+[M, N] GEMM per forward computes them.
 """
 import torch
 import torch.nn.functional as F
 
+from twell.torch import saved
 from twell.torch.modules import sparse_modules
 
 
@@ -42,13 +50,19 @@ class SparsityTracker:
 
     def _observe(self, name):
         def hook(module, args, output):
-            x = args[0].detach().reshape(-1, module.hidden_size)
             with torch.no_grad():
-                hits = (F.linear(x, module.first_weight.detach()) > 0).sum(0)
-                l0 = module.l0 * x.shape[0]
+                state = None if torch.compiler.is_compiling() else saved.find(module, output)
+                # CUDA's compact form keeps no routed rows and only the device knows them: their
+                # GEMM would run over every row anyway, so the plain GEMM alone is cheaper.
+                if state is not None and (state.dense or not state.x.is_cuda):
+                    hits, rows = state.unit_hits(), state.rows
+                else:
+                    x = args[0].detach().reshape(-1, module.hidden_size)
+                    hits, rows = (F.linear(x, module.first_weight.detach()) > 0).sum(0), x.shape[0]
+                l0 = module.l0 * rows
             self._hits[name] = hits if self._hits[name] is None else self._hits[name] + hits
             self._l0_sum[name] = l0 if self._l0_sum[name] is None else self._l0_sum[name] + l0
-            self._tokens[name] += x.shape[0]
+            self._tokens[name] += rows
         return hook
 
     def tokens(self, name):

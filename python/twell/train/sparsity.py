@@ -12,14 +12,15 @@
                automatic dispatch on CUDA follows the density)
 
 The form and routed rows are read from the state each forward saves for backward (the autograd
-node of twell::ffn_train): its size tells the form (twell.layout.saved_bytes), its num_routed
-array the routed rows (the single-buffer form of docs/format.md: values, backup, cols, counts,
-row_slot, routed_rows, num_routed, each 16-byte aligned). No host synchronisation except in
-`collect`.
+node of twell::ffn_train, twell.torch.saved): its size tells the form (twell.layout.saved_bytes),
+its num_routed array the routed rows (the single-buffer form of docs/format.md: values, backup,
+cols, counts, row_slot, routed_rows, num_routed, each 16-byte aligned). No host synchronisation
+except in `collect`.
 
 Over validation (inference) forwards, `collect("eval")` gives the density and
-  dead         units active for no validation token (one extra [M, N] GEMM per forward, as the
-               tracker's); a small sample next to the training window, so it counts rare units too
+  dead         units active for no validation token (one extra [M, N] GEMM per forward: the
+               tracker's on inference forwards); a small sample next to the training window, so
+               it counts rare units too
   ran_dense    fraction of the validation forwards that twell's inference dispatch ran dense
                (the modules' `ran_dense`: CPU, dense above 3.5% density; CUDA, where it measured
                dense faster)
@@ -34,32 +35,9 @@ import contextlib
 
 import torch
 
-import twell.layout
 import twell.torch as tt
+from twell.torch import saved
 from twell.train.files import InputError
-
-
-def _aligned(nbytes):
-    return (nbytes + 15) // 16 * 16
-
-
-def num_routed_offset(rows, cols, tile, capacity, planes, itemsize):
-    """Byte offset of num_routed in the compact form's single buffer (no backup rows)."""
-    tiles = (cols + tile - 1) // tile
-    slots = rows * tiles * capacity
-    return (_aligned(planes * slots * itemsize) + _aligned(slots * 2) + _aligned(rows * tiles * 2)
-            + 2 * _aligned(rows * 4))
-
-
-def _train_node(out):
-    """The autograd node of the twell::ffn_train call behind a module's output, or None."""
-    node, seen = getattr(out, "grad_fn", None), 0
-    while node is not None and seen < 4:
-        if "twell_ffn_train" in type(node).__name__:
-            return node
-        nxt = [f for f, _ in node.next_functions if f is not None]
-        node, seen = (nxt[0] if nxt else None), seen + 1
-    return None
 
 
 @torch.no_grad()
@@ -161,31 +139,18 @@ class LayerMonitor:
             if module.ran_dense is not None:
                 acc["dispatch_calls"][i] += 1
                 acc["dense_calls"][i] += int(module.ran_dense)
-            node = _train_node(out) if self.training else None
-            if node is None:
+            state = saved.find(module, out) if self.training else None
+            if state is None:
                 return
-            saved = node.saved_tensors[-1]
-            x = args[0]
-            rows = x.numel() // module.hidden_size
-            tile = twell.layout.resolve_tile(module.tile, module.capacity, training=True)[0]
-            planes = 2 if module.gated else 1
-            dtype = tt.saved_dtype(x.device.type, module.up_proj.weight.dtype)
-            adaptive = x.device.type == "cuda" and module.dispatch == "auto"
-            nbytes = saved.numel()
             acc["known"][i] += 1
-            acc["rows"][i] += rows
+            acc["rows"][i] += state.rows
             # The compact form at the capacity whose size the state has (automatic dispatch sizes
             # a default capacity to the density), else the dense form.
-            capacity = twell.layout.compact_capacity_of(nbytes, rows, module.intermediate_size,
-                                                        module.tile, module.capacity, adaptive,
-                                                        planes, dtype)
-            if capacity is None:
+            if state.dense:
                 return
             acc["compact"][i] += 1
-            acc["compact_rows"][i] += rows
-            at = num_routed_offset(rows, module.intermediate_size, tile, capacity, planes,
-                                   dtype.itemsize)
-            routed = saved[at:at + 4].view(torch.int32)[0]
+            acc["compact_rows"][i] += state.rows
+            routed = state.num_routed()
             acc["routed"][i] = routed if acc["routed"][i] is None else acc["routed"][i] + routed
         return hook
 
