@@ -1,20 +1,40 @@
 #!/usr/bin/env bash
-# (Kept from .carry/ship.sh: the device calls of lab/journal.md section 35; run from the repository root
-# on the device machine with .carry/corpus carried.)
-# Device phases for the shipped-model candidate ($NAME, default relu-l1-1.5e-4-r100), each one call,
-# made back to back (the machine keeps build/ only while warm, ~30 s after a call):
-#   1  build the extension, the CLI in the background, train $MIN minutes (default 8)
-#   2  finish training, capture, per-layer rows (twell bench --from), whole-model prefill and
-#      training rows (bench/model.py --floor)
-#   3  generate() rows: eager (static and dynamic caches) and compiled
+# Device phases for the shipped-model candidate ($NAME, default relu-l1-1.5e-4-r100), calls made
+# back to back (the machine keeps build/ only while warm, ~30 s after a call):
+#   1   build the extension, the CLI in the background, train $MIN minutes (default 8)
+#   go  finish training, then the pending measurements in order, each started only while the call
+#       has time for it (a done flag per item under build/real/done): capture, per-layer rows,
+#       whole-model prefill/training rows, generate() static / dynamic / compiled, unit-hits tests.
+#       Call again until it prints "all done".
+# Results accumulate in build/real/results; each call returns them as $OUT/results.tgz.
 set -uo pipefail
-export PYTHONPATH=$PWD/python PYTHON=python3
-export TWELL_REAL_NAME=${NAME:-relu-l1-1.5e-4-r100} TWELL_REAL_RESULTS=$OUT/real TWELL_REAL_MINUTES=${MIN:-8}
-mkdir -p $OUT/real
+export PYTHONPATH=$PWD/python PYTHON=python3 PYTHONUNBUFFERED=1
+export TWELL_REAL_NAME=${NAME:-relu-l1-1.5e-4-r100} TWELL_REAL_RESULTS=build/real/results
 run=build/real/$TWELL_REAL_NAME
+res=build/real/results
+mkdir -p $res build/real/done
 t0=$(date +%s)
-say() { echo "$* at $(( $(date +%s) - t0 )) s"; }
-model() { python3 bench/model.py --checkpoint $run/checkpoint --energy-seconds 6 --out $OUT/real "$@"; }
+el() { echo $(( $(date +%s) - t0 )); }
+say() { echo "$* at $(el) s"; }
+model() { python3 bench/model.py --checkpoint $run/checkpoint --energy-seconds 6 --out $res "$@"; }
+pack() {
+  cp $run/log.jsonl $res/train-log.jsonl 2>/dev/null
+  cp $OUT/*.log $res/ 2>/dev/null
+  tar czf $OUT/results.tgz -C build/real results done
+  nvidia-smi --query-gpu=name,power.draw,temperature.gpu --format=csv,noheader
+}
+# item NAME ESTIMATE_S COMMAND...: runs COMMAND once (done flag) if ESTIMATE_S fits before 570 s.
+item() {
+  local name=$1 est=$2; shift 2
+  [ -f build/real/done/$name ] && return 0
+  if [ $(( $(el) + est )) -gt 570 ]; then say "defer $name"; return 1; fi
+  say "start $name"
+  "$@" > >(tee $res/$name.out) 2>&1 && touch build/real/done/$name; say "$name rc $?"
+}
+hits() {
+  cp python/twell/_core*.so .carry/hits/python/twell/ &&
+  PYTHONPATH=$PWD/.carry/hits/python python3 -m pytest -q -p no:cacheprovider .carry/hits/tests/test_unit_hits.py
+}
 case "$1" in
 1)
   TWELL_CUDA=ON TWELL_CUDA_ARCHITECTURES=90a scripts/build-ext >$OUT/build-ext.log 2>&1 || { tail $OUT/build-ext.log; exit 1; }
@@ -22,22 +42,24 @@ case "$1" in
   ( cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTWELL_CUDA=ON -DTWELL_CUDA_ARCHITECTURES=90a \
       >$OUT/cli-build.log 2>&1 && nice cmake --build build -j 10 --target twell_cli >>$OUT/cli-build.log 2>&1; \
       echo "cli build rc $?" >>$OUT/cli-build.log ) &
-  scripts/real-model train; rc=$?
+  TWELL_REAL_MINUTES=${MIN:-8} scripts/real-model train; rc=$?
   wait; tail -1 $OUT/cli-build.log; say "train rc $rc"
   ;;
-2)
-  scripts/real-model train; rc=$?; say "train rc $rc"
-  [ $rc -eq 0 ] || exit $rc
-  [ -x build/tools/twell/twell ] || cmake --build build -j 16 --target twell_cli >>$OUT/cli-build.log 2>&1
-  scripts/real-model capture && cp $run/capture/manifest.json $OUT/real/capture-manifest.json; say captured
-  scripts/real-model real; say "per-layer rows rc $?"
-  model --modes inference,training --floor; say "model rows rc $?"
-  ;;
-3)
-  model --modes generate --append; say "generate rc $?"
-  model --modes generate --gen-cache dynamic --append; say "dynamic generate rc $?"
-  model --modes generate --gen-cache compiled --append; say "compiled generate rc $?"
+go)
+  if [ ! -f build/real/done/train ]; then
+    TWELL_REAL_MINUTES=9 scripts/real-model train; rc=$?; say "train rc $rc"
+    [ $rc -eq 0 ] && touch build/real/done/train
+  fi
+  if [ -f build/real/done/train ]; then
+    [ -x build/tools/twell/twell ] || cmake --build build -j 16 --target twell_cli >>$OUT/cli-build.log 2>&1
+    item capture 90 bash -c "scripts/real-model capture && cp $run/capture/manifest.json $res/capture-manifest.json" &&
+    item real 150 scripts/real-model real &&
+    item model 200 model --modes inference,training --floor &&
+    item gen-static 150 model --modes generate --append &&
+    item gen-dynamic 150 model --modes generate --gen-cache dynamic --append &&
+    item gen-compiled 200 model --modes generate --gen-cache compiled --append &&
+    item hits 90 hits && say "all done"
+  fi
   ;;
 esac
-cp $run/log.jsonl $OUT/real/train-log.jsonl 2>/dev/null
-nvidia-smi --query-gpu=name,power.draw,temperature.gpu --format=csv,noheader
+pack
