@@ -254,7 +254,8 @@ def cuda_devices():
 def test_cuda_hits_in_both_forms(seed, device, dtype, gated):
     """CUDA: the dense form (forced, and automatic dispatch above dense_above) counts from its
     backup with no GEMM; the compact form's compact rows from the state, its routed rows by a
-    GEMM over all rows. Each equals the float64 sign off the kink and the former GEMM count."""
+    GEMM over those rows alone. Each equals the float64 sign off the kink and the former GEMM
+    count."""
     skip_unless_trainable(device)
     for dispatch, rate, m in (("dense", 0.3, 130), ("sparse", 0.03, 130), ("sparse", 0.03, 1),
                               ("auto", 0.3, 257)):
@@ -270,7 +271,8 @@ def test_cuda_hits_in_both_forms(seed, device, dtype, gated):
             if state.dense:
                 break
         assert state.dense == (dispatch != "sparse"), dispatch
-        assert gemms.rows == ([] if state.dense else [m])  # compact: all rows, routed ones kept
+        routed = 0 if state.dense else int(state.num_routed())
+        assert gemms.rows == ([routed] if routed else [])  # the routed rows alone
         active = reference(x, mlp.first_weight)
         hits = state.unit_hits()
         assert torch.equal(hits, active.sum(0)), dispatch
@@ -278,3 +280,22 @@ def test_cuda_hits_in_both_forms(seed, device, dtype, gated):
         with torch.no_grad():
             assert torch.equal(hits, (F.linear(x, mlp.first_weight) > 0).sum(0))
         assert round(float(mlp.l0) * m) == int(hits.sum()) + N * nan_rows
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m", [0, 1, 7, 1030])
+def test_positive_counts_equal_the_bool_sum(device, dtype, m):
+    gen = torch.Generator().manual_seed(m + 17)
+    g = torch.randn(m, 37, generator=gen).to(device=device, dtype=dtype)
+    if m:
+        g[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+        g[:, 5] = 0
+        g[:, 6] = float("nan")
+        g[:, 7] = 1e-30  # rounds to 0 in half precision: > 0 in the dtype decides
+    got = saved.positive_counts(g)
+    assert got.dtype == torch.int64 and got.shape == (37,) and got.device == g.device
+    assert torch.equal(got, (g > 0).sum(0))
+    assert got[5] == 0 and got[6] == 0
+    # A strided view counts as its values.
+    assert torch.equal(saved.positive_counts(g.t().contiguous().t()), (g > 0).sum(0))

@@ -21,7 +21,8 @@ weights' dtype (cuBLASLt's output) on CUDA.
 Hits of unit n (SavedState.unit_hits): the rows m whose activation relu(g[m, n]) is > 0 (a NaN is
 not; NaN gates still count in the op's L0, which counts relu_active). They come from the state for
 every row it keeps (the dense form, the compact rows) and from a GEMM for the rows it does not (the
-compact form's routed rows; see _routed_hits). No host synchronisation.
+compact form's routed rows; see _routed_hits, whose row count on CUDA costs one host
+synchronisation).
 """
 from typing import NamedTuple, Optional
 
@@ -76,12 +77,13 @@ class SavedState(NamedTuple):
 
     def unit_hits(self):
         """int64 [N]: per unit, the rows of this forward whose activation relu(g) is > 0, on the
-        state's device, without a host synchronisation."""
+        state's device (the compact form on CUDA reads its routed row count: one host
+        synchronisation)."""
         if self.rows == 0:
             return torch.zeros(self.cols, dtype=torch.int64, device=self.saved.device)
         if self.dense:  # plane 0 of the backup: g (gated) or relu(g) (plain); > 0 either way
             g = self._array("backup", self.rows * self.cols, self.dtype).view(self.rows, self.cols)
-            return (g > 0).sum(0)
+            return positive_counts(g)
         return self._compact_hits() + self._routed_hits()
 
     def _compact_hits(self):
@@ -104,23 +106,34 @@ class SavedState(NamedTuple):
 
     def _routed_hits(self):
         """Hits of the compact form's routed rows, which the state does not keep: recomputed,
-        g = x W1^T on the op's x and W1 (the GEMM the tracker ran before, for these rows alone
-        where that costs no synchronisation), in the op's precision, so the counts differ from
-        the op's own only where a |g| lies within rounding of 0.
-          CPU: the state is in host memory; only the routed rows, in float32 (as the CPU op).
-          CUDA: the routed rows are known on the device alone: all M rows, those not routed
-            zeroed (g = 0 there, not > 0), in the weights' dtype (as the op's gate GEMM)."""
-        routed = self.row_slot() >= 0
+        g = x W1^T on the op's x and W1 for those rows alone (in float32 on the CPU, as the CPU
+        op; in the weights' dtype on CUDA, as the op's gate GEMM), so the counts differ from the
+        op's own only where a |g| lies within rounding of 0. On CUDA the routed row count lives on
+        the device: reading it is one host synchronisation (where none may happen, inside a CUDA
+        graph's capture, the GEMM runs over all M rows, those not routed zeroed)."""
         x, w = self.x, self.first
         with torch.autocast(x.device.type, enabled=False):
-            if x.device.type == "cpu":
-                rows = routed.nonzero().view(-1)
-                if rows.numel() == 0:
-                    return torch.zeros(self.cols, dtype=torch.int64, device=x.device)
-                g = F.linear(x.index_select(0, rows).float(), w.float())
-            else:
-                g = F.linear(x.masked_fill(~routed.unsqueeze(1), 0), w)
+            if x.is_cuda and torch.cuda.is_current_stream_capturing():
+                routed = self.row_slot() >= 0
+                return positive_counts(F.linear(x.masked_fill(~routed.unsqueeze(1), 0), w))
+            count = int(self.num_routed())
+            if count == 0:
+                return torch.zeros(self.cols, dtype=torch.int64, device=x.device)
+            rows = x.index_select(0, self._array("routed_rows", count, torch.int32).long())
+            g = F.linear(rows, w) if x.is_cuda else F.linear(rows.float(), w.float())
+        return positive_counts(g)
+
+
+def positive_counts(g):
+    """int64 [N]: per column of g [M, N], its entries > 0 (a NaN is not one). The comparison writes
+    a 0 / 1 mask in g's dtype, summed into float32 (exact below 2^24 rows; on CUDA torch reduces
+    half and bfloat16 into float32 without a copy): (g > 0).sum(0) would first copy the bool mask
+    to int64, 8 bytes an entry, most of the traffic of a count over a [M, N] plane."""
+    if g.shape[0] >= 1 << 24 or not g.is_floating_point():
         return (g > 0).sum(0)
+    mask = torch.empty_like(g, memory_format=torch.contiguous_format)
+    torch.gt(g, 0, out=mask)
+    return mask.sum(0, dtype=torch.float32).long()
 
 
 def find(module, out):

@@ -4,21 +4,25 @@ the gate rows of dead units.
 While started, the tracker observes every forward of every twell FFN of a model (a forward hook):
 it counts, per unit, the tokens for which the unit was active (relu(x W1^T) > 0 with W1 the gate,
 or up for a plain FFN) and sums the layer's L0. A unit that was active for no token of a window of
-at least `window` tokens is dead. Counts stay on the device (no host synchronisation).
+at least `window` tokens is dead. Counts stay on the device.
 
 Where the forward is a training forward whose twell::ffn_train node is reachable from the
 module's output, the counts are the op's own, read from the state it saved for backward
 (twell.torch.saved): no GEMM for the rows it keeps (every row of the dense form, the compact rows
-of the compact form), a GEMM on x for the rows it does not (the compact form's routed rows, on
-the CPU those rows alone). Elsewhere (CUDA's compact form, whose routed rows only the device
-knows; inference and validation forwards, torch.compile, a state of unknown size) one extra
-[M, N] GEMM per forward computes them.
+of the compact form), a GEMM on x over the rows it does not (the compact form's routed rows; on
+CUDA, reading their count is one host synchronisation per forward). Elsewhere (inference and
+validation forwards, torch.compile, a CUDA graph's capture of a compact-form forward, a state of
+unknown size) one extra [M, N] GEMM per forward computes them.
 """
 import torch
 import torch.nn.functional as F
 
 from twell.torch import saved
 from twell.torch.modules import sparse_modules
+
+
+def _capturing(x):
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 class SparsityTracker:
@@ -52,9 +56,10 @@ class SparsityTracker:
         def hook(module, args, output):
             with torch.no_grad():
                 state = None if torch.compiler.is_compiling() else saved.find(module, output)
-                # CUDA's compact form keeps no routed rows and only the device knows them: their
-                # GEMM would run over every row anyway, so the plain GEMM alone is cheaper.
-                if state is not None and (state.dense or not state.x.is_cuda):
+                # The state's counts (a GEMM over the routed rows alone), except where the compact
+                # form's routed row count cannot be read: inside a CUDA graph's capture, where a
+                # GEMM over every row would be needed anyway.
+                if state is not None and (state.dense or not _capturing(state.x)):
                     hits, rows = state.unit_hits(), state.rows
                 else:
                     x = args[0].detach().reshape(-1, module.hidden_size)

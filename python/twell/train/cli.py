@@ -150,8 +150,8 @@ def parser():
     g.add_argument("--dead-window", type=int, default=1 << 20,
                    help="a unit is dead when active for no token over this many training tokens "
                         "(default 1048576); counted from the state each training forward "
-                        "saves (CUDA's dense form; on the CPU plus a GEMM over its routed "
-                        "rows), else by one extra [M, N] GEMM per FFN forward")
+                        "saves (plus a GEMM over its routed rows), else by one extra [M, N] "
+                        "GEMM per FFN forward")
     g.add_argument("--no-dead-tracking", action="store_true", help="skip dead-unit tracking")
     g.add_argument("--reinit-dead-every", type=int, default=0,
                    help="re-initialise dead units' gate rows (SparsityTracker.reinit_dead) at the "
