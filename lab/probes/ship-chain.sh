@@ -4,7 +4,7 @@
 #   1   build the extension, the CLI in the background, train $MIN minutes (default 8)
 #   go  finish training, then the pending measurements in order, each started only while the call
 #       has time for it (a done flag per item under build/real/done-$TWELL_REAL_NAME): capture, per-layer rows,
-#       whole-model prefill/training rows, generate() static / dynamic / compiled, unit-hits tests.
+#       whole-model prefill/training rows, generate() static / dynamic / compiled, the unit-hits tests on CUDA.
 #       Call again until it prints "all done". MEASURE=0: training alone (a baseline of the
 #       study: NAME=silu, NAME=relu-l1-0-lr5e-4).
 # Results accumulate in build/real/results; each call returns them as $OUT/results.tgz.
@@ -34,8 +34,7 @@ item() {
   "$@" > >(tee $res/$name.out) 2>&1 && touch build/real/done-$TWELL_REAL_NAME/$name; say "$name rc $?"
 }
 hits() {
-  cp python/twell/_core*.so .carry/hits/python/twell/ &&
-  PYTHONPATH=$PWD/.carry/hits/python python3 -m pytest -q -p no:cacheprovider .carry/hits/tests/test_unit_hits.py
+  python3 -m pytest -q -p no:cacheprovider tests/python/test_unit_hits.py
 }
 case "$1" in
 1)
