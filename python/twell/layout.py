@@ -78,17 +78,4 @@ def saved_bytes(rows, cols, tile, capacity, planes, dtype, dense=False):
     dtype (B = 0 or M), cols u16 [M, NT, C], counts u16 [M, NT], row_slot i32 [M],
     routed_rows i32 [M], num_routed i32 [1], header (64 bytes). `rows` may be a torch SymInt.
     """
-    if dense:
-        capacity = 1
-    tiles = (cols + tile - 1) // tile
-    slots = rows * tiles * capacity
-    backup = planes * rows * cols if dense else 0
-    return (
-        _aligned(planes * slots * dtype.itemsize)
-        + _aligned(backup * dtype.itemsize)
-        + _aligned(slots * 2)
-        + _aligned(rows * tiles * 2)
-        + 2 * _aligned(rows * 4)
-        + _aligned(4)
-        + HEADER_BYTES
-    )
+    return saved_offsets(rows, cols, tile, capacity, planes, dtype.itemsize, dense)["end"]

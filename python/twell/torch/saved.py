@@ -129,7 +129,7 @@ def positive_counts(g):
     a 0 / 1 mask in g's dtype, summed into float32 (exact below 2^24 rows; on CUDA torch reduces
     half and bfloat16 into float32 without a copy): (g > 0).sum(0) would first copy the bool mask
     to int64, 8 bytes an entry, most of the traffic of a count over a [M, N] plane."""
-    if g.shape[0] >= 1 << 24 or not g.is_floating_point():
+    if g.shape[0] >= 1 << 24:
         return (g > 0).sum(0)
     mask = torch.empty_like(g, memory_format=torch.contiguous_format)
     torch.gt(g, 0, out=mask)

@@ -21,10 +21,6 @@ from twell.torch import saved
 from twell.torch.modules import sparse_modules
 
 
-def _capturing(x):
-    return x.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
 class SparsityTracker:
     def __init__(self, model, window=4096):
         self.window = window
@@ -56,14 +52,12 @@ class SparsityTracker:
         def hook(module, args, output):
             with torch.no_grad():
                 state = None if torch.compiler.is_compiling() else saved.find(module, output)
-                # The state's counts (a GEMM over the routed rows alone), except where the compact
-                # form's routed row count cannot be read: inside a CUDA graph's capture, where a
-                # GEMM over every row would be needed anyway.
-                if state is not None and (state.dense or not _capturing(state.x)):
+                if state is not None:
                     hits, rows = state.unit_hits(), state.rows
                 else:
                     x = args[0].detach().reshape(-1, module.hidden_size)
-                    hits, rows = (F.linear(x, module.first_weight.detach()) > 0).sum(0), x.shape[0]
+                    hits = saved.positive_counts(F.linear(x, module.first_weight.detach()))
+                    rows = x.shape[0]
                 l0 = module.l0 * rows
             self._hits[name] = hits if self._hits[name] is None else self._hits[name] + hits
             self._l0_sum[name] = l0 if self._l0_sum[name] is None else self._l0_sum[name] + l0
