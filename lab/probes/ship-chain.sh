@@ -6,7 +6,8 @@
 #       has time for it (a done flag per item under build/real/done-$TWELL_REAL_NAME): capture, per-layer rows,
 #       whole-model prefill/training rows, generate() static / dynamic / compiled, the unit-hits tests on CUDA.
 #       Call again until it prints "all done". MEASURE=0: training alone (a baseline of the
-#       study: NAME=silu, NAME=relu-l1-0-lr5e-4).
+#       study: NAME=silu, NAME=relu-l1-0-lr5e-4); phase 1 then builds no CLI. HITS=1: phase 1 runs
+#       the unit-hits tests on CUDA before training.
 # Results accumulate in build/real/results; each call returns them as $OUT/results.tgz.
 set -uo pipefail
 export PYTHONPATH=$PWD/python PYTHON=python3 PYTHONUNBUFFERED=1
@@ -40,7 +41,8 @@ case "$1" in
 1)
   TWELL_CUDA=ON TWELL_CUDA_ARCHITECTURES=90a scripts/build-ext >$OUT/build-ext.log 2>&1 || { tail $OUT/build-ext.log; exit 1; }
   say "ext built"
-  ( cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTWELL_CUDA=ON -DTWELL_CUDA_ARCHITECTURES=90a \
+  [ "${HITS:-0}" = 1 ] && item hits 60 hits
+  [ "${MEASURE:-1}" = 1 ] && ( cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTWELL_CUDA=ON -DTWELL_CUDA_ARCHITECTURES=90a \
       >$OUT/cli-build.log 2>&1 && nice cmake --build build -j 10 --target twell_cli >>$OUT/cli-build.log 2>&1; \
       echo "cli build rc $?" >>$OUT/cli-build.log ) &
   TWELL_REAL_MINUTES=${MIN:-8} scripts/real-model train; rc=$?

@@ -38,3 +38,28 @@ def test_a_folder_without_logs_is_named(tmp_path):
     out = run(str(tmp_path), "--out-dir", str(tmp_path))
     assert out.returncode != 0
     assert f"no run logs in {tmp_path}" in out.stderr
+
+
+def test_late_gradient_norm_and_learning_rate(tmp_path):
+    """The gradient norm column is the median over the second half of a run's steps, and a run
+    at another learning rate is named by it."""
+    src = os.path.join(STUDY, "relu-l1-1e-4.jsonl")
+    with open(src) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    steps = records[0]["args"]["steps"]
+    late = sorted(r["grad_norm"] for r in records
+                  if r["kind"] == "log" and r.get("grad_norm") is not None and r["step"] > steps / 2)
+    expected = late[len(late) // 2] if len(late) % 2 else (late[len(late) // 2 - 1] + late[len(late) // 2]) / 2
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    (folder / "relu-l1-0.jsonl").write_text(open(src).read())
+    records[0]["args"]["lr"] = 5e-4
+    (folder / "slow.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = run(str(folder), "--out-dir", str(tmp_path), "--results", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "grad norm, 2nd half" in out.stdout
+    assert f"| {expected:.2f} |" in out.stdout
+    assert "lr 0.0005" in out.stdout and out.stdout.count("lr 0.0005") == 3
+    rows = {r["name"]: r for r in json.loads((tmp_path / "study.json").read_text())["runs"]}
+    assert rows["slow"]["grad_norm_late"] == pytest.approx(expected)
+    assert rows["slow"]["lr"] == 5e-4
