@@ -21,10 +21,10 @@ WORDS = ("the of a to in is was for on that with as by at from his an be which o
          "small great old new long little good high black white red green quick slow").split()
 
 LOG_FIELDS = {"kind", "step", "tokens", "lr", "l1_coef", "train_ce", "l1_term", "l1_value",
-              "val_ce", "val_ce_sources", "val_density", "val_dead", "val_ran_dense", "val_tokens",
-              "grad_norm",
+              "val_ce", "val_ce_sources", "val_density", "val_dead", "val_hot_share",
+              "val_ran_dense", "val_tokens", "grad_norm",
               "tokens_per_s", "elapsed_s", "mean_density", "sparsity", "density", "l0", "dead",
-              "dead_fraction", "dead_windows", "silent", "sparse_form", "sparse_rows", "reinit"}
+              "dead_fraction", "dead_windows", "hot_share", "silent", "sparse_form", "sparse_rows", "reinit"}
 
 
 def _write_corpus(folder, files=24, sentences=12, seed=7):
@@ -173,8 +173,12 @@ def test_train_loss_falls_and_logs_every_field(corpus, tmp_path, capsys):
     for r in evaluated:  # validation: 7 windows of 32 tokens, dead units, inference path
         assert r["val_tokens"] == 224 and all(0 <= d <= 256 for d in r["val_dead"])
         assert all(0 <= f <= 1 for f in r["val_ran_dense"])
+        _check_hot_share(r["val_hot_share"], 2)
     assert logs[-1]["dead_windows"] >= 1 and all(d is not None for d in logs[-1]["dead"])
+    _check_hot_share(logs[-1]["hot_share"], 2)
+    assert logs[0]["hot_share"] == [None, None]  # no window closed yet
     config = _records(out, "config")[0]
+    assert config["hot_fractions"] == [0.01, 0.02, 0.05, 0.1, 0.2, 0.5]
     assert config["layers"] == ["model.layers.0.mlp", "model.layers.1.mlp"]
     assert config["vocab_size"] == 257 and config["model"]["intermediate"] == 256
     assert _records(out, "end")[0]["reason"] == "done"
@@ -208,11 +212,22 @@ def test_resume_continues_exactly(corpus, tmp_path, extra):
                 assert rb[key] == pytest.approx(ra[key], rel=1e-5, abs=1e-7), (ra["step"], key)
         assert rb["density"] == pytest.approx(ra["density"], rel=1e-5, abs=1e-7)
         assert rb["dead"] == ra["dead"] and rb["reinit"] == ra["reinit"]
+        assert rb["hot_share"] == ra["hot_share"]
     assert [r["step"] for r in _records(split, "resume")] == [6]
     # resuming a finished run does nothing
     _train(split, *common, "--resume", data=corpus)
     assert _records(split, "end")[-1]["reason"] == "already done"
     assert [r["step"] for r in _records(split)] == [r["step"] for r in a]
+
+
+def _check_hot_share(per_layer, layers):
+    """Per layer: one share per fraction, in [f, 1] (the top f of the units carry at least f of
+    the hits) and non-decreasing."""
+    assert len(per_layer) == layers
+    for shares in per_layer:
+        assert len(shares) == 6
+        assert all(f - 1e-9 <= v <= 1 for f, v in zip((0.01, 0.02, 0.05, 0.1, 0.2, 0.5), shares))
+        assert shares == sorted(shares)
 
 
 def test_time_budget_stops_cleanly_and_resumes(corpus, tmp_path, capsys):

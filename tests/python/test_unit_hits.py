@@ -299,3 +299,30 @@ def test_positive_counts_equal_the_bool_sum(device, dtype, m):
     assert got[5] == 0 and got[6] == 0
     # A strided view counts as its values.
     assert torch.equal(saved.positive_counts(g.t().contiguous().t()), (g > 0).sum(0))
+
+
+def test_hot_share_of_known_counts():
+    from twell.torch.tracker import hot_share
+    hits = torch.tensor([10, 0, 5, 5, 80, 0, 0, 0, 0, 0], dtype=torch.int64)  # N = 10, 100 hits
+    # ceil(f N) units: 0.1 -> 1 (80), 0.2 -> 2 (90), 0.5 -> 5 (100); f below 1/N still takes one
+    assert hot_share(hits, (0.01, 0.1, 0.2, 0.3, 0.5, 1.0)) == pytest.approx(
+        [0.8, 0.8, 0.9, 0.95, 1.0, 1.0])
+    assert hot_share(torch.zeros(10, dtype=torch.int64)) is None and hot_share(None) is None
+    uniform = torch.full((5632,), 7, dtype=torch.int64)  # each fraction carries its own size
+    assert hot_share(uniform) == pytest.approx(
+        [57 / 5632, 113 / 5632, 282 / 5632, 564 / 5632, 1127 / 5632, 0.5])
+    with pytest.raises(ValueError, match="fractions must lie in"):
+        hot_share(hits, (0.0,))
+
+
+def test_tracker_reports_the_hot_share(seed):
+    mlp, x, _ = case(seed, True, torch.float32, 130, special=False)
+    tracker = tt.SparsityTracker(nn.Sequential(mlp), window=1)
+    with torch.no_grad():
+        mlp(x)
+    hits = reference(x, mlp.first_weight).sum(0).double().sort(descending=True).values
+    n = hits.numel()
+    got = tracker.summary()["0"]["hot_share"]
+    for f, share in zip((0.01, 0.02, 0.05, 0.1, 0.2, 0.5), got):
+        top = max(1, -(-int(round(f * n * 1e6)) // 1000000))
+        assert share == pytest.approx(float(hits[:top].sum() / hits.sum()))

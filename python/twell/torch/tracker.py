@@ -14,11 +14,18 @@ CUDA, reading their count is one host synchronisation per forward). Elsewhere (i
 validation forwards, torch.compile, a CUDA graph's capture of a compact-form forward, a state of
 unknown size) one extra [M, N] GEMM per forward computes them.
 """
+import math
+
 import torch
 import torch.nn.functional as F
 
 from twell.torch import saved
 from twell.torch.modules import sparse_modules
+
+# The fractions of a layer's units whose share of the hits hot_share reports: how concentrated
+# the firing is (uniform firing gives each fraction its own size; trained models' neuron rates
+# spread over orders of magnitude, so their most active units carry far more).
+HOT_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
 
 class SparsityTracker:
@@ -73,9 +80,15 @@ class SparsityTracker:
             return None
         return self._hits[name] == 0
 
+    def hot_share(self, name, fractions=HOT_FRACTIONS):
+        """[share of the window's hits (active (token, unit) pairs) carried by the ceil(f N) most
+        active units, for f in fractions], or None before any hit (host values: synchronises)."""
+        return hot_share(self._hits[name], fractions)
+
     def summary(self):
         """{layer: {"tokens", "l0" (mean active units per token), "dead" (count or None),
-        "dead_fraction"}} (host values: synchronises with the device)."""
+        "dead_fraction", "hot_share" (hot_share's)}} (host values: synchronises with the
+        device)."""
         out = {}
         for n, m in self.layers.items():
             tokens = self._tokens[n]
@@ -85,6 +98,7 @@ class SparsityTracker:
                 "l0": float(self._l0_sum[n]) / tokens if tokens else None,
                 "dead": int(dead.sum()) if dead is not None else None,
                 "dead_fraction": float(dead.float().mean()) if dead is not None else None,
+                "hot_share": self.hot_share(n),
             }
         return out
 
@@ -109,3 +123,23 @@ class SparsityTracker:
             done[n] = count
             self.reset([n])
         return done
+
+
+def hot_share(hits, fractions=HOT_FRACTIONS):
+    """Per fraction f: the share of sum(hits) that the ceil(f N) largest of the N counts hold
+    (None where hits is None or sums to 0)."""
+    if hits is None:
+        return None
+    counts = hits.double().sort(descending=True).values
+    total = float(counts.sum())
+    if total <= 0:
+        return None
+    cumulative = counts.cumsum(0)
+    n = counts.numel()
+    out = []
+    for f in fractions:
+        if not 0 < f <= 1:
+            raise ValueError(f"hot_share: fractions must lie in (0, 1], got {f}")
+        top = min(n, max(1, math.ceil(round(f * n, 9))))
+        out.append(float(cumulative[top - 1]) / total)
+    return out

@@ -31,6 +31,7 @@ from twell.train import data as data_mod
 from twell.train.files import InputError
 from twell.train.progress import Progress
 from twell.train.report import layer_table, layer_warnings
+from twell.torch.tracker import HOT_FRACTIONS
 from twell.train.sparsity import LayerMonitor
 
 DEVICES = "auto, cpu, cuda or cuda:N"
@@ -472,6 +473,7 @@ class Trainer:
             "val_ce_sources": val[1]["ce_sources"] or None if val else None,
             "val_density": val[1]["density"] if val else None,
             "val_dead": val[1]["dead"] if val else None,
+            "val_hot_share": val[1]["hot_share"] if val else None,
             "val_ran_dense": val[1]["ran_dense"] if val else None,
             "val_tokens": val[1]["tokens"] if val else None,
             "grad_norm": float(acc["grad_norm"]) if self.args.clip > 0 else None,
@@ -485,6 +487,7 @@ class Trainer:
             "dead": list(self.monitor.dead),
             "dead_fraction": self.monitor.dead_fraction(),
             "dead_windows": self.monitor.dead_windows,
+            "hot_share": list(self.monitor.hot_share),
             "silent": silent,
             "sparse_form": figures["sparse_form"],
             "sparse_rows": figures["sparse_rows"],
@@ -525,6 +528,7 @@ class Trainer:
             "non_embedding_params": self.params_body,
             "vocab_size": self.data.vocab_size,
             "layers": self.monitor.names,
+            "hot_fractions": list(HOT_FRACTIONS),
             "device": dev, "precision": self.precision,
             "dist": {"mode": self.dist.mode, "world_size": self.dist.world,
                      "backend": self.dist.backend},

@@ -4,6 +4,9 @@
                a log interval (and, apart, over validation)
   dead         units active for no token over a window of `window` tokens (SparsityTracker); the
                count of the last closed window (None until one closes)
+  hot_share    per fraction f of twell.torch.tracker.HOT_FRACTIONS, the share of the last closed
+               window's active (token, unit) pairs that its ceil(f N) most active units carry (how
+               concentrated the firing is; None until a window closes)
   sparse_form  fraction of the interval's training forwards that saved the compact (sparse) state;
                the rest saved the dense form (CUDA: the dense cuBLAS path, every row dense)
   sparse_rows  fraction of the interval's rows the sparse kernels carried: rows of compact-form
@@ -21,6 +24,7 @@ Over validation (inference) forwards, `collect("eval")` gives the density and
   dead         units active for no validation token (one extra [M, N] GEMM per forward: the
                tracker's on inference forwards); a small sample next to the training window, so
                it counts rare units too
+  hot_share    as above, over the validation tokens
   ran_dense    fraction of the validation forwards that twell's inference dispatch ran dense
                (the modules' `ran_dense`: CPU, dense above 3.5% density; CUDA, where it measured
                dense faster)
@@ -37,6 +41,7 @@ import torch
 
 import twell.torch as tt
 from twell.torch import saved
+from twell.torch.tracker import HOT_FRACTIONS, hot_share
 from twell.train.files import InputError
 
 
@@ -83,6 +88,7 @@ class LayerMonitor:
         # Units never active over the validation forwards (window 0: dead = no hit so far).
         self.val_tracker = tt.SparsityTracker(model, window=0).stop() if self.layers else None
         self.dead = [None] * len(self.layers)
+        self.hot_share = [None] * len(self.layers)  # the last closed window's, per layer
         self.dead_windows = 0  # windows closed so far
         self.training = True
         self._hooks = [m.register_forward_hook(self._observe(i))
@@ -216,15 +222,16 @@ class LayerMonitor:
         return dict(zip(self.names, parts[:-1])), dict(zip(self.names, tokens))
 
     def _eval_figures(self, acc):
-        out = {"dead": [], "ran_dense": [], "tokens": 0}
+        out = {"dead": [], "hot_share": [], "ran_dense": [], "tokens": 0}
         summary = self.val_tracker.summary() if self.val_tracker is not None else {}
         if self.world > 1 and self.val_tracker is not None:
             hits, tokens = self._summed_hits(self.val_tracker)
-            summary = {n: {"tokens": tokens[n], "dead": int((hits[n] == 0).sum())}
-                       for n in self.names}
+            summary = {n: {"tokens": tokens[n], "dead": int((hits[n] == 0).sum()),
+                           "hot_share": hot_share(hits[n])} for n in self.names}
         for i, name in enumerate(self.names):
             s = summary.get(name, {})
             out["dead"].append(s.get("dead") if s.get("tokens") else None)
+            out["hot_share"].append(s.get("hot_share") if s.get("tokens") else None)
             calls = acc["dispatch_calls"][i]
             out["ran_dense"].append(acc["dense_calls"][i] / calls if calls else None)
             out["tokens"] = max(out["tokens"], s.get("tokens", 0))
@@ -248,6 +255,7 @@ class LayerMonitor:
             self.tracker._tokens.update(tokens)
         masks = {n: self.tracker.dead(n).clone() for n in self.names}
         self.dead = [int(masks[n].sum()) for n in self.names]
+        self.hot_share = [self.tracker.hot_share(n) for n in self.names]
         self.dead_windows += 1
         from twell.train import distributed
         if reinit and distributed.is_sharded(self.layers[0][1].first_weight):
@@ -267,7 +275,8 @@ class LayerMonitor:
     def state_dict(self):
         """The windows' state (the ranks' sums: a checkpoint resumes on any number of ranks;
         every rank calls it)."""
-        state = {"dead": self.dead, "dead_windows": self.dead_windows}
+        state = {"dead": self.dead, "dead_windows": self.dead_windows,
+                 "hot_share": self.hot_share}
         if self.tracker is not None:
             t = self.tracker
             state["tracker"] = {"hits": dict(t._hits), "tokens": dict(t._tokens),
@@ -297,12 +306,18 @@ class LayerMonitor:
                              repr(dead)[:60])
         if type(windows) is not int or windows < 0:
             raise InputError("monitor.dead_windows", "an integer >= 0", repr(windows)[:40])
+        hot = state.get("hot_share", [None] * len(sizes))  # absent from older checkpoints
+        if not (isinstance(hot, list) and len(hot) == len(sizes) and all(
+                h is None or (isinstance(h, list) and len(h) == len(HOT_FRACTIONS) and all(
+                    type(v) in (int, float) and 0 <= v <= 1 for v in h)) for h in hot)):
+            raise InputError("monitor.hot_share", f"{len(sizes)} lists of {len(HOT_FRACTIONS)} "
+                             "shares in [0, 1] (or null)", repr(hot)[:60])
         tracker = state.get("tracker")
         restored = (self._tracker_state(tracker, sizes)
                     if self.tracker is not None and tracker is not None else None)
         if restored is not None and self.world > 1:
             restored = self._share(*restored)
-        self.dead, self.dead_windows = list(dead), windows
+        self.dead, self.dead_windows, self.hot_share = list(dead), windows, list(hot)
         if restored is not None:
             for field, values in zip(("_hits", "_tokens", "_l0_sum"), restored):
                 getattr(self.tracker, field).update(values)
