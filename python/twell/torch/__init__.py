@@ -13,6 +13,7 @@ if _importlib_util.find_spec("torch") is None:  # torch is optional: say how to 
 from twell.torch import _ops  # noqa: F401  (registers torch.ops.twell)
 from twell.torch._ops import saved_dtype
 from twell.torch._plans import clear as clear_plans
+from twell.torch.hot import split_model as split_hot
 from twell.torch.modules import (SparseGatedMLP, SparseMLP, freeze, l0_per_layer, l1_loss,
                                  sparse_modules)
 from twell.torch.patch import patch_model, unpatch_model
@@ -28,6 +29,7 @@ __all__ = [
     "l1_loss",
     "patch_model",
     "saved_dtype",
+    "split_hot",
     "sparse_modules",
     "unpatch_model",
 ]

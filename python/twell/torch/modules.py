@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from twell.torch import _ops  # noqa: F401  (registers torch.ops.twell)
-from twell.torch import _plans
+from twell.torch import _plans, hot
 
 
 # module -> (options, weights, their addresses, plan) of its last eager inference call (kept off
@@ -68,6 +68,7 @@ def _dispatch_modes():
 
 class _SparseFFN(nn.Module):
     record_dispatch = False  # set True on a module to record `ran_dense` after inference calls
+    hot_units = 0  # the last hot_units units run dense (split_hot; twell.torch.hot)
 
     def __init__(self, hidden_size, intermediate_size, gated, *, l1_coef=0.0, tile=0, capacity=0,
                  dispatch="auto", dense_above=-1.0, device=None, dtype=None):
@@ -149,13 +150,22 @@ class _SparseFFN(nn.Module):
             raise _ops.error(op, "x", f"a tensor on {up.device} (the weights' device)",
                              str(x.device))
 
+    def split_hot(self, units, hits, optimizer=None):
+        """Runs the `units` units with the most `hits` dense, the rest through twell
+        (twell.torch.hot.split_hot: permutes the units, leaving the function unchanged)."""
+        return hot.split_hot(self, units, hits, optimizer)
+
     def forward(self, x):
         gate, up = self._weights()
         self._check_input(x, up)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).contiguous()
-        if torch.is_grad_enabled() and (x.requires_grad or any(
-                p.requires_grad for p in self.parameters())):
+        training = torch.is_grad_enabled() and (x.requires_grad or any(
+            p.requires_grad for p in self.parameters()))
+        if self.hot_units:
+            dispatch = "sparse" if training and torch.compiler.is_compiling() else self.dispatch
+            return hot.forward(self, x2, training, dispatch).reshape(shape)
+        if training:
             # Compiled graphs size the saved state from shapes alone: the compact form.
             dispatch = "sparse" if torch.compiler.is_compiling() else self.dispatch
             y, _, stats = torch.ops.twell.ffn_train(x2, gate, up, self.down_proj.weight, self.tile,
@@ -210,7 +220,8 @@ class _SparseFFN(nn.Module):
     def extra_repr(self):
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
                 f"l1_coef={self.l1_coef}, tile={self.tile}, capacity={self.capacity}, "
-                f"dispatch={self.dispatch!r}")
+                f"dispatch={self.dispatch!r}" + (f", hot_units={self.hot_units}"
+                                                 if self.hot_units else ""))
 
 
 class SparseGatedMLP(_SparseFFN):

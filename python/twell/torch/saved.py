@@ -147,7 +147,8 @@ def find(module, out):
         x, gate, up, _, saved = node.saved_tensors
     except RuntimeError:  # freed by a backward
         return None
-    n, k = module.intermediate_size, module.hidden_size
+    # A split module's op runs its cold units alone (twell.torch.hot).
+    n, k = module.intermediate_size - module.hot_units, module.hidden_size
     if ((gate is not None) != module.gated or x.dim() != 2 or x.shape[1] != k
             or tuple(up.shape) != (n, k) or saved.dtype != torch.uint8 or saved.dim() != 1):
         return None

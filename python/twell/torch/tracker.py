@@ -61,6 +61,8 @@ class SparsityTracker:
                 state = None if torch.compiler.is_compiling() else saved.find(module, output)
                 if state is not None:
                     hits, rows = state.unit_hits(), state.rows
+                    if module.hot_units:  # the op saw the cold units; the hot ones ran dense
+                        hits = torch.cat([hits, saved.positive_counts(module._hot_gate)])
                 else:
                     x = args[0].detach().reshape(-1, module.hidden_size)
                     hits = saved.positive_counts(F.linear(x, module.first_weight.detach()))
@@ -73,6 +75,11 @@ class SparsityTracker:
 
     def tokens(self, name):
         return self._tokens[name]
+
+    def hits(self, name):
+        """int64 [N]: per unit of layer `name`, the window's tokens it was active for (None before
+        any forward), in the module's unit order (what split_hot takes)."""
+        return self._hits[name]
 
     def dead(self, name):
         """Bool mask [N] of the layer's dead units, or None while its window is not full."""

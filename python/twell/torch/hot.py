@@ -1,0 +1,126 @@
+"""Hot units run dense: a twell FFN split into its most active units and the rest.
+
+A trained model's neuron firing rates spread over orders of magnitude: a tenth of a layer's units
+often carries most of its active (token, unit) pairs (SparsityTracker.hot_share measures it). An
+FFN is a sum over its units, so it splits exactly:
+
+    y = FFN(x; cold units) + FFN(x; hot units)
+
+where the H hot units run as three dense GEMMs (torch, cuBLAS: no gathers, tensor cores) and the
+N - H cold ones through twell's sparse kernels, at the density they leave. The split is a
+permutation of the units, which leaves the function unchanged: split_hot moves the hot units to
+the end of the parameters (gate and up rows, down columns; an optimizer's per-parameter state
+alike), so the state dict stays a Llama MLP's and the model computes what it did, up to the
+rounding of adding two bf16 / fp16 partial outputs. `unit_order` maps the module's units to the
+indices they had before any split.
+
+What stays the same: `l0` and `l1_loss` count every unit (the hot units' active count and sum |h|
+added to the op's), SparsityTracker counts every unit (the op's saved state for the cold units,
+the hot gate's values for the hot ones), dead units are re-initialised in the module's own order.
+Whether a split is faster depends on how concentrated the firing is and on H (the GEMMs over H
+units run far below cuBLAS's peak unless H is a multiple of 64); lab/probes/hot_cold.py measures it.
+"""
+import torch
+import torch.nn.functional as F
+
+from twell.torch import _plans
+
+
+def check_hits(module, hits):
+    n = module.intermediate_size
+    if not torch.is_tensor(hits) or hits.dim() != 1 or hits.numel() != n or hits.is_complex() \
+            or hits.dtype == torch.bool:
+        got = (f"a {hits.dtype} tensor of shape {list(hits.shape)}" if torch.is_tensor(hits)
+               else type(hits).__name__)
+        raise ValueError(f"split_hot: hits: expected a real tensor of shape [{n}] (a count per "
+                         f"unit, e.g. SparsityTracker.hits(name)), got {got}")
+    if hits.is_floating_point() and not torch.isfinite(hits).all():
+        raise ValueError("split_hot: hits: expected finite counts, got NaN or Inf")
+
+
+@torch.no_grad()
+def split_hot(module, units, hits, optimizer=None):
+    """Makes the `units` units with the most `hits` (a count per unit, in the module's current
+    order; ties keep the lower index) the module's hot units, run dense from now on (0: none,
+    every unit through twell). Permutes the parameters (and, given `optimizer`, each of their
+    state tensors of the parameter's shape, e.g. Adam's moments) so that those units come last.
+    Returns the permutation (new unit j is old unit perm[j])."""
+    n = module.intermediate_size
+    if type(units) is not int or not 0 <= units < n:
+        raise ValueError(f"split_hot: units: expected an int in [0, {n - 1}] (at least one unit "
+                         f"stays sparse), got {units!r}")
+    check_hits(module, hits)
+    device = module.up_proj.weight.device
+    hot = torch.zeros(n, dtype=torch.bool)
+    hot[hits.detach().to("cpu", torch.float64).argsort(descending=True, stable=True)[:units]] = True
+    perm = torch.cat([(~hot).nonzero().flatten(), hot.nonzero().flatten()]).to(device)
+    rows = [module.up_proj.weight] + ([module.gate_proj.weight] if module.gated else [])
+    for p, dim in [(w, 0) for w in rows] + [(module.down_proj.weight, 1)]:
+        _permute(p, perm, dim)
+        if optimizer is not None:
+            for v in optimizer.state.get(p, {}).values():
+                if torch.is_tensor(v) and v.shape == p.shape:
+                    _permute(v, perm, dim)
+    order = getattr(module, "unit_order", None)
+    module.unit_order = (order.to(device) if order is not None
+                         else torch.arange(n, device=device))[perm]
+    if getattr(module, "down_nk", None) is not None:
+        module.freeze()  # the neuron-major copy in the new order
+    module.hot_units = units
+    return perm
+
+
+def _permute(t, perm, dim):
+    t.copy_(t.index_select(dim, perm))
+
+
+def forward(module, x2, training, dispatch):
+    """The split module's forward over x2 [M, K] (contiguous): the cold units through the twell op,
+    the hot ones dense; records l0, l1_loss, ran_dense (and, training, the hot gate values the
+    tracker counts) as the module's forward does. Returns y [M, K]."""
+    m = module
+    c = m.intermediate_size - m.hot_units
+    gate = m.gate_proj.weight if m.gated else None
+    up, down = m.up_proj.weight, m.down_proj.weight
+    rows = x2.shape[0]
+    g = F.linear(x2, (gate if m.gated else up)[c:])
+    h = F.relu(g)
+    if m.gated:
+        h = h * F.linear(x2, up[c:])
+    y_hot = F.linear(h, down[:, c:])
+    active = (g.detach() > 0).sum()
+    cold_gate = gate[:c] if m.gated else None
+    if training:
+        y, _, stats = torch.ops.twell.ffn_train(x2, cold_gate, up[:c], down[:, :c], m.tile,
+                                                m.capacity, dispatch, m.dense_above)
+        m.l0 = (stats[0].detach() + active / max(rows, 1)).detach()
+        l1 = torch.linalg.vector_norm(h, 1, dtype=torch.float32) / max(rows, 1)
+        m.l1_loss = m.l1_coef * (stats[1] + l1)
+        m.ran_dense = None
+        m._hot_gate = g.detach()
+    else:
+        frozen = getattr(m, "down_nk", None)
+        down_c = frozen[:c] if frozen is not None else down[:, :c].detach().t().contiguous()
+        y, counters = torch.ops.twell.ffn(x2, cold_gate, up[:c], down_c, m.tile, m.capacity,
+                                          dispatch, m.dense_above)
+        m.l0 = (counters[1] + active).float() / max(rows, 1)
+        m.l1_loss, m.ran_dense, m._hot_gate = None, None, None
+        if m.record_dispatch and not torch.compiler.is_compiling():
+            plan = _plans.inference_plan(cold_gate, up[:c], down_c, m.tile, m.capacity,
+                                         m.dispatch, m.dense_above)
+            m.ran_dense = plan.last_run().ran_dense
+    return y + y_hot
+
+
+def split_model(model, hits, units, optimizer=None):
+    """split_hot on every twell FFN of `model` named in `hits` ({layer name: counts}, e.g. a
+    SparsityTracker's `{n: tracker.hits(n)}`) with `units` hot units each (an int, or {name: int}).
+    Returns {name: permutation}."""
+    from twell.torch.modules import sparse_modules
+
+    out = {}
+    for name, mod in sparse_modules(model):
+        if name in hits:
+            count = units[name] if isinstance(units, dict) else units
+            out[name] = split_hot(mod, count, hits[name], optimizer)
+    return out

@@ -1,0 +1,160 @@
+"""Hot units run dense (twell.torch.hot): a split module computes what the unsplit one does, in
+inference and training (outputs, gradients, l0, l1), keeps its state dict a Llama MLP's, moves an
+optimizer's state with its units, and its tracker counts every unit."""
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import twell.torch as tt  # noqa: E402
+from twell.torch import saved  # noqa: E402
+
+from torch_cases import (FLOOR, devices, dtypes, module_for, off_the_kink, problem,  # noqa: E402
+                         rel_error, skip_unless_trainable)
+
+K, N, TILE = 16, 200, 64
+
+
+def case(seed, gated, dtype, m, device, hot, **kwargs):
+    """An unsplit module, its copy split with `hot` hot units (chosen by the units' activity on
+    a calibration batch) and an input off the kink."""
+    p = problem(seed, m, K, N, gated, rate=0.05)
+    base = module_for(p, dtype, device, tile=TILE, capacity=8, **kwargs)
+    x = off_the_kink(torch.from_numpy(p.x).to(device, dtype), base.first_weight)
+    with torch.no_grad():
+        hits = (F.linear(x.float(), base.first_weight.float()) > 0).sum(0)
+    split = copy.deepcopy(base)
+    perm = split.split_hot(hot, hits)
+    return base, split, x, perm, hits
+
+
+def tol(dtype):
+    return 4 * FLOOR[dtype] if dtype != torch.float32 else FLOOR[dtype]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("hot", [1, 24, 64])
+def test_inference_equals_the_unsplit_module(seed, device, gated, hot):
+    for dtype in dtypes(device):
+        base, split, x, perm, hits = case(seed, gated, dtype, 37, device, hot)
+        with torch.no_grad():
+            y0, y1 = base(x), split(x)
+        assert y1.dtype == dtype and y1.shape == y0.shape
+        assert rel_error(y1, y0) <= tol(dtype), dtype
+        assert float(split.l0) == pytest.approx(float(base.l0), rel=1e-6)
+        assert split.hot_units == hot and "hot_units" in repr(split)
+        # the hot units are the most active ones, last, in their old order
+        top = hits.double().argsort(descending=True, stable=True)[:hot].sort().values
+        assert torch.equal(perm[-hot:].cpu(), top) and torch.equal(split.unit_order, perm)
+        assert sorted(perm.tolist()) == list(range(N))
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("gated", [True, False])
+def test_training_equals_the_unsplit_module(seed, device, gated):
+    skip_unless_trainable(device)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    base, split, x, perm, _ = case(seed, gated, dtype, 41, device, 32, l1_coef=0.01)
+    dy = torch.randn(x.shape, device=device, dtype=dtype)
+    outs = []
+    for mod in (base, split):
+        xx = x.clone().requires_grad_()
+        y = mod(xx)
+        loss = (y.float() * dy.float()).sum() + mod.l1_loss
+        loss.backward()
+        outs.append((y.detach(), xx.grad, float(mod.l0), float(mod.l1_loss.detach()),
+                     {n: p.grad for n, p in mod.named_parameters()}))
+    (y0, dx0, l00, l10, g0), (y1, dx1, l01, l11, g1) = outs
+    assert rel_error(y1, y0) <= tol(dtype) and rel_error(dx1, dx0) <= tol(dtype)
+    assert l01 == pytest.approx(l00, rel=1e-5) and l11 == pytest.approx(l10, rel=1e-4)
+    for name, grad in g0.items():  # the split module's gradients are the unsplit ones, permuted
+        dim = 1 if name.startswith("down") else 0
+        assert rel_error(g1[name], grad.index_select(dim, perm)) <= tol(dtype), name
+
+
+def test_state_dict_is_a_permuted_llama_mlp(seed):
+    base, split, x, perm, _ = case(seed, True, torch.float32, 9, "cpu", 16)
+    state = split.state_dict()
+    assert set(state) == set(base.state_dict())
+    assert torch.equal(state["gate_proj.weight"], base.gate_proj.weight[perm])
+    assert torch.equal(state["down_proj.weight"], base.down_proj.weight[:, perm])
+    fresh = tt.SparseGatedMLP(K, N)  # loads anywhere, computes the same function unsplit
+    fresh.load_state_dict(state)
+    with torch.no_grad():
+        assert rel_error(fresh(x), base(x)) <= FLOOR[torch.float32]
+
+
+def test_optimizer_state_moves_with_the_units(seed):
+    base, _, x, _, hits = case(seed, True, torch.float32, 23, "cpu", 0)
+    opts = []
+    split = copy.deepcopy(base)
+    for mod in (base, split):
+        opt = torch.optim.AdamW(mod.parameters(), lr=1e-2)
+        mod(x.clone().requires_grad_()).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+        opts.append(opt)
+    perm = split.split_hot(40, hits, optimizer=opts[1])
+    for mod, opt in zip((base, split), opts):  # a second step: Adam's moments must follow
+        mod(x.clone().requires_grad_()).square().sum().backward()
+        opt.step()
+    assert torch.allclose(split.gate_proj.weight, base.gate_proj.weight[perm], rtol=1e-5, atol=1e-6)
+    assert torch.allclose(split.down_proj.weight, base.down_proj.weight[:, perm], rtol=1e-5,
+                          atol=1e-6)
+
+
+def test_splitting_again_composes_and_frozen_copies_follow(seed):
+    base, split, x, perm, _ = case(seed, True, torch.float32, 19, "cpu", 8)
+    split.freeze()
+    hits = torch.arange(N)  # the last units of the current order are the most active
+    perm2 = split.split_hot(50, hits)
+    assert torch.equal(perm2, torch.arange(N))  # already last: nothing moves
+    assert torch.equal(split.unit_order, perm) and split.hot_units == 50
+    assert torch.equal(split.down_nk, split.down_proj.weight.t())
+    split.split_hot(0, hits)  # no hot units: every unit through twell again, order kept
+    with torch.no_grad():
+        assert rel_error(split(x), base(x)) <= FLOOR[torch.float32]
+
+
+def test_tracker_counts_every_unit(seed):
+    base, split, x, perm, _ = case(seed, True, torch.float32, 31, "cpu", 20)
+    tracker = tt.SparsityTracker(nn.Sequential(split), window=1)
+    y = split(x.clone().requires_grad_())
+    assert saved.find(split, y) is not None  # read from the op's state, not a GEMM
+    expected = (x.double() @ split.first_weight.detach().double().T > 0).sum(0)
+    assert torch.equal(tracker.hits("0"), expected)
+    with torch.no_grad():  # inference forwards: the GEMM over every unit
+        split(x)
+    assert torch.equal(tracker.hits("0"), 2 * expected)
+
+
+def test_model_level_split_and_bad_arguments(seed):
+    base, _, x, _, hits = case(seed, True, torch.float32, 5, "cpu", 0)
+    model = nn.Sequential(copy.deepcopy(base), copy.deepcopy(base))
+    perms = tt.split_hot(model, {"1": hits}, 8)
+    assert list(perms) == ["1"] and model[1].hot_units == 8 and model[0].hot_units == 0
+    for units in (-1, N, 2.0, True):
+        with pytest.raises(ValueError, match="split_hot: units"):
+            base.split_hot(units, hits)
+    for bad in (hits[:-1], hits.bool(), hits.view(2, -1), [1] * N,
+                torch.full((N,), float("nan"))):
+        with pytest.raises(ValueError, match="split_hot: hits"):
+            base.split_hot(4, bad)
+    assert base.hot_units == 0
+
+
+def test_compiled_split_module(seed):
+    base, split, x, _, _ = case(seed, True, torch.float32, 29, "cpu", 24)
+    f = torch.compile(split)
+    with torch.no_grad():
+        assert rel_error(f(x), base(x)) <= FLOOR[torch.float32]
+    assert float(split.l0) == pytest.approx(float(base.l0), rel=1e-6)
+    xs, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    f(xs).sum().backward()
+    base(xb).sum().backward()
+    assert rel_error(xs.grad, xb.grad) <= FLOOR[torch.float32]
