@@ -81,6 +81,7 @@ from twell.torch.patch import _set as set_module
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # model_generate, beside this file
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model_generate  # noqa: E402
+import model_hot  # noqa: E402
 from timing import Timer, summary  # noqa: E402
 from model_agreement import SplitMLP, agrees, distance  # noqa: E402,F401  (tests use SplitMLP)
 from model_floor import GateOnlyMLP, floor_fields, floor_note  # noqa: E402
@@ -133,6 +134,9 @@ def parse_args(argv, **defaults):
                         "(default: the checkpoint's --data; random ids where there is none)")
     p.add_argument("--energy-seconds", type=float, default=2.0,
                    help="seconds of each model's energy loop (CUDA with NVML; 0: no energy)")
+    p.add_argument("--hot-units", type=int, default=0,
+                   help="run each layer's H most active units (on calibration tokens) dense, the "
+                        "rest through twell (twell.torch.hot; default 0: none)")
     p.add_argument("--floor", action="store_true",
                    help="inference: also time the model with each MLP reduced to its gate GEMM "
                         "(bench/model_floor.py: the floor of any exact sparse FFN)")
@@ -382,13 +386,16 @@ def load_checkpoint(args, device, dtype):
     try:
         text, where = validation_ids(info, args.data)
         from twell.train.data import eval_windows
-        w = eval_windows(text, args.batch, args.seq, max_batches=1)[0] \
-            if len(text) > args.batch * args.seq else None
+        batches = eval_windows(text, args.batch, args.seq, max_batches=2) \
+            if len(text) > args.batch * args.seq else []
+        w = batches[0] if batches else None
         if w is None or w.shape[0] < args.batch or int(w.max()) >= args.vocab:
             print(f"model bench: {where}: too short for {args.batch} x {args.seq} tokens, or "
                   f"ids beyond the vocabulary; random ids instead", flush=True)
         else:
             ids, source = torch.from_numpy(w[:, :-1]).to(device), where
+            if len(batches) > 1 and int(batches[1].max()) < args.vocab:  # hot units' calibration
+                args.hot_calib = torch.from_numpy(batches[1][:2, :-1]).to(device)
     except (ValueError, ImportError, OSError) as e:
         print(f"model bench: no text for the checkpoint ({e}); random ids instead", flush=True)
     return model, info["checkpoint"], ids, source
@@ -504,7 +511,8 @@ def make_row(args, env, mode, batch, density, result):
         "dense_tokens_per_s": tokens / d["median"] * 1e3,
         "twell_tokens_per_s": tokens / t["median"] * 1e3,
         "peak_bytes_dense": peaks["dense"], "peak_bytes_twell": peaks["twell"], **agree,
-        "checkpoint": env.ckpt, "input": env.source, "idle_power_w": env.idle_w, **extra,
+        "checkpoint": env.ckpt, "input": env.source, "idle_power_w": env.idle_w,
+        "hot_units": args.hot_units, "hot_share": getattr(args, "hot_share", None), **extra,
     }
 
 
@@ -522,7 +530,8 @@ def report(n, row):
           f"{100 * row['density']:.2f}% (layers {100 * row['density_min']:.2f}-"
           f"{100 * row['density_max']:.2f}%): dense {d:.2f} ms, twell {t:.2f} ms, "
           f"{row['speedup']:.3f}x; peak {gb(row['peak_bytes_dense'])} / "
-          f"{gb(row['peak_bytes_twell'])} GB; {agree}" + energy_note(row) + floor_note(row), flush=True)
+          f"{gb(row['peak_bytes_twell'])} GB; {agree}" + energy_note(row) + floor_note(row)
+          + model_hot.note(row), flush=True)
     return ok
 
 
@@ -542,12 +551,19 @@ def main(argv=None):
     modes = check_modes(args)
     env, model, ids, densities = setup(args)
     calib_ids = ids[: min(args.batch, 2)]
+    if args.hot_units and not 0 < args.hot_units < args.intermediate:
+        sys.exit(f"model bench: --hot-units {args.hot_units}: expected 0 (none) to "
+                 f"{args.intermediate - 1}")
     cases = [(m, b) for m in modes for b in (args.gen_batches if m == "generate" else [args.batch])]
     rows, failed, swap = [], False, None
     path = os.path.join(args.out, "model.json") if args.out and not args.no_write else None
     kept = read_rows(path) if path and args.append else []
     for density in densities:
         swap = set_density(args, model, swap, density, calib_ids)
+        if args.hot_units:
+            hot = getattr(args, "hot_calib", None)
+            args.hot_share = model_hot.split(model, swap, calib_ids if hot is None else hot,
+                                             args.hot_units)
         for mode, batch in cases:
             try:
                 if mode == "generate":

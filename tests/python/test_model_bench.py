@@ -66,6 +66,26 @@ def test_model_bench_writes_rows(tmp_path):
         assert 0 <= r["rel_diff"] < 1e-4, r  # float32: rounding only
         assert 0 <= r["rel_diff_floor"] < 1e-4, r  # the split MLP: rounding only too
     assert rows[1]["loss_twell"] == pytest.approx(rows[1]["loss_dense"], rel=1e-5)
+    assert all(r["hot_units"] == 0 and r["hot_share"] is None for r in rows)
+
+
+def test_model_bench_hot_units(tmp_path):
+    """--hot-units: the same function (rounding only), rows that say so, and a bad H refused."""
+    out = subprocess.run([sys.executable, BENCH, *TINY, "--densities", "0.05", "--hot-units",
+                          "64", "--out", str(tmp_path)], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = json.load(open(tmp_path / "model.json"))
+    assert [r["mode"] for r in rows] == ["inference", "training"]
+    for r in rows:
+        assert r["hot_units"] == 64 and len(r["hot_share"]) == 2
+        assert all(0.25 <= s <= 1 for s in r["hot_share"])  # at least their share of the units
+        assert 0 <= r["rel_diff"] < 1e-4, r
+        assert abs(r["density"] - 0.05) < 0.01, r  # l0 counts the hot units too
+    assert "64 hot units a layer" in out.stdout
+    bad = subprocess.run([sys.executable, BENCH, *TINY, "--hot-units", "256"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "--hot-units 256: expected 0 (none) to 255" in bad.stderr
 
 
 def test_model_bench_floor(tmp_path, capsys):
@@ -244,6 +264,10 @@ def test_model_bench_takes_a_checkpoint(tmp_path):
         for k in ("energy_j_per_token_dense", "energy_j_per_token_twell", "energy_ratio",
                   "idle_power_w"):
             assert r[k] is None, k
+    hot = subprocess.run([sys.executable, BENCH, *TINY, "--checkpoint", str(run), "--no-write",
+                          "--modes", "inference", "--hot-units", "32"], capture_output=True,
+                         text=True, timeout=600)
+    assert hot.returncode == 0 and "32 hot units a layer" in hot.stdout, hot.stdout + hot.stderr
 
 
 def test_model_bench_rejects_a_missing_checkpoint(tmp_path):
