@@ -11,9 +11,13 @@ np = pytest.importorskip("numpy", reason="numpy is not installed")
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 pytest.importorskip("transformers", reason="transformers is not installed")
 
+from torch import nn  # noqa: E402
+
+import twell.torch as tt  # noqa: E402
 from twell.train import data as td  # noqa: E402
 from twell.train import report  # noqa: E402
 from twell.train.cli import main  # noqa: E402
+from twell.train.files import InputError  # noqa: E402
 
 WORDS = ("the of a to in is was for on that with as by at from his an be which or are this "
          "had not but have one all were they their its been has more when who would will "
@@ -363,3 +367,47 @@ def test_relu_torch_baseline_runs_no_twell(tmp_path):
     acts = [m.act_fn for n, m in trainer.model.named_modules() if n.endswith(".mlp")]
     assert acts and all(isinstance(a, torch.nn.ReLU) for a in acts)
     trainer.monitor.remove()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_hot_units_train_the_same_model_and_resume(corpus, tmp_path, precision):
+    """--hot-units: the hot units re-chosen at each closed window run dense; the losses are the
+    unsplit run's (rounding only), the weights a permutation of its weights, and a resumed run
+    continues the split exactly."""
+    common = ["--steps", "12", "--deterministic", "--precision", precision]
+    plain, hot, split = tmp_path / "plain", tmp_path / "hot", tmp_path / "split"
+    _train(plain, *common, data=corpus)
+    _train(hot, *common, "--hot-units", "40", data=corpus)
+    a, b = _records(plain), _records(hot)
+    for ra, rb in zip(a, b):
+        assert rb["train_ce"] == pytest.approx(ra["train_ce"], rel=2e-3), ra["step"]
+        assert rb["density"] == pytest.approx(ra["density"], rel=2e-2, abs=1e-3), ra["step"]
+    _train(split, *common, "--hot-units", "40", "--stop-at", "6", data=corpus)
+    _train(split, *common, "--hot-units", "40", "--resume", data=corpus)
+    for rh, rs in zip(b, _records(split)):
+        assert rs["train_ce"] == pytest.approx(rh["train_ce"], rel=1e-5, abs=1e-7), rh["step"]
+    from twell.train.state_files import read
+    state = read(str(hot / "checkpoint"), "checkpoint")
+    assert state["monitor"]["hot_units"] == [40, 40]
+    order = state["monitor"]["unit_order"]["model.layers.0.mlp"]
+    assert sorted(order.tolist()) == list(range(256)) and order.tolist() != list(range(256))
+    from twell.train.sparsity import LayerMonitor
+    model = nn.Sequential(tt.SparseGatedMLP(8, 256), tt.SparseGatedMLP(8, 256))
+    monitor = LayerMonitor(model, 512)
+    monitor.load_state_dict({**state["monitor"], "tracker": None, "unit_order": {
+        "0": order, "1": None}, "hot_units": [40, 0]})
+    assert (model[0].hot_units, model[1].hot_units) == (40, 0)
+    assert torch.equal(model[0].unit_order, order)
+    for bad in ({"hot_units": [256, 0]}, {"hot_units": [1]},
+                {"unit_order": {"0": torch.zeros(256, dtype=torch.int64), "1": None}}):
+        with pytest.raises(InputError, match="monitor"):
+            monitor.load_state_dict({**state["monitor"], "tracker": None, "unit_order": {},
+                                     **bad})
+
+
+def test_hot_units_refused_where_they_cannot_run(corpus, tmp_path):
+    for extra in (["--hot-units", "-1"], ["--hot-units", "8", "--no-dead-tracking"],
+                  ["--hot-units", "8", "--activation", "silu"], ["--hot-units", "256"]):
+        with pytest.raises(SystemExit) as e:
+            _train(tmp_path / "x", "--steps", "2", *extra, data=corpus)
+        assert e.value.code != 0, extra

@@ -56,11 +56,11 @@ def split_hot(module, units, hits, optimizer=None):
     perm = torch.cat([(~hot).nonzero().flatten(), hot.nonzero().flatten()]).to(device)
     rows = [module.up_proj.weight] + ([module.gate_proj.weight] if module.gated else [])
     for p, dim in [(w, 0) for w in rows] + [(module.down_proj.weight, 1)]:
-        _permute(p, perm, dim)
+        permute_units(p, perm, dim)
         if optimizer is not None:
             for v in optimizer.state.get(p, {}).values():
                 if torch.is_tensor(v) and v.shape == p.shape:
-                    _permute(v, perm, dim)
+                    permute_units(v, perm, dim)
     order = getattr(module, "unit_order", None)
     module.unit_order = (order.to(device) if order is not None
                          else torch.arange(n, device=device))[perm]
@@ -70,8 +70,10 @@ def split_hot(module, units, hits, optimizer=None):
     return perm
 
 
-def _permute(t, perm, dim):
-    t.copy_(t.index_select(dim, perm))
+def permute_units(t, perm, dim):
+    """t's slices along `dim` in the order `perm` (split_hot's), in place: for copies of a
+    module's parameters that split_hot does not know (fp32 master weights and their state)."""
+    t.copy_(t.index_select(dim, perm.to(t.device)))
 
 
 def forward(module, x2, training, dispatch):

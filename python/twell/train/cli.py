@@ -157,6 +157,10 @@ def parser():
                    help="re-initialise dead units' gate rows (SparsityTracker.reinit_dead) at the "
                         "first dead-unit window closing N or more steps after the last, and N or "
                         "more before --steps (0: never)")
+    g.add_argument("--hot-units", type=int, default=0,
+                   help="run each layer's H most active units dense and the rest through twell "
+                        "(twell.torch.hot), re-chosen from each closed dead-unit window's counts "
+                        "(0: none, the default; not with --dist fsdp2)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar or lines")
 
     g = p.add_argument_group("run control")
@@ -269,6 +273,12 @@ def check(args):
         if not isinstance(getattr(args, name), str) or not getattr(args, name):
             raise InputError(f"--{name.replace('_', '-')}", "a non-empty string",
                              repr(getattr(args, name)))
+    if args.hot_units < 0 or (args.hot_units and (args.no_dead_tracking or not args.dead_window
+                                                  or args.dist == "fsdp2"
+                                                  or args.activation != "relu")):
+        raise InputError("--hot-units", "0, or a count >= 1 with twell's ReLU layers, dead-unit "
+                         "tracking (whose windows choose the units) and no --dist fsdp2 (its "
+                         "sharded weights are not permuted)", args.hot_units)
     if args.reinit_dead_every and (args.no_dead_tracking or not args.dead_window):
         raise InputError("--reinit-dead-every", "0 without dead-unit tracking "
                          "(--no-dead-tracking or --dead-window 0 find no dead units)",

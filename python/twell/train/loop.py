@@ -26,12 +26,11 @@ import torch.nn.functional as F
 
 import twell
 import twell.torch as tt
-from twell.train import checkpoint, distributed, files, models
+from twell.torch.tracker import HOT_FRACTIONS
+from twell.train import checkpoint, distributed, files, models, report, units
 from twell.train import data as data_mod
 from twell.train.files import InputError
 from twell.train.progress import Progress
-from twell.train.report import layer_table, layer_warnings
-from twell.torch.tracker import HOT_FRACTIONS
 from twell.train.sparsity import LayerMonitor
 
 DEVICES = "auto, cpu, cuda or cuda:N"
@@ -173,6 +172,9 @@ class Trainer:
                                                        max_batches=a.eval_batches, part=p,
                                                        parts=parts))
                               for p in range(parts)) if self.fsdp else len(self.val)
+        if a.hot_units >= self.shape["intermediate"]:
+            raise InputError("--hot-units", f"fewer than the model's {self.shape['intermediate']} "
+                             "units a layer (at least one stays sparse)", a.hot_units)
         self.monitor = LayerMonitor(self.model, a.dead_window, track_dead=not a.no_dead_tracking,
                                     group=self.dist)
         self.tokens_per_step = a.batch_size * a.seq_len * a.grad_accum
@@ -273,7 +275,7 @@ class Trainer:
         self.acc["steps"] += 1
         self.acc["tokens"] += self.tokens_per_step
         if self.monitor.window_full():
-            self._close_dead_window()
+            units.close_window(self)
 
     def _gradient_sync(self, last):
         """The context of a micro-batch's forward and backward: gradients reduced over ranks on
@@ -285,36 +287,6 @@ class Trainer:
         if self.fsdp and self.args.grad_accum > 1:
             self.engine.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
-
-    def _close_dead_window(self):
-        a = self.args
-        # No re-initialisation in the run's last reinit_dead_every steps: re-initialised units fire
-        # densely at first, and the final model would keep what had no time to settle.
-        reinit = (bool(a.reinit_dead_every) and self.step - self.last_reinit >= a.reinit_dead_every
-                  and self.step + a.reinit_dead_every <= a.steps)
-        masks = self.monitor.close_window(reinit=reinit, dtype=self.dtype)
-        if not reinit:
-            return
-        self.last_reinit = self.step
-        counts = {n: int(mask.sum()) for n, mask in masks.items()}
-        self.acc["reinit"] = {n: self.acc["reinit"].get(n, 0) + c for n, c in counts.items()}
-        # The new gate rows must reach the optimizer's weights, and the rows' AdamW moments
-        # (built while the units were dead) start again from zero.
-        index = {id(p): i for i, p in enumerate(self.params)}
-        with torch.no_grad():
-            for (name, module), mask in zip(tt.sparse_modules(self.model), masks.values()):
-                if not counts[name]:
-                    continue
-                w = module.first_weight
-                target = self.opt_params[index[id(w)]]
-                if target is not w:
-                    target[mask] = w[mask].float()
-                for key in ("exp_avg", "exp_avg_sq"):
-                    state = self.optimizer.state.get(target, {})
-                    if key in state and distributed.is_sharded(state[key]):  # FSDP2: my rows
-                        state[key].to_local()[distributed.local_rows(mask, state[key])] = 0
-                    elif key in state:
-                        state[key][mask] = 0
 
     # ---- whole-model state (checkpoint.py) ------------------------------------------------
 
@@ -540,48 +512,6 @@ class Trainer:
         }
 
 
-def _summary(trainer, record, val_ce):
-    n = trainer.shape["intermediate"]
-    parts = [f"final: loss {record['train_ce']:.4f}" if record["train_ce"] is not None
-             else "final: loss n/a"]
-    if val_ce is not None:
-        parts.append(f"val CE {val_ce:.4f}")
-    if trainer.sparse:
-        parts.append("L0 per layer " + ", ".join(
-            "n/a" if v is None else f"{v:.1f}" for v in record["l0"]) + f" of {n} in training"
-            + (f" (mean density {100 * record['mean_density']:.2f}%)"
-               if record["mean_density"] is not None else ""))
-        parts.append("dead units per layer " + (
-            "n/a (no window closed)" if record["dead"][0] is None else
-            ", ".join(str(d) for d in record["dead"])
-            + f" (over {trainer.args.dead_window:,} training tokens)"))
-        if any(r is not None for r in record["sparse_rows"]):
-            parts.append("twell ran sparse for " + ", ".join(
-                "n/a" if r is None else f"{100 * r:.0f}%" for r in record["sparse_rows"])
-                + " of training rows")
-        if any(r is not None for r in record.get("val_ran_dense") or []):
-            parts.append("inference ran " + ", ".join(
-                "n/a" if r is None else "sparse" if r == 0 else "dense" if r == 1 else "mixed"
-                for r in record["val_ran_dense"]))
-    else:
-        parts.append(f"L0 per layer n/a ({trainer.args.activation}, dense MLPs)")
-    if record["silent"]:
-        parts.append("SILENT layers (density 0): " + ", ".join(record["silent"]))
-    rate = record["tokens_per_s"]
-    parts.append(f"{rate:,.0f} tokens/s" if rate else "n/a tokens/s")
-    return ", ".join(parts)
-
-
-def _layer_report(trainer, record):
-    """The per-layer table and warnings of a record (twell.train.report); [] without twell
-    layers."""
-    if not trainer.sparse:
-        return []
-    names, n = trainer.monitor.names, trainer.shape["intermediate"]
-    window = trainer.args.dead_window if trainer.monitor.tracker is not None else None
-    return layer_table(names, n, record) + layer_warnings(names, n, record, window)
-
-
 class Diverged(RuntimeError):
     """The loss or the gradient norm of a step is not finite."""
 
@@ -671,7 +601,7 @@ def _run(trainer, args):
                 reason = "diverged"
                 break
             if val is not None and not last:
-                for line in _layer_report(trainer, record):
+                for line in report.layer_report(trainer, record):
                     say(line)
             if record["silent"] and val is None:  # else the table's warnings say it
                 say(f"WARNING: step {trainer.step}: silent layers (density 0, no unit active "
@@ -714,18 +644,10 @@ def _run(trainer, args):
               f"checkpoint is {trainer.ckpt_path}: the same command with --resume continues",
               flush=True)
     if record is None and main:
-        record = _last_record(trainer.log_path)
+        record = report.last_record(trainer.log_path)
         val_ce = record.get("val_ce") if record else None
     if record is not None:
-        for line in _layer_report(trainer, record):
+        for line in report.layer_report(trainer, record):
             out(line, flush=True)
-        out(_summary(trainer, record, val_ce), flush=True)
+        out(report.summary_line(trainer, record, val_ce), flush=True)
     return record
-
-
-def _last_record(path):
-    rec = None
-    for r in files.json_records(files.read_text(path, f"--out {path}")):
-        if r.get("kind") == "log":
-            rec = r
-    return rec

@@ -11,6 +11,8 @@ and at the end) and warnings for a silent layer or one whose units are nearly al
                dense (above 3.5% density on the CPU, 4% on CUDA, or where CUDA measured dense
                faster) or mixed
 """
+from twell.train import files
+
 NEARLY_ALL_DEAD = 0.9  # a warning at this fraction of a layer's units dead
 
 
@@ -83,3 +85,53 @@ def layer_warnings(names, n, record, dead_window=None):
         if over:
             out.append(f"WARNING: {name}: nearly all units dead: {'; '.join(over)}")
     return out
+
+
+def summary_line(trainer, record, val_ce):
+    n = trainer.shape["intermediate"]
+    parts = [f"final: loss {record['train_ce']:.4f}" if record["train_ce"] is not None
+             else "final: loss n/a"]
+    if val_ce is not None:
+        parts.append(f"val CE {val_ce:.4f}")
+    if trainer.sparse:
+        parts.append("L0 per layer " + ", ".join(
+            "n/a" if v is None else f"{v:.1f}" for v in record["l0"]) + f" of {n} in training"
+            + (f" (mean density {100 * record['mean_density']:.2f}%)"
+               if record["mean_density"] is not None else ""))
+        parts.append("dead units per layer " + (
+            "n/a (no window closed)" if record["dead"][0] is None else
+            ", ".join(str(d) for d in record["dead"])
+            + f" (over {trainer.args.dead_window:,} training tokens)"))
+        if any(r is not None for r in record["sparse_rows"]):
+            parts.append("twell ran sparse for " + ", ".join(
+                "n/a" if r is None else f"{100 * r:.0f}%" for r in record["sparse_rows"])
+                + " of training rows")
+        if any(r is not None for r in record.get("val_ran_dense") or []):
+            parts.append("inference ran " + ", ".join(
+                "n/a" if r is None else "sparse" if r == 0 else "dense" if r == 1 else "mixed"
+                for r in record["val_ran_dense"]))
+    else:
+        parts.append(f"L0 per layer n/a ({trainer.args.activation}, dense MLPs)")
+    if record["silent"]:
+        parts.append("SILENT layers (density 0): " + ", ".join(record["silent"]))
+    rate = record["tokens_per_s"]
+    parts.append(f"{rate:,.0f} tokens/s" if rate else "n/a tokens/s")
+    return ", ".join(parts)
+
+
+def layer_report(trainer, record):
+    """The per-layer table and warnings of a record (twell.train.report); [] without twell
+    layers."""
+    if not trainer.sparse:
+        return []
+    names, n = trainer.monitor.names, trainer.shape["intermediate"]
+    window = trainer.args.dead_window if trainer.monitor.tracker is not None else None
+    return layer_table(names, n, record) + layer_warnings(names, n, record, window)
+
+
+def last_record(path):
+    rec = None
+    for r in files.json_records(files.read_text(path, f"--out {path}")):
+        if r.get("kind") == "log":
+            rec = r
+    return rec

@@ -254,6 +254,7 @@ class LayerMonitor:
             self.tracker._hits.update(hits)
             self.tracker._tokens.update(tokens)
         masks = {n: self.tracker.dead(n).clone() for n in self.names}
+        self.last_hits = {n: self.tracker.hits(n).clone() for n in self.names}
         self.dead = [int(masks[n].sum()) for n in self.names]
         self.hot_share = [self.tracker.hot_share(n) for n in self.names]
         self.dead_windows += 1
@@ -276,7 +277,10 @@ class LayerMonitor:
         """The windows' state (the ranks' sums: a checkpoint resumes on any number of ranks;
         every rank calls it)."""
         state = {"dead": self.dead, "dead_windows": self.dead_windows,
-                 "hot_share": self.hot_share}
+                 "hot_share": self.hot_share,
+                 # split_hot's: the hot units are the last hot_units of the saved weights
+                 "hot_units": [m.hot_units for _, m in self.layers],
+                 "unit_order": {n: getattr(m, "unit_order", None) for n, m in self.layers}}
         if self.tracker is not None:
             t = self.tracker
             state["tracker"] = {"hits": dict(t._hits), "tokens": dict(t._tokens),
@@ -317,6 +321,24 @@ class LayerMonitor:
                     if self.tracker is not None and tracker is not None else None)
         if restored is not None and self.world > 1:
             restored = self._share(*restored)
+        units = state.get("hot_units", [0] * len(sizes))
+        if not (isinstance(units, list) and len(units) == len(sizes) and all(
+                type(u) is int and 0 <= u < n for u, n in zip(units, sizes))):
+            raise InputError("monitor.hot_units", f"{len(sizes)} counts from 0 to N - 1",
+                             repr(units)[:60])
+        orders = state.get("unit_order") or {}
+        for (name, m), n in zip(self.layers, sizes):
+            o = orders.get(name) if isinstance(orders, dict) else None
+            if o is not None and not (torch.is_tensor(o) and o.dim() == 1 and o.numel() == n
+                                      and not o.is_floating_point()
+                                      and torch.equal(o.sort().values.cpu(), torch.arange(n))):
+                raise InputError(f"monitor.unit_order[{name}]", f"a permutation of 0..{n - 1}",
+                                 repr(o)[:60])
+        for (name, m), u in zip(self.layers, units):
+            m.hot_units = u
+            o = orders.get(name) if isinstance(orders, dict) else None
+            if o is not None:
+                m.unit_order = o.to(m.up_proj.weight.device)
         self.dead, self.dead_windows, self.hot_share = list(dead), windows, list(hot)
         if restored is not None:
             for field, values in zip(("_hits", "_tokens", "_l0_sum"), restored):
