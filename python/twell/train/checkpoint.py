@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from twell.train import files, state_files
+from twell.train import files, model_state, state_files
 from twell.train.files import InputError
 
 FORMAT = "twell.train-2"
@@ -61,8 +61,8 @@ def _jsonable(x):
 def save(trainer):
     """Writes OUT/checkpoint (atomically; rank 0, every rank taking part)."""
     t = time.monotonic()
-    model, master = trainer.weights_state()  # FSDP2: gathers, every rank
-    opt = trainer.optimizer_state()
+    model, master = model_state.weights_state(trainer)  # FSDP2: gathers, every rank
+    opt = model_state.optimizer_state(trainer)
     monitor = trainer.monitor.state_dict()  # sums over ranks
     if not trainer.dist.main:
         trainer.dist.barrier()
@@ -264,9 +264,9 @@ def load(trainer, say):
     warning = _check_args(state, trainer)
     step, tokens, last_reinit = (_count(state.get(k), f"{where}: {k}")
                                  for k in ("step", "tokens", "last_reinit"))
-    check_tensors(state.get("model"), trainer.weights_spec(), f"{where}: model")
+    check_tensors(state.get("model"), model_state.weights_spec(trainer), f"{where}: model")
     master = state.get("master")
-    master_spec = trainer.master_spec()
+    master_spec = model_state.master_spec(trainer)
     if master_spec is None:
         if master is not None:
             raise InputError(f"{where}: master", "none (this run keeps no master weights)",
@@ -284,8 +284,8 @@ def load(trainer, say):
         trainer.monitor.load_state_dict(state.get("monitor"))
     except InputError as e:
         raise e.within(where) from None
-    trainer.load_weights(state["model"], master)
-    trainer.load_optimizer(optimizer)
+    model_state.load_weights(trainer, state["model"], master)
+    model_state.load_optimizer(trainer, optimizer)
     trainer.scheduler.load_state_dict(scheduler)
     _restore_rng(state.get("rng"), trainer, f"{where}: rng")
     trainer.step, trainer.tokens, trainer.last_reinit = step, tokens, last_reinit
