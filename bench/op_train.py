@@ -87,15 +87,18 @@ class DenseMLP(torch.nn.Module):
         return F.linear(F.relu(F.linear(x, self.gate)) * F.linear(x, self.up), self.down)
 
 
-def rates(gen, n, density, pattern, device):
+def rates(gen, n, density, pattern, device, sigma=1.0):
+    """Per-neuron firing rates: uniform, or lognormal with `sigma` (heavy_tailed), mean
+    `density`."""
     if pattern == "uniform":
         return torch.full((n,), density, dtype=torch.float64, device=device)
-    r = torch.empty(n, dtype=torch.float64, device=device).log_normal_(0.0, 1.0, generator=gen)
+    r = torch.empty(n, dtype=torch.float64, device=device).log_normal_(0.0, sigma, generator=gen)
     return (r * density / r.mean()).clamp(1e-5, 0.45)
 
 
-def problem(a, m, density, pattern, device, dtype):
-    """(sparse module, dense module, x, dy): the pattern made by x's column 0 and the gate's."""
+def problem(a, m, density, pattern, device, dtype, sigma=1.0):
+    """(sparse module, dense module, x, dy): the pattern made by x's column 0 and the gate's
+    (heavy_tailed: lognormal rates of `sigma`)."""
     gen = torch.Generator(device=device).manual_seed(a.seed)
     mlp = tt.SparseGatedMLP(a.k, a.n, capacity=a.capacity, device=device, dtype=dtype)
     with torch.no_grad():
@@ -104,7 +107,7 @@ def problem(a, m, density, pattern, device, dtype):
             w.copy_(torch.randn(w.shape, generator=gen, device=device) / scale ** 0.5)
         gate = mlp.gate_proj.weight.double()
         spread = gate[:, 1:].norm(dim=1)
-        inv = torch.special.ndtri(rates(gen, a.n, density, pattern, device))
+        inv = torch.special.ndtri(rates(gen, a.n, density, pattern, device, sigma))
         mlp.gate_proj.weight[:, 0] = (inv * spread).to(dtype)
     x = torch.randn(m, a.k, generator=gen, device=device).to(dtype)
     x[:, 0] = 1

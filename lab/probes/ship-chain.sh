@@ -4,7 +4,9 @@
 #   1   build the extension, the CLI in the background, train $MIN minutes (default 8)
 #   go  finish training, then the pending measurements in order, each started only while the call
 #       has time for it (a done flag per item under build/real/done-$TWELL_REAL_NAME): capture, per-layer rows,
-#       whole-model prefill/training rows, generate() static / dynamic / compiled, the unit-hits tests on CUDA.
+#       whole-model prefill/training rows, generate() static / dynamic / compiled, per-layer and
+#       whole-model rows with hot units run dense (bench/hot_units.py, --hot-units), the unit-hits
+#       tests on CUDA.
 #       Call again until it prints "all done". MEASURE=0: training alone (a baseline of the
 #       study: NAME=silu, NAME=relu-l1-0-lr5e-4); phase 1 then builds no CLI. HITS=1: phase 1 runs
 #       the unit-hits tests on CUDA before training.
@@ -61,6 +63,8 @@ go)
     item gen-static 130 model --modes generate --append &&
     item gen-dynamic 130 model --modes generate --gen-cache dynamic --append &&
     item gen-compiled 180 model --modes generate --gen-cache compiled --append &&
+    item hot 120 python3 bench/hot_units.py --from $run/capture --hot 512,768,1024 --out $res &&
+    item model-hot 90 model --modes inference,training --hot-units 768 --append &&
     item hits 40 hits && say "all done"
   fi
   ;;

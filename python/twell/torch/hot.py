@@ -18,7 +18,7 @@ What stays the same: `l0` and `l1_loss` count every unit (the hot units' active 
 added to the op's), SparsityTracker counts every unit (the op's saved state for the cold units,
 the hot gate's values for the hot ones), dead units are re-initialised in the module's own order.
 Whether a split is faster depends on how concentrated the firing is and on H (the GEMMs over H
-units run far below cuBLAS's peak unless H is a multiple of 64); lab/probes/hot_cold.py measures it.
+units run far below cuBLAS's peak unless H is a multiple of 64); bench/hot_units.py measures it.
 """
 import torch
 import torch.nn.functional as F
