@@ -90,6 +90,15 @@ from cli_args import positive_ints  # noqa: E402
 MODES = ("inference", "training", "generate")
 
 
+def hot_units_arg(v):
+    if v == "auto":
+        return v
+    try:
+        return int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a unit count or auto, got {v!r}") from None
+
+
 def parse_args(argv, **defaults):
     """model.py's arguments; `defaults` overrides its defaults (a script built on it)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -134,9 +143,10 @@ def parse_args(argv, **defaults):
                         "(default: the checkpoint's --data; random ids where there is none)")
     p.add_argument("--energy-seconds", type=float, default=2.0,
                    help="seconds of each model's energy loop (CUDA with NVML; 0: no energy)")
-    p.add_argument("--hot-units", type=int, default=0,
+    p.add_argument("--hot-units", type=hot_units_arg, default=0,
                    help="run each layer's H most active units (on calibration tokens) dense, the "
-                        "rest through twell (twell.torch.hot; default 0: none)")
+                        "rest through twell (twell.torch.hot; default 0: none); auto: each "
+                        "layer's fastest H, measured")
     p.add_argument("--floor", action="store_true",
                    help="inference: also time the model with each MLP reduced to its gate GEMM "
                         "(bench/model_floor.py: the floor of any exact sparse FFN)")
@@ -512,7 +522,8 @@ def make_row(args, env, mode, batch, density, result):
         "twell_tokens_per_s": tokens / t["median"] * 1e3,
         "peak_bytes_dense": peaks["dense"], "peak_bytes_twell": peaks["twell"], **agree,
         "checkpoint": env.ckpt, "input": env.source, "idle_power_w": env.idle_w,
-        "hot_units": args.hot_units, "hot_share": getattr(args, "hot_share", None), **extra,
+        "hot_units": args.hot_units, "hot_share": getattr(args, "hot_share", None),
+        "hot_units_per_layer": getattr(args, "hot_units_per_layer", None), **extra,
     }
 
 
@@ -551,7 +562,7 @@ def main(argv=None):
     modes = check_modes(args)
     env, model, ids, densities = setup(args)
     calib_ids = ids[: min(args.batch, 2)]
-    if args.hot_units and not 0 < args.hot_units < args.intermediate:
+    if args.hot_units != "auto" and args.hot_units and not 0 < args.hot_units < args.intermediate:
         sys.exit(f"model bench: --hot-units {args.hot_units}: expected 0 (none) to "
                  f"{args.intermediate - 1}")
     cases = [(m, b) for m in modes for b in (args.gen_batches if m == "generate" else [args.batch])]
@@ -562,8 +573,9 @@ def main(argv=None):
         swap = set_density(args, model, swap, density, calib_ids)
         if args.hot_units:
             hot = getattr(args, "hot_calib", None)
-            args.hot_share = model_hot.split(model, swap, calib_ids if hot is None else hot,
-                                             args.hot_units)
+            args.hot_share, args.hot_units_per_layer = model_hot.split(
+                model, swap, calib_ids if hot is None else hot, args.hot_units,
+                training="training" in modes)
         for mode, batch in cases:
             try:
                 if mode == "generate":

@@ -3,28 +3,41 @@
 The hot units are chosen from one forward of calibration tokens (the checkpoint's second
 validation batch; for a synthetic model, its first two input rows) with twell's modules in place,
 counted by a SparsityTracker; each layer's share of the calibration's active (token, unit) pairs
-that its hot units carry goes into the rows."""
+that its hot units carry goes into the rows. --hot-units auto: each layer's H is the fastest of
+twell.torch.hot.CANDIDATES (0 among them) on its own calibration input (choose_hot_units: a
+training step where training rows are asked for, else a forward)."""
 import torch
 
 import twell.torch as tt
 
 
-def split(model, swap, calib_ids, units):
-    """Splits every twell FFN of `model` (swap's, in place) at `units` hot units chosen on
-    `calib_ids`; returns the hot units' share of the calibration's active pairs per layer."""
+def split(model, swap, calib_ids, units, training=False):
+    """Splits every twell FFN of `model` (swap's, in place) at `units` hot units ("auto": each
+    layer's fastest) chosen on `calib_ids`; returns (per layer: the hot units' share of the
+    calibration's active pairs, the hot units)."""
     swap.use("twell")
     tracker = tt.SparsityTracker(model, window=0)
+    inputs = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, args, name=name: inputs.__setitem__(
+        name, args[0].detach())) for name, m in swap.sparse] if units == "auto" else []
     with torch.no_grad():
         model(calib_ids, use_cache=False, logits_to_keep=1)
     tracker.stop()
+    for h in hooks:
+        h.remove()
     hits = {name: tracker.hits(name) for name, _ in swap.sparse}
-    tt.split_hot(model, hits, units)
-    shares = []
-    for name, _ in swap.sparse:
+    if units == "auto":
+        for name, m in swap.sparse:
+            tt.choose_hot_units(m, inputs[name], training=training)
+    else:
+        tt.split_hot(model, hits, units)
+    shares, chosen = [], []
+    for name, m in swap.sparse:
         h = hits[name].double()
-        top = h.sort(descending=True).values[:units].sum()
+        top = h.sort(descending=True).values[:m.hot_units].sum()
         shares.append(float(top / h.sum()) if h.sum() > 0 else None)
-    return shares
+        chosen.append(m.hot_units)
+    return shares, chosen
 
 
 def note(row):
@@ -33,4 +46,6 @@ def note(row):
         return ""
     known = [s for s in row["hot_share"] if s is not None]
     span = f"{min(known):.2f}-{max(known):.2f}" if known else "n/a"
-    return f"; {row['hot_units']} hot units a layer (calibration share {span})"
+    units = row["hot_units_per_layer"]
+    what = f"{units[0]}" if len(set(units)) == 1 else "/".join(str(u) for u in units)
+    return f"; hot units a layer {what} ({row['hot_units']}; calibration share {span})"

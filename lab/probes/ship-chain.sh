@@ -64,7 +64,7 @@ go)
     item gen-dynamic 130 model --modes generate --gen-cache dynamic --append &&
     item gen-compiled 180 model --modes generate --gen-cache compiled --append &&
     item hot 120 python3 bench/hot_units.py --from $run/capture --hot 512,768,1024 --out $res &&
-    item model-hot 90 model --modes inference,training --hot-units 768 --append &&
+    item model-hot 120 model --modes inference,training --hot-units auto --append &&
     item hits 40 hits && say "all done"
   fi
   ;;

@@ -179,3 +179,27 @@ def test_compiled_split_module(seed):
     f(xs).sum().backward()
     base(xb).sum().backward()
     assert rel_error(xs.grad, xb.grad) <= FLOOR[torch.float32]
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_choose_hot_units_keeps_the_fastest_candidate(seed, training, monkeypatch):
+    base, _, x, _, _ = case(seed, True, torch.float32, 33, "cpu", 0)
+    import time
+    mod = copy.deepcopy(base)
+    forward = tt.SparseGatedMLP.forward
+
+    def slow_unless_48(self, xx):  # every way but the split at 48 units takes 2 ms more
+        if self.hot_units != 48:
+            time.sleep(0.002)
+        return forward(self, xx)
+
+    monkeypatch.setattr(tt.SparseGatedMLP, "forward", slow_unless_48)
+    times = tt.choose_hot_units(mod, x, candidates=(48, 96, N), training=training, reps=3,
+                                warmup=1)
+    assert sorted(times) == [0, 48, 96] and mod.hot_units == 48
+    assert min(times, key=times.get) == 48
+    with torch.no_grad():
+        ok, errors = close(mod(x), base(x), reference(base, x), torch.float32)
+    assert ok, errors
+    with pytest.raises(ValueError, match="choose_hot_units: candidates"):
+        tt.choose_hot_units(mod, x, candidates=(N, -1))

@@ -66,7 +66,8 @@ def test_model_bench_writes_rows(tmp_path):
         assert 0 <= r["rel_diff"] < 1e-4, r  # float32: rounding only
         assert 0 <= r["rel_diff_floor"] < 1e-4, r  # the split MLP: rounding only too
     assert rows[1]["loss_twell"] == pytest.approx(rows[1]["loss_dense"], rel=1e-5)
-    assert all(r["hot_units"] == 0 and r["hot_share"] is None for r in rows)
+    assert all(r["hot_units"] == 0 and r["hot_share"] is None
+               and r["hot_units_per_layer"] is None for r in rows)
 
 
 def test_model_bench_hot_units(tmp_path):
@@ -82,7 +83,16 @@ def test_model_bench_hot_units(tmp_path):
         assert all(0.25 <= s <= 1 for s in r["hot_share"])  # at least their share of the units
         assert 0 <= r["rel_diff"] < 1e-4, r
         assert abs(r["density"] - 0.05) < 0.01, r  # l0 counts the hot units too
-    assert "64 hot units a layer" in out.stdout
+    assert "hot units a layer 64 (64;" in out.stdout
+    assert all(r["hot_units_per_layer"] == [64, 64] for r in rows)
+    auto = subprocess.run([sys.executable, BENCH, *TINY, "--densities", "0.05", "--hot-units",
+                           "auto", "--modes", "inference", "--out", str(tmp_path / "auto")],
+                          capture_output=True, text=True, timeout=600)
+    assert auto.returncode == 0, auto.stdout + auto.stderr
+    row = json.load(open(tmp_path / "auto" / "model.json"))[0]
+    # the default candidates 256..1024 are not below this model's 256 units: only 0 competes
+    assert row["hot_units"] == "auto" and row["hot_units_per_layer"] == [0, 0]
+    assert 0 <= row["rel_diff"] < 1e-4
     bad = subprocess.run([sys.executable, BENCH, *TINY, "--hot-units", "256"],
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0 and "--hot-units 256: expected 0 (none) to 255" in bad.stderr
@@ -267,7 +277,7 @@ def test_model_bench_takes_a_checkpoint(tmp_path):
     hot = subprocess.run([sys.executable, BENCH, *TINY, "--checkpoint", str(run), "--no-write",
                           "--modes", "inference", "--hot-units", "32"], capture_output=True,
                          text=True, timeout=600)
-    assert hot.returncode == 0 and "32 hot units a layer" in hot.stdout, hot.stdout + hot.stderr
+    assert hot.returncode == 0 and "hot units a layer 32" in hot.stdout, hot.stdout + hot.stderr
 
 
 def test_model_bench_rejects_a_missing_checkpoint(tmp_path):

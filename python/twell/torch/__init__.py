@@ -13,6 +13,7 @@ if _importlib_util.find_spec("torch") is None:  # torch is optional: say how to 
 from twell.torch import _ops  # noqa: F401  (registers torch.ops.twell)
 from twell.torch._ops import saved_dtype
 from twell.torch._plans import clear as clear_plans
+from twell.torch.hot import choose_hot_units
 from twell.torch.hot import split_model as split_hot
 from twell.torch.modules import (SparseGatedMLP, SparseMLP, freeze, l0_per_layer, l1_loss,
                                  sparse_modules)
@@ -23,6 +24,7 @@ __all__ = [
     "SparseGatedMLP",
     "SparseMLP",
     "SparsityTracker",
+    "choose_hot_units",
     "clear_plans",
     "freeze",
     "l0_per_layer",

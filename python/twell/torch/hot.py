@@ -18,8 +18,14 @@ What stays the same: `l0` and `l1_loss` count every unit (the hot units' active 
 added to the op's), SparsityTracker counts every unit (the op's saved state for the cold units,
 the hot gate's values for the hot ones), dead units are re-initialised in the module's own order.
 Whether a split is faster depends on how concentrated the firing is and on H (the GEMMs over H
-units run far below cuBLAS's peak unless H is a multiple of 64); bench/hot_units.py measures it.
+units run far below cuBLAS's peak unless H is a multiple of 64); bench/hot_units.py measures it,
+and choose_hot_units times the candidates on a module's own input and keeps the fastest (0, the
+unsplit module, among them), as twell's dispatch keeps the faster path.
 """
+import copy
+import statistics
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -126,3 +132,72 @@ def split_model(model, hits, units, optimizer=None):
             count = units[name] if isinstance(units, dict) else units
             out[name] = split_hot(mod, count, hits[name], optimizer)
     return out
+
+
+CANDIDATES = (0, 256, 512, 768, 1024)
+
+
+def choose_hot_units(module, x, candidates=CANDIDATES, training=False, reps=5, warmup=8,
+                     optimizer=None):
+    """Splits `module` at the candidate hot-unit count (hot units by their activity on x [M, K])
+    whose forward on x (training: forward and backward) took the least time, median of `reps`
+    runs after `warmup` runs of each (CUDA events on CUDA, else wall time; twell's automatic
+    dispatch settles in its warm-up); 0 (no hot units) competes too. Candidates of N or more
+    units are skipped. Returns {H: ms}, the chosen H applied (split_hot, `optimizer` following)."""
+    n = module.intermediate_size
+    counts = sorted({int(h) for h in candidates if 0 <= int(h) < n})
+    if not counts:
+        raise ValueError(f"choose_hot_units: candidates: expected counts in [0, {n - 1}], got "
+                         f"{list(candidates)!r}")
+    x2 = x.detach().reshape(-1, module.hidden_size)
+    with torch.no_grad():
+        hits = (F.linear(x2, module.first_weight) > 0).sum(0)
+    dy = torch.ones_like(x2) / x2.shape[1] if training else None
+    counts = sorted(set(counts) | {0})
+    ways = {}
+    for h in counts:
+        ways[h] = copy.deepcopy(module)
+        apply(ways[h], h, hits)
+    cuda = x2.device.type == "cuda"
+
+    def run(way):
+        if training:
+            xx = x2.clone().requires_grad_()
+            way(xx).backward(dy)
+            for p in way.parameters():
+                p.grad = None
+        else:
+            with torch.no_grad():
+                way(x2)
+
+    def timed(way):
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            run(way)
+            b.record()
+            b.synchronize()
+            return a.elapsed_time(b)
+        t = time.perf_counter()
+        run(way)
+        return 1e3 * (time.perf_counter() - t)
+
+    with torch.enable_grad() if training else torch.no_grad():
+        for _ in range(warmup):
+            for way in ways.values():
+                run(way)
+        times = {h: [] for h in ways}
+        for _ in range(max(1, reps)):
+            for h, way in ways.items():
+                times[h].append(timed(way))
+    medians = {h: statistics.median(t) for h, t in times.items()}
+    apply(module, min(medians, key=medians.get), hits, optimizer)
+    return medians
+
+
+def apply(module, units, hits, optimizer=None):
+    """split_hot(units) where it changes the hot units (0: none, the units left in place)."""
+    if units == 0:
+        module.hot_units = 0
+    elif units != module.hot_units:
+        split_hot(module, units, hits, optimizer)
