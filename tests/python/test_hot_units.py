@@ -203,3 +203,15 @@ def test_choose_hot_units_keeps_the_fastest_candidate(seed, training, monkeypatc
     assert ok, errors
     with pytest.raises(ValueError, match="choose_hot_units: candidates"):
         tt.choose_hot_units(mod, x, candidates=(N, -1))
+
+
+def test_two_trackers_and_no_tracker_hold_no_hot_gate(seed):
+    _, split, x, _, _ = case(seed, True, torch.float32, 17, "cpu", 24)
+    split(x.clone().requires_grad_())
+    assert getattr(split, "_hot_gate", None) is None  # no hook: nothing kept
+    model = nn.Sequential(split)
+    first, second = tt.SparsityTracker(model, window=1), tt.SparsityTracker(model, window=1)
+    split(x.clone().requires_grad_())
+    expected = (x.double() @ split.first_weight.detach().double().T > 0).sum(0)
+    assert torch.equal(first.hits("0"), expected) and torch.equal(second.hits("0"), expected)
+    assert getattr(split, "_hot_gate", None) is None

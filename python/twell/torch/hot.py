@@ -105,7 +105,9 @@ def forward(module, x2, training, dispatch):
         l1 = torch.linalg.vector_norm(h, 1, dtype=torch.float32) / max(rows, 1)
         m.l1_loss = m.l1_coef * (stats[1] + l1)
         m.ran_dense = None
-        m._hot_gate = g.detach()
+        # For a SparsityTracker's hook, which takes it (no reference outlives the hooks): g is
+        # [M, H], more than autograd keeps of the hot part.
+        m._hot_gate = g.detach() if m._forward_hooks else None
     else:
         frozen = getattr(m, "down_nk", None)
         down_c = frozen[:c] if frozen is not None else down[:, :c].detach().t().contiguous()

@@ -62,7 +62,11 @@ class SparsityTracker:
                 if state is not None:
                     hits, rows = state.unit_hits(), state.rows
                     if module.hot_units:  # the op saw the cold units; the hot ones ran dense
-                        hits = torch.cat([hits, saved.positive_counts(module._hot_gate)])
+                        g = module.__dict__.pop("_hot_gate", None)
+                        if g is None:  # another hook took it
+                            x = args[0].detach().reshape(-1, module.hidden_size)
+                            g = F.linear(x, module.first_weight.detach()[-module.hot_units:])
+                        hits = torch.cat([hits, saved.positive_counts(g)])
                 else:
                     x = args[0].detach().reshape(-1, module.hidden_size)
                     hits = saved.positive_counts(F.linear(x, module.first_weight.detach()))
