@@ -21,7 +21,6 @@ split), vs_twell (twell / split), rel_diff.
                                [--hot 256,512,768,1024] [--calib 4096] [--out DIR]
 """
 import argparse
-import copy
 import json
 import os
 import sys
@@ -29,6 +28,7 @@ import sys
 import torch
 
 import twell.torch as tt
+from twell.torch import hot
 
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # op_train.py, timing.py
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -122,9 +122,8 @@ def measure(a, mlp, x, mode, device):
     calib, x = x
     ways = {"dense": op_train.DenseMLP(mlp), "twell": mlp}
     for h in a.hot:
-        split = copy.deepcopy(mlp)
-        split.split_hot(h, hits_of(mlp, calib))
-        ways[h] = split
+        ways[h] = hot.clone(mlp)
+        ways[h].split_hot(h, hits_of(mlp, calib))
     training = mode == "training"
     for w in ways.values():
         for p in w.parameters():

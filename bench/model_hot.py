@@ -30,7 +30,7 @@ def split(model, swap, calib_ids, units, training=False):
         for name, m in swap.sparse:
             tt.choose_hot_units(m, inputs[name], training=training)
     else:
-        tt.split_hot(model, hits, units)
+        tt.split_hot(model, units, hits)
     shares, chosen = [], []
     for name, m in swap.sparse:
         h = hits[name].double()

@@ -157,7 +157,7 @@ def test_tracker_counts_every_unit(seed):
 def test_model_level_split_and_bad_arguments(seed):
     base, _, x, _, hits = case(seed, True, torch.float32, 5, "cpu", 0)
     model = nn.Sequential(copy.deepcopy(base), copy.deepcopy(base))
-    perms = tt.split_hot(model, {"1": hits}, 8)
+    perms = tt.split_hot(model, 8, {"1": hits})
     assert list(perms) == ["1"] and model[1].hot_units == 8 and model[0].hot_units == 0
     for units in (-1, N, 2.0, True):
         with pytest.raises(ValueError, match="split_hot: units"):
@@ -183,26 +183,64 @@ def test_compiled_split_module(seed):
 
 @pytest.mark.parametrize("training", [False, True])
 def test_choose_hot_units_keeps_the_fastest_candidate(seed, training, monkeypatch):
+    from twell.torch import hot
     base, _, x, _, _ = case(seed, True, torch.float32, 33, "cpu", 0)
-    import time
     mod = copy.deepcopy(base)
+    if training:  # a training forward first (its l1_loss is no leaf) and a tracker watching
+        mod(x.clone().requires_grad_()).sum().backward()
+        mod.zero_grad()
+    tracker = tt.SparsityTracker(nn.Sequential(mod), window=1)
+    seen = []
     forward = tt.SparseGatedMLP.forward
 
-    def slow_unless_48(self, xx):  # every way but the split at 48 units takes 2 ms more
-        if self.hot_units != 48:
-            time.sleep(0.002)
+    def recording(self, xx):
+        seen.append(self.hot_units)
         return forward(self, xx)
 
-    monkeypatch.setattr(tt.SparseGatedMLP, "forward", slow_unless_48)
+    def fake_ms(fn, cuda):  # the split at 48 units is the fast one
+        fn()
+        return 1.0 if seen[-1] == 48 else 5.0
+
+    monkeypatch.setattr(tt.SparseGatedMLP, "forward", recording)
+    monkeypatch.setattr(hot, "_time_ms", fake_ms)
     times = tt.choose_hot_units(mod, x, candidates=(48, 96, N), training=training, reps=3,
                                 warmup=1)
-    assert sorted(times) == [0, 48, 96] and mod.hot_units == 48
-    assert min(times, key=times.get) == 48
+    assert times == {0: 5.0, 48: 1.0, 96: 5.0} and mod.hot_units == 48
+    assert tracker.tokens("0") == 0  # the timing runs were copies, unobserved
+    monkeypatch.undo()
     with torch.no_grad():
         ok, errors = close(mod(x), base(x), reference(base, x), torch.float32)
     assert ok, errors
     with pytest.raises(ValueError, match="choose_hot_units: candidates"):
         tt.choose_hot_units(mod, x, candidates=(N, -1))
+
+
+def test_plans_are_kept_and_dispatch_recorded(seed):
+    from twell.torch import _plans
+    base, split, x, _, _ = case(seed, True, torch.float32, 21, "cpu", 24, dispatch="dense")
+    split.freeze()
+    split.record_dispatch = True
+    tt.clear_plans()
+    with torch.no_grad():
+        for _ in range(3):
+            split(x)
+    assert len(_plans._plans) == 1 and split.ran_dense is True
+    for _ in range(3):
+        split(x.clone().requires_grad_()).sum().backward()
+    assert len(_plans._plans) == 2  # one inference and one training plan, each made once
+
+
+def test_composed_splits_and_gradients_follow(seed):
+    base, split, x, perm, _ = case(seed, True, torch.float32, 25, "cpu", 16)
+    split(x.clone().requires_grad_()).square().sum().backward()
+    grad = split.gate_proj.weight.grad.clone()
+    hits = torch.randperm(N, generator=torch.Generator().manual_seed(seed))
+    perm2 = split.split_hot(40, hits)
+    assert not torch.equal(perm2, torch.arange(N))
+    assert torch.equal(split.gate_proj.weight.grad, grad[perm2])
+    assert torch.equal(split.gate_proj.weight, base.gate_proj.weight[split.unit_order])
+    assert torch.equal(split.down_proj.weight, base.down_proj.weight[:, split.unit_order])
+    assert "unit_order" in dict(split.named_buffers()) and "unit_order" not in split.state_dict()
 
 
 def test_two_trackers_and_no_tracker_hold_no_hot_gate(seed):

@@ -94,7 +94,10 @@ def _get(cls, gate, up, down, options, rebind_down=False):
             "got weights first seen during the capture")
     plan = cls(dl(gate), dl(up), dl(down), *options, borrow=True)
     owners = (gate, up) if rebind_down else (gate, up, down)
-    finalizers = [weakref.finalize(t, _drop, key) for t in owners if t is not None]
+    # A view's plan lives as long as the tensor it views (a split module's cold weights are
+    # slices of its parameters, new objects each call: their plan must outlive them).
+    finalizers = [weakref.finalize(t if t._base is None else t._base, _drop, key)
+                  for t in owners if t is not None]
     for f in finalizers:
         f.atexit = False
     with _lock:

@@ -22,7 +22,6 @@ units run far below cuBLAS's peak unless H is a multiple of 64); bench/hot_units
 and choose_hot_units times the candidates on a module's own input and keeps the fastest (0, the
 unsplit module, among them), as twell's dispatch keeps the faster path.
 """
-import copy
 import statistics
 import time
 
@@ -63,17 +62,43 @@ def split_hot(module, units, hits, optimizer=None):
     rows = [module.up_proj.weight] + ([module.gate_proj.weight] if module.gated else [])
     for p, dim in [(w, 0) for w in rows] + [(module.down_proj.weight, 1)]:
         permute_units(p, perm, dim)
+        if p.grad is not None:
+            permute_units(p.grad, perm, dim)
         if optimizer is not None:
             for v in optimizer.state.get(p, {}).values():
                 if torch.is_tensor(v) and v.shape == p.shape:
                     permute_units(v, perm, dim)
     order = getattr(module, "unit_order", None)
-    module.unit_order = (order.to(device) if order is not None
-                         else torch.arange(n, device=device))[perm]
+    set_unit_order(module, (order.to(device) if order is not None
+                            else torch.arange(n, device=device))[perm])
     if getattr(module, "down_nk", None) is not None:
         module.freeze()  # the neuron-major copy in the new order
     module.hot_units = units
     return perm
+
+
+def set_unit_order(module, order):
+    """module.unit_order: a buffer (it moves with .to()) left out of the state dict."""
+    module.register_buffer("unit_order", order, persistent=False)
+
+
+def clone(module):
+    """A new module of `module`'s class, options, weights and split: no hooks, no recorded state
+    of earlier calls (a training call's l1_loss cannot be deep-copied)."""
+    m = module
+    out = type(m)(m.hidden_size, m.intermediate_size, l1_coef=m.l1_coef, tile=m.tile,
+                  capacity=m.capacity, dispatch=m.dispatch, dense_above=m.dense_above,
+                  device=m.up_proj.weight.device, dtype=m.up_proj.weight.dtype)
+    with torch.no_grad():
+        for (_, a), (_, b) in zip(out.named_parameters(), m.named_parameters()):
+            a.copy_(b)
+            a.requires_grad_(b.requires_grad)
+    out.hot_units = m.hot_units
+    if getattr(m, "unit_order", None) is not None:
+        set_unit_order(out, m.unit_order.clone())
+    if getattr(m, "down_nk", None) is not None:
+        out.freeze()
+    return out
 
 
 def permute_units(t, perm, dim):
@@ -87,45 +112,48 @@ def forward(module, x2, training, dispatch):
     the hot ones dense; records l0, l1_loss, ran_dense (and, training, the hot gate values the
     tracker counts) as the module's forward does. Returns y [M, K]."""
     m = module
-    c = m.intermediate_size - m.hot_units
-    gate = m.gate_proj.weight if m.gated else None
-    up, down = m.up_proj.weight, m.down_proj.weight
+    c, hot = m.intermediate_size - m.hot_units, m.hot_units
+    # torch.split: one backward node per weight that concatenates the two parts' gradients
+    # (two slices would each materialise a full-size gradient, then add them).
+    up_c, up_h = m.up_proj.weight.split([c, hot])
+    down_c, down_h = m.down_proj.weight.split([c, hot], dim=1)
+    gate_c, gate_h = m.gate_proj.weight.split([c, hot]) if m.gated else (None, None)
     rows = x2.shape[0]
-    g = F.linear(x2, (gate if m.gated else up)[c:])
+    g = F.linear(x2, gate_h if m.gated else up_h)
     h = F.relu(g)
     if m.gated:
-        h = h * F.linear(x2, up[c:])
-    y_hot = F.linear(h, down[:, c:])
+        h = h * F.linear(x2, up_h)
+    y_hot = F.linear(h, down_h)
     active = (g.detach() > 0).sum()
-    cold_gate = gate[:c] if m.gated else None
     if training:
-        y, _, stats = torch.ops.twell.ffn_train(x2, cold_gate, up[:c], down[:, :c], m.tile,
-                                                m.capacity, dispatch, m.dense_above)
+        y, _, stats = torch.ops.twell.ffn_train(x2, gate_c, up_c, down_c, m.tile, m.capacity,
+                                                dispatch, m.dense_above)
         m.l0 = (stats[0].detach() + active / max(rows, 1)).detach()
         l1 = torch.linalg.vector_norm(h, 1, dtype=torch.float32) / max(rows, 1)
         m.l1_loss = m.l1_coef * (stats[1] + l1)
         m.ran_dense = None
-        # For a SparsityTracker's hook, which takes it (no reference outlives the hooks): g is
-        # [M, H], more than autograd keeps of the hot part.
-        m._hot_gate = g.detach() if m._forward_hooks else None
+        # For a SparsityTracker's hook, which takes it: g is [M, H], more than autograd keeps of
+        # the hot part, so only a module a tracker watches keeps it, until the hook runs.
+        m._hot_gate = g.detach() if m.__dict__.get("_hot_gate_readers") else None
     else:
         frozen = getattr(m, "down_nk", None)
-        down_c = frozen[:c] if frozen is not None else down[:, :c].detach().t().contiguous()
-        y, counters = torch.ops.twell.ffn(x2, cold_gate, up[:c], down_c, m.tile, m.capacity,
+        down_nk = frozen[:c] if frozen is not None else down_c.detach().t().contiguous()
+        y, counters = torch.ops.twell.ffn(x2, gate_c, up_c, down_nk, m.tile, m.capacity,
                                           dispatch, m.dense_above)
         m.l0 = (counters[1] + active).float() / max(rows, 1)
         m.l1_loss, m.ran_dense, m._hot_gate = None, None, None
         if m.record_dispatch and not torch.compiler.is_compiling():
-            plan = _plans.inference_plan(cold_gate, up[:c], down_c, m.tile, m.capacity,
+            plan = _plans.inference_plan(gate_c, up_c, down_nk, m.tile, m.capacity,
                                          m.dispatch, m.dense_above)
             m.ran_dense = plan.last_run().ran_dense
     return y + y_hot
 
 
-def split_model(model, hits, units, optimizer=None):
+def split_model(model, units, hits, optimizer=None):
     """split_hot on every twell FFN of `model` named in `hits` ({layer name: counts}, e.g. a
     SparsityTracker's `{n: tracker.hits(n)}`) with `units` hot units each (an int, or {name: int}).
-    Returns {name: permutation}."""
+    Returns {name: permutation}. Under DDP, give every rank the same hits (summed over ranks):
+    each rank permutes its own replica."""
     from twell.torch.modules import sparse_modules
 
     out = {}
@@ -158,7 +186,7 @@ def choose_hot_units(module, x, candidates=CANDIDATES, training=False, reps=5, w
     counts = sorted(set(counts) | {0})
     ways = {}
     for h in counts:
-        ways[h] = copy.deepcopy(module)
+        ways[h] = clone(module)
         apply(ways[h], h, hits)
     cuda = x2.device.type == "cuda"
 
@@ -172,18 +200,6 @@ def choose_hot_units(module, x, candidates=CANDIDATES, training=False, reps=5, w
             with torch.no_grad():
                 way(x2)
 
-    def timed(way):
-        if cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            run(way)
-            b.record()
-            b.synchronize()
-            return a.elapsed_time(b)
-        t = time.perf_counter()
-        run(way)
-        return 1e3 * (time.perf_counter() - t)
-
     with torch.enable_grad() if training else torch.no_grad():
         for _ in range(warmup):
             for way in ways.values():
@@ -191,10 +207,24 @@ def choose_hot_units(module, x, candidates=CANDIDATES, training=False, reps=5, w
         times = {h: [] for h in ways}
         for _ in range(max(1, reps)):
             for h, way in ways.items():
-                times[h].append(timed(way))
+                times[h].append(_time_ms(lambda: run(way), cuda))
     medians = {h: statistics.median(t) for h, t in times.items()}
     apply(module, min(medians, key=medians.get), hits, optimizer)
     return medians
+
+
+def _time_ms(fn, cuda):
+    """Milliseconds of fn(): CUDA events on CUDA, else wall time."""
+    if cuda:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b)
+    t = time.perf_counter()
+    fn()
+    return 1e3 * (time.perf_counter() - t)
 
 
 def apply(module, units, hits, optimizer=None):

@@ -40,11 +40,17 @@ class SparsityTracker:
     def start(self):
         if not self._hooks:
             self._hooks = [m.register_forward_hook(self._observe(n)) for n, m in self.layers.items()]
+            for m in self.layers.values():  # a split module keeps its hot gate values for us
+                m._hot_gate_readers = m.__dict__.get("_hot_gate_readers", 0) + 1
         return self
 
     def stop(self):
         for h in self._hooks:
             h.remove()
+        if self._hooks:
+            for m in self.layers.values():
+                m._hot_gate_readers = max(0, m.__dict__.get("_hot_gate_readers", 0) - 1)
+                m.__dict__.pop("_hot_gate", None)
         self._hooks = []
         return self
 
@@ -59,14 +65,14 @@ class SparsityTracker:
         def hook(module, args, output):
             with torch.no_grad():
                 state = None if torch.compiler.is_compiling() else saved.find(module, output)
+                hot_gate = module.__dict__.pop("_hot_gate", None)  # one reader takes it
                 if state is not None:
                     hits, rows = state.unit_hits(), state.rows
                     if module.hot_units:  # the op saw the cold units; the hot ones ran dense
-                        g = module.__dict__.pop("_hot_gate", None)
-                        if g is None:  # another hook took it
+                        if hot_gate is None:  # another tracker took it
                             x = args[0].detach().reshape(-1, module.hidden_size)
-                            g = F.linear(x, module.first_weight.detach()[-module.hot_units:])
-                        hits = torch.cat([hits, saved.positive_counts(g)])
+                            hot_gate = F.linear(x, module.first_weight.detach()[-module.hot_units:])
+                        hits = torch.cat([hits, saved.positive_counts(hot_gate)])
                 else:
                     x = args[0].detach().reshape(-1, module.hidden_size)
                     hits = saved.positive_counts(F.linear(x, module.first_weight.detach()))

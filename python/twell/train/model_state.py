@@ -28,6 +28,7 @@ def weights_state(trainer):
         model[name] = whole
     return (model, master) if trainer.dist.main else (None, None)
 
+
 def optimizer_state(trainer):
     """The optimizer's state_dict as one process holds it, on rank 0 (None elsewhere)."""
     opt = trainer.optimizer.state_dict()
@@ -39,6 +40,7 @@ def optimizer_state(trainer):
         state[i] = {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in s.items()}
     return {"state": state, "param_groups": opt["param_groups"]} if trainer.dist.main else None
 
+
 def weights_spec(trainer):
     """Name -> a tensor of the shape and dtype a checkpoint's model entry must have."""
     state = trainer.model.state_dict()
@@ -48,11 +50,13 @@ def weights_spec(trainer):
                            dtype=trainer.dtype if v.is_floating_point() else v.dtype)
             for k, v in state.items()}
 
+
 def master_spec(trainer):
     """The master weights a checkpoint must have (tensors of their shapes), or None."""
     if trainer.master is not None or not (trainer.fsdp and trainer.keeps_master):
         return trainer.master
     return [torch.empty(tuple(p.shape), device="meta") for p in trainer.params]
+
 
 @torch.no_grad()
 def load_weights(trainer, model, master):
@@ -78,7 +82,9 @@ def load_weights(trainer, model, master):
         else:
             p.copy_(source)
 
+
 def load_optimizer(trainer, state):
+    """Loads a checked optimizer state dict (FSDP2: each rank's shards of its tensors)."""
     if trainer.fsdp:
         params = [p for g in trainer.optimizer.param_groups for p in g["params"]]
         state["state"] = {i: {k: distributed.shard_like(v, params[i])

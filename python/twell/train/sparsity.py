@@ -41,6 +41,7 @@ import torch
 
 import twell.torch as tt
 from twell.torch import saved
+from twell.torch.hot import set_unit_order
 from twell.torch.tracker import HOT_FRACTIONS, hot_share
 from twell.train.files import InputError
 
@@ -338,7 +339,7 @@ class LayerMonitor:
             m.hot_units = u
             o = orders.get(name) if isinstance(orders, dict) else None
             if o is not None:
-                m.unit_order = o.to(m.up_proj.weight.device)
+                set_unit_order(m, o.to(m.up_proj.weight.device))
         self.dead, self.dead_windows, self.hot_share = list(dead), windows, list(hot)
         if restored is not None:
             for field, values in zip(("_hits", "_tokens", "_l0_sum"), restored):

@@ -43,6 +43,7 @@ def split_hot(trainer, hits):
                         if torch.is_tensor(v) and v.shape == t.shape:
                             hot.permute_units(v, perm, d)
 
+
 def reinit_state(trainer, masks):
     """After LayerMonitor.close_window re-initialised the `masks` units' gate rows: the step and
     counts recorded, the rows copied to fp32 master weights, their AdamW moments zeroed."""
