@@ -1,9 +1,8 @@
 """Timing shared by the bench/ scripts: CUDA events (wall time on the CPU) and the summary a row
 keeps (median, p20, p80)."""
 import statistics
-import time
 
-import torch
+from twell.torch._timing import time_ms
 
 
 class Timer:
@@ -14,16 +13,7 @@ class Timer:
         self.cuda = device.type == "cuda"
 
     def __call__(self, fn):
-        if self.cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            return a.elapsed_time(b)
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
+        return time_ms(fn, self.cuda)
 
 
 def summary(times):

@@ -23,12 +23,12 @@ and choose_hot_units times the candidates on a module's own input and keeps the 
 unsplit module, among them), as twell's dispatch keeps the faster path.
 """
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 from twell.torch import _plans
+from twell.torch._timing import time_ms as _time_ms
 
 
 def check_hits(module, hits):
@@ -211,20 +211,6 @@ def choose_hot_units(module, x, candidates=CANDIDATES, training=False, reps=5, w
     medians = {h: statistics.median(t) for h, t in times.items()}
     apply(module, min(medians, key=medians.get), hits, optimizer)
     return medians
-
-
-def _time_ms(fn, cuda):
-    """Milliseconds of fn(): CUDA events on CUDA, else wall time."""
-    if cuda:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b)
-    t = time.perf_counter()
-    fn()
-    return 1e3 * (time.perf_counter() - t)
 
 
 def apply(module, units, hits, optimizer=None):
