@@ -63,3 +63,18 @@ def test_late_gradient_norm_and_learning_rate(tmp_path):
     rows = {r["name"]: r for r in json.loads((tmp_path / "study.json").read_text())["runs"]}
     assert rows["slow"]["grad_norm_late"] == pytest.approx(expected)
     assert rows["slow"]["lr"] == 5e-4
+
+
+def test_hot_share_plot(tmp_path):
+    """--hot-run draws a run's firing concentration; a log without hot_share is named."""
+    src = os.path.join(ROOT, "lab", "runs", "h200", "hot-share", "ship.jsonl")
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    (folder / "ship.jsonl").write_text(open(src).read())
+    (folder / "old.jsonl").write_text(open(os.path.join(STUDY, "relu-l1-1e-4.jsonl")).read())
+    out = run(str(folder), "--baseline", "ship", "--hot-run", "ship", "--out-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    with open(tmp_path / "hot_share.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    out = run(str(folder), "--baseline", "ship", "--hot-run", "old", "--out-dir", str(tmp_path))
+    assert out.returncode != 0 and "old's log has no hot_share" in out.stderr

@@ -292,8 +292,14 @@ def test_nearly_all_dead_is_reported():
         "validation tokens",
         "WARNING: b: nearly all units dead: 250 of 256 never active over 16,384 training tokens"]
     lines = report.layer_table(names, 256, record)
-    assert lines[2].split() == ["a", "2.6/256", "1.00%", "240", "(93.8%)", "-", "100%", "sparse"]
+    assert lines[2].split() == ["a", "2.6/256", "1.00%", "240", "(93.8%)", "-", "100%", "-",
+                                "sparse"]
     assert lines[3].split()[-1] == "dense"
+    from twell.torch.tracker import HOT_FRACTIONS
+    assert HOT_FRACTIONS[report.TOP10] == 0.1
+    record["val_hot_share"] = [[0.05, 0.1, 0.3, 0.62, 0.8, 0.99], None]
+    lines = report.layer_table(names, 256, record)
+    assert lines[2].split()[-2] == "62%" and lines[3].split()[-2] == "-"
     record.update(density=[0.0, 0.2], val_density=None, val_dead=None)  # no validation yet
     warnings = report.layer_warnings(names, 256, record)
     assert warnings[0].startswith("WARNING: a is silent: no unit was active for any training")

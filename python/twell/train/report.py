@@ -7,6 +7,9 @@ and at the end) and warnings for a silent layer or one whose units are nearly al
   dead (train) units active for no token of the last closed training window (--dead-window)
   train rows sparse  rows twell's sparse kernels carried in the interval's training forwards
                (the rest: rows routed to the dense backup, or the dense form on CUDA)
+  top 10%      the share of the active (token, unit) pairs that the 10% most active units
+               carry (validation; else the last closed training window): 10% is uniform firing,
+               more is the concentration hot units (--hot-units) turn into speed
   inference    the path twell's inference dispatch took on the validation batches: sparse,
                dense (above 3.5% density on the CPU, 4% on CUDA, or where CUDA measured dense
                faster) or mixed
@@ -14,6 +17,7 @@ and at the end) and warnings for a silent layer or one whose units are nearly al
 from twell.train import files
 
 NEARLY_ALL_DEAD = 0.9  # a warning at this fraction of a layer's units dead
+TOP10 = 3  # the index of 0.1 in twell.torch.tracker.HOT_FRACTIONS (the log's hot_share)
 
 
 def _density(record):
@@ -42,9 +46,10 @@ def layer_table(names, n, record):
     density, source = _density(record)
     val_dead = record.get("val_dead") or [None] * len(names)
     ran_dense = record.get("val_ran_dense") or [None] * len(names)
+    hot = record.get("val_hot_share") or record.get("hot_share") or [None] * len(names)
     width = max(len("layer"), *(len(name) for name in names))
     head = (f"  {'layer':<{width}}  {'L0':>11}  {'density':>7}  {'dead (val)':>12}  "
-            f"{'dead (train)':>12}  {'train rows sparse':>17}  inference")
+            f"{'dead (train)':>12}  {'train rows sparse':>17}  {'top 10%':>7}  inference")
     lines = [f"per layer at step {record['step']} (L0 and density over the {source} tokens):",
              head]
     for i, name in enumerate(names):
@@ -53,8 +58,10 @@ def layer_table(names, n, record):
         pct = "-" if d is None else f"{100 * d:.2f}%"
         rows = record["sparse_rows"][i]
         rows = "-" if rows is None else f"{100 * rows:.0f}%"
+        top = "-" if hot[i] is None else f"{100 * hot[i][TOP10]:.0f}%"
         lines.append(f"  {name:<{width}}  {l0:>11}  {pct:>7}  {_count(val_dead[i], n):>12}  "
-                     f"{_count(record['dead'][i], n):>12}  {rows:>17}  {_path(ran_dense[i])}")
+                     f"{_count(record['dead'][i], n):>12}  {rows:>17}  {top:>7}  "
+                     f"{_path(ran_dense[i])}")
     return lines
 
 
