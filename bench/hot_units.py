@@ -21,7 +21,6 @@ split), vs_twell (twell / split), rel_diff.
                                [--hot 256,512,768,1024] [--calib 4096] [--out DIR]
 """
 import argparse
-import json
 import os
 import sys
 
@@ -34,7 +33,7 @@ if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # op_train.py, t
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import op_train  # noqa: E402
 from model_agreement import rel  # noqa: E402
-from timing import Timer, summary  # noqa: E402
+from timing import Timer, summary, write_rows  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -81,10 +80,17 @@ def layers(a, device, dtype):
     """(source, layer, module, calibration x, measured x) per layer to measure."""
     if a.capture:
         from twell.capture import read_layer
-        from twell.train.files import InputError
+        from twell.train.files import InputError, read_json
 
-        doc = json.load(open(os.path.join(a.capture, "manifest.json")))
-        for i in a.layers if a.layers is not None else range(doc["layers"]):
+        try:  # read_layer checks the manifest's dtype and each layer's files
+            doc = read_json(os.path.join(a.capture, "manifest.json"), "--from")
+        except InputError as e:
+            sys.exit(f"hot_units: {e}")
+        count = doc.get("layers") if isinstance(doc, dict) else None
+        if type(count) is not int:
+            sys.exit(f"hot_units: --from {a.capture}: expected a twell.capture folder (a manifest "
+                     f"with its layers), got layers {count!r}")
+        for i in a.layers if a.layers is not None else range(count):
             try:
                 x, up, down = (read_layer(a.capture, i, n) for n in ("x", "up", "down"))
                 gate = read_layer(a.capture, i, "gate") if doc.get("kind") == "gated" else None
@@ -112,18 +118,13 @@ def layers(a, device, dtype):
             x[a.calib:]
 
 
-def hits_of(mlp, x):
-    with torch.no_grad():
-        return (torch.nn.functional.linear(x, mlp.first_weight) > 0).sum(0)
-
-
 def measure(a, mlp, x, mode, device):
     """{way: ([ms], y)} for dense, twell and each H (the ways alternating)."""
     calib, x = x
     ways = {"dense": op_train.DenseMLP(mlp), "twell": mlp}
     for h in a.hot:
         ways[h] = hot.clone(mlp)
-        ways[h].split_hot(h, hits_of(mlp, calib))
+        ways[h].split_hot(h, hot.unit_hits(mlp, calib))
     training = mode == "training"
     for w in ways.values():
         for p in w.parameters():
@@ -165,7 +166,7 @@ def main(argv=None):
         n = mlp.intermediate_size
         if max(a.hot) >= n:
             sys.exit(f"hot_units: --hot {max(a.hot)}: expected fewer than the layer's {n} units")
-        measured_hits = hits_of(mlp, x).double()
+        measured_hits = hot.unit_hits(mlp, x).double()
         density = float(measured_hits.sum()) / (x.shape[0] * n)
         for mode in a.modes:
             result, ways = measure(a, mlp, (calib, x), mode, device)
@@ -193,9 +194,7 @@ def main(argv=None):
                       f"({r['speedup']:.2f}x, {r['vs_twell']:.2f}x twell's), rel diff "
                       f"{r['rel_diff']:.1e}", flush=True)
     if not a.no_write:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "hot_units.json"), "w") as f:
-            json.dump(rows, f, indent=1)
+        write_rows(a.out, "hot_units.json", rows)
     return 0
 
 

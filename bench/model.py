@@ -379,7 +379,8 @@ def device_name(device):
 
 def load_checkpoint(args, device, dtype):
     """(model with its own MLPs, the checkpoint's path, input ids [batch, seq] or None, their
-    source) from --checkpoint; args' shape and l1 set from it."""
+    source, calibration ids for hot units [2, seq] or None) from --checkpoint; args' shape and l1
+    set from it."""
     from twell.capture import load_model, validation_ids
 
     try:
@@ -392,7 +393,7 @@ def load_checkpoint(args, device, dtype):
     args.vocab = model.get_input_embeddings().weight.shape[0]
     if args.l1 is None and info["l1_coef"] is not None:
         args.l1 = info["l1_coef"]
-    ids, source = None, "random ids"
+    ids, source, calib = None, "random ids", None
     try:
         text, where = validation_ids(info, args.data)
         from twell.train.data import eval_windows
@@ -405,10 +406,10 @@ def load_checkpoint(args, device, dtype):
         else:
             ids, source = torch.from_numpy(w[:, :-1]).to(device), where
             if len(batches) > 1 and int(batches[1].max()) < args.vocab:  # hot units' calibration
-                args.hot_calib = torch.from_numpy(batches[1][:2, :-1]).to(device)
+                calib = torch.from_numpy(batches[1][:2, :-1]).to(device)
     except (ValueError, ImportError, OSError) as e:
         print(f"model bench: no text for the checkpoint ({e}); random ids instead", flush=True)
-    return model, info["checkpoint"], ids, source
+    return model, info["checkpoint"], ids, source, calib
 
 
 def energy_note(row):
@@ -434,17 +435,17 @@ def check_modes(args):
 
 
 def setup(args):
-    """(env: device, dtype, name, checkpoint, input source, meter, idle watts; the model; input
-    ids [batch, seq]; densities)."""
+    """(env: device, dtype, name, checkpoint, input source, meter, idle watts, calibration ids of
+    the hot units; the model; input ids [batch, seq]; densities)."""
     want_cuda = args.device == "cuda" or (
         args.device is None and torch.cuda.is_available() and twell.cuda_compiled())
     device = torch.device("cuda" if want_cuda else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     densities = [float(d) for d in args.densities.split(",") if d]
     start = time.perf_counter()
-    ids, source, ckpt = None, "random ids", None
+    ids, source, ckpt, calib = None, "random ids", None, None
     if args.checkpoint:
-        model, ckpt, ids, source = load_checkpoint(args, device, dtype)
+        model, ckpt, ids, source, calib = load_checkpoint(args, device, dtype)
         densities = [None]  # the model's own
     else:
         model = build(args, device, dtype)
@@ -464,7 +465,8 @@ def setup(args):
         idle_w = meter.idle_power_w(1.0)
         print(f"energy: NVML counter; idle power {idle_w:.1f} W", flush=True)
     env = argparse.Namespace(device=device, dtype=dtype, name=device_name(device), ckpt=ckpt,
-                             source=source, meter=meter, idle_w=idle_w)
+                             source=source, meter=meter, idle_w=idle_w,
+                             hot_calib=calib if calib is not None else ids[: min(args.batch, 2)])
     return env, model, ids, densities
 
 
@@ -522,8 +524,8 @@ def make_row(args, env, mode, batch, density, result):
         "twell_tokens_per_s": tokens / t["median"] * 1e3,
         "peak_bytes_dense": peaks["dense"], "peak_bytes_twell": peaks["twell"], **agree,
         "checkpoint": env.ckpt, "input": env.source, "idle_power_w": env.idle_w,
-        "hot_units": args.hot_units, "hot_share": getattr(args, "hot_share", None),
-        "hot_units_per_layer": getattr(args, "hot_units_per_layer", None), **extra,
+        "hot_units": args.hot_units, "hot_share": env.hot_share,
+        "hot_units_per_layer": env.hot_units_per_layer, **extra,
     }
 
 
@@ -571,11 +573,10 @@ def main(argv=None):
     kept = read_rows(path) if path and args.append else []
     for density in densities:
         swap = set_density(args, model, swap, density, calib_ids)
+        env.hot_share, env.hot_units_per_layer = None, None
         if args.hot_units:
-            hot = getattr(args, "hot_calib", None)
-            args.hot_share, args.hot_units_per_layer = model_hot.split(
-                model, swap, calib_ids if hot is None else hot, args.hot_units,
-                training="training" in modes)
+            env.hot_share, env.hot_units_per_layer = model_hot.split(
+                model, swap, env.hot_calib, args.hot_units, training="training" in modes)
         for mode, batch in cases:
             try:
                 if mode == "generate":

@@ -9,6 +9,7 @@ training step where training rows are asked for, else a forward)."""
 import torch
 
 import twell.torch as tt
+from twell.torch.tracker import hot_share
 
 
 def split(model, swap, calib_ids, units, training=False):
@@ -31,13 +32,9 @@ def split(model, swap, calib_ids, units, training=False):
             tt.choose_hot_units(m, inputs[name], training=training)
     else:
         tt.split_hot(model, units, hits)
-    shares, chosen = [], []
-    for name, m in swap.sparse:
-        h = hits[name].double()
-        top = h.sort(descending=True).values[:m.hot_units].sum()
-        shares.append(float(top / h.sum()) if h.sum() > 0 else None)
-        chosen.append(m.hot_units)
-    return shares, chosen
+    shares = [hot_share(hits[name], (m.hot_units / m.intermediate_size,)) if m.hot_units else [0.0]
+              for name, m in swap.sparse]
+    return [s[0] if s else None for s in shares], [m.hot_units for _, m in swap.sparse]
 
 
 def note(row):

@@ -16,7 +16,6 @@ per layer (median, p20, p80), op_minus_plan_us (the op's cost over the plan, med
     python3 bench/op_graph.py [--m 1,16] [--layers 8] [--reps 30] [--out DIR] [model.py arguments]
 """
 import argparse
-import json
 import os
 import sys
 
@@ -25,7 +24,7 @@ import torch
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # model, beside this file
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model as mb  # noqa: E402
-from timing import Timer, summary  # noqa: E402
+from timing import Timer, summary, write_rows  # noqa: E402
 
 from twell.torch import _plans  # noqa: E402
 
@@ -174,9 +173,7 @@ def main(argv=None):
               f"{r['speedup']:.2f}x; dense-path layers plan {r['plan_dense_layers']} op "
               f"{r['op_dense_layers']} of {r['layers']}", flush=True)
     if args.out and not args.no_write:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "op.json"), "w") as f:
-            json.dump(rows, f, indent=1)
+        write_rows(args.out, "op.json", rows)
     return 0
 
 

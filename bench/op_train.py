@@ -24,7 +24,6 @@ dense_forward, dense_backward} (the scratch the op allocates for each call of ea
                               [--patterns uniform] [--reps 20] [--warmup 8] [--out DIR]
 """
 import argparse
-import json
 import os
 import sys
 
@@ -38,7 +37,7 @@ from twell.torch import _ops
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # timing.py, model_agreement.py
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model_agreement import rel  # noqa: E402
-from timing import Timer, summary  # noqa: E402
+from timing import Timer, summary, write_rows  # noqa: E402
 
 MB = 1e6
 
@@ -219,11 +218,7 @@ def main(argv=None):
                       f"{row['twell_held_mb']:.0f} MB, {row['saved_form']}; rel. diff "
                       + ", ".join(f"{k} {v:.1e}" for k, v in row["rel_diff"].items()), flush=True)
                 torch.cuda.empty_cache()
-    os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, "op_train.json")
-    with open(path, "w") as f:
-        json.dump(rows, f, indent=1)
-    print(f"wrote {path}")
+    print(f"wrote {write_rows(a.out, 'op_train.json', rows)}")
     return 0
 
 

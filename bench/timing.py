@@ -1,5 +1,7 @@
-"""Timing shared by the bench/ scripts: CUDA events (wall time on the CPU) and the summary a row
-keeps (median, p20, p80)."""
+"""Timing shared by the bench/ scripts: CUDA events (wall time on the CPU), the summary a row
+keeps (median, p20, p80), and writing a script's rows."""
+import json
+import os
 import statistics
 
 from twell.torch._timing import time_ms
@@ -23,3 +25,12 @@ def summary(times):
         return s[min(len(s) - 1, int(f * (len(s) - 1) + 0.5))]
 
     return {"median": statistics.median(s), "p20": q(0.2), "p80": q(0.8)}
+
+
+def write_rows(folder, name, rows):
+    """Writes `rows` to folder/name (JSON; the folder made if needed); returns the path."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, name)
+    with open(path, "w") as f:
+        json.dump(rows, f, indent=1)
+    return path

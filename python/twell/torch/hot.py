@@ -28,7 +28,14 @@ import torch
 import torch.nn.functional as F
 
 from twell.torch import _plans
+from twell.torch.saved import positive_counts
 from twell.torch._timing import time_ms as _time_ms
+
+
+def unit_hits(module, x):
+    """int64 [N]: per unit, the rows of x [M, K] it is active for (relu(x W1^T) > 0)."""
+    with torch.no_grad():
+        return positive_counts(F.linear(x, module.first_weight))
 
 
 def check_hits(module, hits):
@@ -128,7 +135,7 @@ def forward(module, x2, training, dispatch):
     if training:
         y, _, stats = torch.ops.twell.ffn_train(x2, gate_c, up_c, down_c, m.tile, m.capacity,
                                                 dispatch, m.dense_above)
-        m.l0 = (stats[0].detach() + active / max(rows, 1)).detach()
+        m.l0 = stats[0].detach() + active / max(rows, 1)
         l1 = torch.linalg.vector_norm(h, 1, dtype=torch.float32) / max(rows, 1)
         m.l1_loss = m.l1_coef * (stats[1] + l1)
         m.ran_dense = None
@@ -175,17 +182,15 @@ def choose_hot_units(module, x, candidates=CANDIDATES, training=False, reps=5, w
     dispatch settles in its warm-up); 0 (no hot units) competes too. Candidates of N or more
     units are skipped. Returns {H: ms}, the chosen H applied (split_hot, `optimizer` following)."""
     n = module.intermediate_size
-    counts = sorted({int(h) for h in candidates if 0 <= int(h) < n})
+    counts = {int(h) for h in candidates if 0 <= int(h) < n}
     if not counts:
         raise ValueError(f"choose_hot_units: candidates: expected counts in [0, {n - 1}], got "
                          f"{list(candidates)!r}")
     x2 = x.detach().reshape(-1, module.hidden_size)
-    with torch.no_grad():
-        hits = (F.linear(x2, module.first_weight) > 0).sum(0)
+    hits = unit_hits(module, x2)
     dy = torch.ones_like(x2) / x2.shape[1] if training else None
-    counts = sorted(set(counts) | {0})
     ways = {}
-    for h in counts:
+    for h in sorted(counts | {0}):
         ways[h] = clone(module)
         apply(ways[h], h, hits)
     cuda = x2.device.type == "cuda"

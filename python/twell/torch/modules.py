@@ -162,12 +162,11 @@ class _SparseFFN(nn.Module):
         x2 = x.reshape(-1, shape[-1]).contiguous()
         training = torch.is_grad_enabled() and (x.requires_grad or any(
             p.requires_grad for p in self.parameters()))
+        # Compiled graphs size the training state from shapes alone: the compact form.
+        dispatch = "sparse" if training and torch.compiler.is_compiling() else self.dispatch
         if self.hot_units:
-            dispatch = "sparse" if training and torch.compiler.is_compiling() else self.dispatch
             return hot.forward(self, x2, training, dispatch).reshape(shape)
         if training:
-            # Compiled graphs size the saved state from shapes alone: the compact form.
-            dispatch = "sparse" if torch.compiler.is_compiling() else self.dispatch
             y, _, stats = torch.ops.twell.ffn_train(x2, gate, up, self.down_proj.weight, self.tile,
                                                     self.capacity, dispatch, self.dense_above)
             self.l0 = stats[0].detach()

@@ -328,16 +328,18 @@ class LayerMonitor:
             raise InputError("monitor.hot_units", f"{len(sizes)} counts from 0 to N - 1",
                              repr(units)[:60])
         orders = state.get("unit_order") or {}
-        for (name, m), n in zip(self.layers, sizes):
-            o = orders.get(name) if isinstance(orders, dict) else None
+        if not isinstance(orders, dict):
+            raise InputError("monitor.unit_order", "{layer: permutation or null}",
+                             type(orders).__name__)
+        orders = [orders.get(name) for name in self.names]
+        for name, o, n in zip(self.names, orders, sizes):
             if o is not None and not (torch.is_tensor(o) and o.dim() == 1 and o.numel() == n
                                       and not o.is_floating_point()
                                       and torch.equal(o.sort().values.cpu(), torch.arange(n))):
                 raise InputError(f"monitor.unit_order[{name}]", f"a permutation of 0..{n - 1}",
                                  repr(o)[:60])
-        for (name, m), u in zip(self.layers, units):
+        for (_, m), u, o in zip(self.layers, units, orders):
             m.hot_units = u
-            o = orders.get(name) if isinstance(orders, dict) else None
             if o is not None:
                 set_unit_order(m, o.to(m.up_proj.weight.device))
         self.dead, self.dead_windows, self.hot_share = list(dead), windows, list(hot)
