@@ -65,8 +65,8 @@ def parse_args(argv=None):
     except ValueError:
         p.error("--hot and --layers want integers, --densities fractions, comma-separated")
     a.modes = [v for v in a.modes.split(",") if v]
-    if not a.hot or min(a.hot) < 1:
-        p.error("--hot wants positive unit counts")
+    if not a.hot or min(a.hot) < 1 or any(h % 8 for h in a.hot):
+        p.error("--hot wants positive unit counts, multiples of 8")
     if set(a.modes) - {"inference", "training"} or not a.modes:
         p.error("--modes wants inference and/or training")
     if a.calib < 1 or a.reps < 3 or a.warmup < 0 or a.m < 1:

@@ -564,9 +564,10 @@ def main(argv=None):
     modes = check_modes(args)
     env, model, ids, densities = setup(args)
     calib_ids = ids[: min(args.batch, 2)]
-    if args.hot_units != "auto" and args.hot_units and not 0 < args.hot_units < args.intermediate:
-        sys.exit(f"model bench: --hot-units {args.hot_units}: expected 0 (none) to "
-                 f"{args.intermediate - 1}")
+    if args.hot_units != "auto" and args.hot_units and (
+            not 0 < args.hot_units < args.intermediate or args.hot_units % 8):
+        sys.exit(f"model bench: --hot-units {args.hot_units}: expected 0 (none) or a multiple "
+                 f"of 8 up to {args.intermediate - 1}")
     cases = [(m, b) for m in modes for b in (args.gen_batches if m == "generate" else [args.batch])]
     rows, failed, swap = [], False, None
     path = os.path.join(args.out, "model.json") if args.out and not args.no_write else None

@@ -50,7 +50,7 @@ def reference(mod, x):
 
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("gated", [True, False])
-@pytest.mark.parametrize("hot", [1, 24, 64])
+@pytest.mark.parametrize("hot", [8, 24, 64])
 def test_inference_equals_the_unsplit_module(seed, device, gated, hot):
     for dtype in dtypes(device):
         base, split, x, perm, hits = case(seed, gated, dtype, 37, device, hot)
@@ -62,7 +62,7 @@ def test_inference_equals_the_unsplit_module(seed, device, gated, hot):
         assert float(split.l0) == pytest.approx(float(base.l0), rel=1e-6)
         assert split.hot_units == hot and "hot_units" in repr(split)
         # the hot units are the most active ones, last, in their old order
-        top = hits.double().argsort(descending=True, stable=True)[:hot].sort().values
+        top = hits.cpu().double().argsort(descending=True, stable=True)[:hot].sort().values
         assert torch.equal(perm[-hot:].cpu(), top) and torch.equal(split.unit_order, perm)
         assert sorted(perm.tolist()) == list(range(N))
 
@@ -133,9 +133,9 @@ def test_splitting_again_composes_and_frozen_copies_follow(seed):
     base, split, x, perm, _ = case(seed, True, torch.float32, 19, "cpu", 8)
     split.freeze()
     hits = torch.arange(N)  # the last units of the current order are the most active
-    perm2 = split.split_hot(50, hits)
+    perm2 = split.split_hot(48, hits)
     assert torch.equal(perm2, torch.arange(N))  # already last: nothing moves
-    assert torch.equal(split.unit_order, perm) and split.hot_units == 50
+    assert torch.equal(split.unit_order, perm) and split.hot_units == 48
     assert torch.equal(split.down_nk, split.down_proj.weight.t())
     split.split_hot(0, hits)  # no hot units: every unit through twell again, order kept
     with torch.no_grad():
@@ -146,7 +146,7 @@ def test_splitting_again_composes_and_frozen_copies_follow(seed):
 def test_tracker_counts_every_unit(seed, device):
     skip_unless_trainable(device)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    base, split, x, perm, _ = case(seed, True, dtype, 31, device, 20)
+    base, split, x, perm, _ = case(seed, True, dtype, 31, device, 24)
     tracker = tt.SparsityTracker(nn.Sequential(split), window=1)
     y = split(x.clone().requires_grad_())
     assert saved.find(split, y) is not None  # read from the op's state, not a GEMM
@@ -163,13 +163,13 @@ def test_model_level_split_and_bad_arguments(seed):
     model = nn.Sequential(copy.deepcopy(base), copy.deepcopy(base))
     perms = tt.split_hot(model, 8, {"1": hits})
     assert list(perms) == ["1"] and model[1].hot_units == 8 and model[0].hot_units == 0
-    for units in (-1, N, 2.0, True):
+    for units in (-1, N, 2.0, True, 12):  # 12: N - 12 units is no count the CUDA kernels take
         with pytest.raises(ValueError, match="split_hot: units"):
             base.split_hot(units, hits)
     for bad in (hits[:-1], hits.bool(), hits.view(2, -1), [1] * N,
                 torch.full((N,), float("nan"))):
         with pytest.raises(ValueError, match="split_hot: hits"):
-            base.split_hot(4, bad)
+            base.split_hot(8, bad)
     assert base.hot_units == 0
 
 
@@ -216,7 +216,7 @@ def test_choose_hot_units_keeps_the_fastest_candidate(seed, training, monkeypatc
         ok, errors = close(mod(x), base(x), reference(base, x), torch.float32)
     assert ok, errors
     with pytest.raises(ValueError, match="choose_hot_units: candidates"):
-        tt.choose_hot_units(mod, x, candidates=(N, -1))
+        tt.choose_hot_units(mod, x, candidates=(N, -1, 12))
 
 
 @pytest.mark.parametrize("device", devices())

@@ -404,7 +404,7 @@ def test_hot_units_train_the_same_model_and_resume(corpus, tmp_path, precision):
         "0": order, "1": None}, "hot_units": [40, 0]})
     assert (model[0].hot_units, model[1].hot_units) == (40, 0)
     assert torch.equal(model[0].unit_order, order)
-    for bad in ({"hot_units": [256, 0]}, {"hot_units": [1]},
+    for bad in ({"hot_units": [256, 0]}, {"hot_units": [1]}, {"hot_units": [12, 0]},
                 {"unit_order": {"0": torch.zeros(256, dtype=torch.int64), "1": None}}):
         with pytest.raises(InputError, match="monitor"):
             monitor.load_state_dict({**state["monitor"], "tracker": None, "unit_order": {},
@@ -413,7 +413,8 @@ def test_hot_units_train_the_same_model_and_resume(corpus, tmp_path, precision):
 
 def test_hot_units_refused_where_they_cannot_run(corpus, tmp_path):
     for extra in (["--hot-units", "-1"], ["--hot-units", "8", "--no-dead-tracking"],
-                  ["--hot-units", "8", "--activation", "silu"], ["--hot-units", "256"]):
+                  ["--hot-units", "8", "--activation", "silu"], ["--hot-units", "256"],
+                  ["--hot-units", "12"]):
         with pytest.raises(SystemExit) as e:
             _train(tmp_path / "x", "--steps", "2", *extra, data=corpus)
         assert e.value.code != 0, extra

@@ -58,9 +58,10 @@ def split_hot(module, units, hits, optimizer=None):
     state tensors of the parameter's shape, e.g. Adam's moments) so that those units come last.
     Returns the permutation (new unit j is old unit perm[j])."""
     n = module.intermediate_size
-    if type(units) is not int or not 0 <= units < n:
-        raise ValueError(f"split_hot: units: expected an int in [0, {n - 1}] (at least one unit "
-                         f"stays sparse), got {units!r}")
+    if type(units) is not int or not 0 <= units < n or units % 8:
+        raise ValueError(f"split_hot: units: expected a multiple of 8 in [0, {n - 1}] (at least "
+                         "one unit stays sparse; the CUDA kernels take unit counts in steps of 8 "
+                         f"and cuBLAS runs the hot units' GEMMs best in steps of 64), got {units!r}")
     check_hits(module, hits)
     device = module.up_proj.weight.device
     hot = torch.zeros(n, dtype=torch.bool)
@@ -180,12 +181,13 @@ def choose_hot_units(module, x, candidates=CANDIDATES, training=False, reps=5, w
     whose forward on x (training: forward and backward) took the least time, median of `reps`
     runs after `warmup` runs of each (CUDA events on CUDA, else wall time; twell's automatic
     dispatch settles in its warm-up); 0 (no hot units) competes too. Candidates of N or more
-    units are skipped. Returns {H: ms}, the chosen H applied (split_hot, `optimizer` following)."""
+    units, or not multiples of 8, are skipped. Returns {H: ms}, the chosen H applied (split_hot,
+    `optimizer` following)."""
     n = module.intermediate_size
-    counts = {int(h) for h in candidates if 0 <= int(h) < n}
+    counts = {int(h) for h in candidates if 0 <= int(h) < n and int(h) % 8 == 0}
     if not counts:
-        raise ValueError(f"choose_hot_units: candidates: expected counts in [0, {n - 1}], got "
-                         f"{list(candidates)!r}")
+        raise ValueError(f"choose_hot_units: candidates: expected multiples of 8 in [0, {n - 1}], "
+                         f"got {list(candidates)!r}")
     x2 = x.detach().reshape(-1, module.hidden_size)
     hits = unit_hits(module, x2)
     dy = torch.ones_like(x2) / x2.shape[1] if training else None

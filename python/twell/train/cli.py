@@ -273,10 +273,10 @@ def check(args):
         if not isinstance(getattr(args, name), str) or not getattr(args, name):
             raise InputError(f"--{name.replace('_', '-')}", "a non-empty string",
                              repr(getattr(args, name)))
-    if args.hot_units < 0 or (args.hot_units and (args.no_dead_tracking or not args.dead_window
-                                                  or args.dist == "fsdp2"
-                                                  or args.activation != "relu")):
-        raise InputError("--hot-units", "0, or a count >= 1 with twell's ReLU layers, dead-unit "
+    if args.hot_units < 0 or args.hot_units % 8 or (args.hot_units and (
+            args.no_dead_tracking or not args.dead_window or args.dist == "fsdp2"
+            or args.activation != "relu")):
+        raise InputError("--hot-units", "0, or a multiple of 8 with twell's ReLU layers, dead-unit "
                          "tracking (whose windows choose the units) and no --dist fsdp2 (its "
                          "sharded weights are not permuted)", args.hot_units)
     if args.reinit_dead_every and (args.no_dead_tracking or not args.dead_window):

@@ -324,8 +324,8 @@ class LayerMonitor:
             restored = self._share(*restored)
         units = state.get("hot_units", [0] * len(sizes))
         if not (isinstance(units, list) and len(units) == len(sizes) and all(
-                type(u) is int and 0 <= u < n for u, n in zip(units, sizes))):
-            raise InputError("monitor.hot_units", f"{len(sizes)} counts from 0 to N - 1",
+                type(u) is int and 0 <= u < n and u % 8 == 0 for u, n in zip(units, sizes))):
+            raise InputError("monitor.hot_units", f"{len(sizes)} multiples of 8 from 0 to N - 1",
                              repr(units)[:60])
         orders = state.get("unit_order") or {}
         if not isinstance(orders, dict):
