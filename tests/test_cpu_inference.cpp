@@ -121,5 +121,28 @@ TEST(CpuInferenceApi, CapacityOptionRoutesMoreRowsStillExact) {
   EXPECT_LE(chk.error, chk.tolerance);
 }
 
+// A plan holds views of the caller's weights: changed in place between runs (an optimizer step),
+// the next run computes with the new values, 16-bit weights (widened to fp32 inside) included.
+TEST(CpuInferenceApi, WeightsChangedInPlaceBetweenRuns) {
+  for (FfnKind kind : {FfnKind::gated, FfnKind::plain})
+    for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+      const ProblemSpec spec{kind, 33, 64, 520, dt, Pattern::uniform, 0.05, 256, seed(23)};
+      Problem p = testing::make_problem(spec);
+      ProblemSpec other = spec;
+      other.seed = spec.seed + 1;
+      const Problem q = testing::make_problem(other);
+      InferencePlan plan(p.weights());
+      std::vector<uint8_t> y(size_t(33 * 64) * dtype_size(dt));
+      plan.run({p.x_view(), TensorView::matrix(y.data(), dt, 33, 64), {}});
+      p.gate = q.gate;  // same sizes: the vectors keep their buffers, the plan's views
+      p.up = q.up;
+      p.down = q.down;
+      poison(y.data(), y.size());
+      plan.run({p.x_view(), TensorView::matrix(y.data(), dt, 33, 64), {}});
+      const ForwardCheck chk = check_forward(p, y.data());
+      EXPECT_LE(chk.error, chk.tolerance) << spec.describe();
+    }
+}
+
 }  // namespace
 }  // namespace twell::test

@@ -5,10 +5,13 @@
 // routed rows (a tile over capacity, or a NaN or infinite gate value) go through dense sgemms on
 // the gathered rows. A block whose measured density exceeds options.dense_above runs its up/down
 // densely instead.
+// 16-bit weights are widened to fp32 copies at the start of every run (the caller may change them
+// in place between runs).
 // NaN: the ReLU keeps NaN (cpu::relu) and every path computes h = relu(g) * u as a product, so a
 // NaN or infinite value of x or a NaN gate weight reaches y as in the dense computation.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -54,11 +57,10 @@ struct BlockLayout {
 class CpuInference final : public InferenceBackend {
  public:
   CpuInference(const FfnWeights& w, const InferenceOptions& o)
-      : kind_(w.kind), k_(w.hidden()), n_(w.intermediate()), dtype_(w.up.dtype), opt_(o) {
+      : kind_(w.kind), k_(w.hidden()), n_(w.intermediate()), dtype_(w.up.dtype), opt_(o), w_(w) {
     auto keep = [this](const TensorView& t, std::vector<float>& copy) -> const float* {
       if (t.dtype == DType::f32) return static_cast<const float*>(t.data);
-      copy.resize(size_t(t.numel()));  // 16-bit weights: one fp32 copy for the BLAS
-      cpu::to_f32(t.data, t.dtype, copy.data(), t.numel());
+      copy.resize(size_t(t.numel()));  // 16-bit weights: an fp32 copy for the BLAS, made per run
       return copy.data();
     };
     first_ = keep(kind_ == FfnKind::gated ? w.gate : w.up, first_copy_);
@@ -80,6 +82,7 @@ class CpuInference final : public InferenceBackend {
     RunInfo info;
     info.rows = a.x.shape[0];
     auto* ws = static_cast<uint8_t*>(workspace);
+    if (dtype_ != DType::f32 && info.rows > 0) widen_weights();
     for (int64_t r0 = 0; r0 < info.rows; r0 += kBlockRows) {
       const int64_t rows = std::min(kBlockRows, info.rows - r0);
       run_block(a, r0, rows, ws, info);
@@ -93,6 +96,23 @@ class CpuInference final : public InferenceBackend {
   }
 
  private:
+  // 16-bit weights into their fp32 copies, at every run: the plan holds views of the caller's
+  // weights, which may change in place between runs (an optimizer step), and a copy made once
+  // would keep computing with the old values.
+  void widen_weights() {
+    const TensorView& first = kind_ == FfnKind::gated ? w_.gate : w_.up;
+    const std::pair<const TensorView*, std::vector<float>*> parts[] = {
+        {&first, &first_copy_}, {&w_.up, &up_copy_}, {&w_.down, &down_copy_}};
+    for (const auto& [view, copy] : parts) {
+      if (copy->empty()) continue;  // the plain FFN's up is its first weight
+      const int64_t total = view->numel(), chunk = int64_t(1) << 16;
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < total; i += chunk)
+        cpu::to_f32(static_cast<const uint8_t*>(view->data) + i * int64_t(dtype_size(dtype_)), dtype_,
+                    copy->data() + i, std::min(chunk, total - i));
+    }
+  }
+
   BlockLayout layout(int64_t rows) const {
     return BlockLayout(std::max<int64_t>(rows, 1), k_, n_, opt_.tile, opt_.capacity);
   }
@@ -285,6 +305,7 @@ class CpuInference final : public InferenceBackend {
   int64_t k_, n_;
   DType dtype_;
   InferenceOptions opt_;
+  FfnWeights w_;  // views of the caller's weights
   std::vector<float> first_copy_, up_copy_, down_copy_;
   const float* first_ = nullptr;
   const float* up_ = nullptr;

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call (~5 minutes): unfrozen eager inference keeping one plan (its dispatch settled)
+# and plans reading weights changed in place, on CUDA; then bench/hot_units.py's rows again (the
+# rows of the call before ran every unfrozen twell module's inference on a new plan per call).
+set -uo pipefail
+export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
+res=build/hot/results; mkdir -p $res
+t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
+TWELL_CUDA=ON TWELL_CUDA_ARCHITECTURES=90a PYTHON=python3 scripts/build-ext >$res/build-ext.log 2>&1 || { tail $res/build-ext.log; exit 1; }
+echo "ext built at $(el) s"
+python3 -m pytest -q -p no:cacheprovider tests/python/test_ops.py tests/python/test_hot_units.py \
+  -k "plan or unfrozen or cuda or inference" >$res/tests.out 2>&1
+echo "tests rc $? at $(el) s"; tail -6 $res/tests.out
+for cfg in "1.8:0.006,0.009,0.013" "1.0:0.013,0.019"; do
+  sigma=${cfg%%:*}; dens=${cfg#*:}
+  python3 bench/hot_units.py --spread $sigma --densities $dens --hot 512,768,1024 \
+    --out $res/sigma-$sigma >$res/sigma-$sigma.out 2>&1; echo "sigma $sigma rc $? at $(el) s"
+  grep "H   512\|H  1024" $res/sigma-$sigma.out | sed 's/synthetic lognormal //'
+done
+nvidia-smi --query-gpu=name,power.draw,temperature.gpu,clocks.sm --format=csv,noheader
+tar czf $OUT/results.tgz -C build/hot results
