@@ -87,7 +87,10 @@ def test_training_equals_the_unsplit_module(seed, device, gated):
     for got, want, ref in ((y1, y0, ref_y), (dx1, dx0, ref_grads[0])):
         ok, errors = close(got, want, ref, dtype)
         assert ok, errors
-    assert l01 == pytest.approx(l00, rel=1e-5) and l11 == pytest.approx(l10, rel=1e-4)
+    # the hot units' |h| come from torch's rounded g and u (bf16 on CUDA), the op's from its own
+    # products: their sums agree to the dtype's rounding, not closer (1.03e-4 apart once on CUDA)
+    l1_tol = 1e-4 if dtype == torch.float32 else torch.finfo(dtype).eps
+    assert l01 == pytest.approx(l00, rel=1e-5) and l11 == pytest.approx(l10, rel=l1_tol)
     assert l10 == pytest.approx(0.01 * float(ref_l1), rel=1e-2)
     names = [n for n, _ in base.named_parameters()]
     for name, a, b, ref in zip(names, g0, g1, ref_grads[1:]):  # the split's, unpermuted
