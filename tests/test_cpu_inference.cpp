@@ -144,5 +144,33 @@ TEST(CpuInferenceApi, WeightsChangedInPlaceBetweenRuns) {
     }
 }
 
+// set_weights points a plan at other weight memory of the same kind and shapes (Error otherwise).
+TEST(CpuInferenceApi, SetWeightsRebindsAndChecks) {
+  const ProblemSpec spec{FfnKind::gated, 40, 64, 520, DType::bf16, Pattern::heavy_tailed, 0.05, 256, seed(24)};
+  ProblemSpec other = spec;
+  other.seed = spec.seed + 1;
+  Problem q = testing::make_problem(other);
+  Problem first = testing::make_problem(spec);
+  InferencePlan plan(first.weights());
+  std::vector<uint8_t> y(size_t(40 * 64) * 2);
+  plan.set_weights(q.weights());
+  poison(y.data(), y.size());
+  plan.run({q.x_view(), TensorView::matrix(y.data(), DType::bf16, 40, 64), {}});
+  const ForwardCheck chk = check_forward(q, y.data());
+  EXPECT_LE(chk.error, chk.tolerance) << other.describe();
+  EXPECT_EQ(plan.weights().up.data, q.weights().up.data);
+  Problem wider = testing::make_problem({FfnKind::gated, 4, 64, 528, DType::bf16, Pattern::uniform, 0.05, 256, seed(25)});
+  Problem plain = testing::make_problem({FfnKind::plain, 4, 64, 520, DType::bf16, Pattern::uniform, 0.05, 256, seed(26)});
+  Problem f32 = testing::make_problem({FfnKind::gated, 4, 64, 520, DType::f32, Pattern::uniform, 0.05, 256, seed(27)});
+  for (Problem* bad : {&wider, &plain, &f32}) {
+    try {
+      plan.set_weights(bad->weights());
+      ADD_FAILURE() << "set_weights accepted other weights";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("InferencePlan::set_weights"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace twell::test

@@ -111,6 +111,10 @@ class InferencePlan {
   RunInfo last_run() const;
   const FfnWeights& weights() const;
   const InferenceOptions& options() const;  // with defaults resolved
+  // Points the plan at other weight memory of the same kind, shapes, dtype and device (Error
+  // otherwise), e.g. a neuron-major down weight a framework makes anew each call; the dispatch
+  // calibration stays. Host-only: safe between the calls of a CUDA-graph capture.
+  void set_weights(const FfnWeights& weights);
 
   class Impl;
 

@@ -92,6 +92,14 @@ class PyInferencePlan {
   }
   size_t workspace_bytes_for(int64_t rows) const { return plan_.workspace_bytes(rows); }
 
+  // Rebinds the plan to other weights of the same shapes (kept alive here unless borrowed).
+  void set_weights(nb::handle gate, nb::handle up, nb::handle down, bool borrow) {
+    HeldWeights next(gate, up, down, borrow, "InferencePlan::set_weights");
+    plan_.set_weights(next.weights);
+    held_ = std::move(next);
+  }
+  uintptr_t down_address() const { return reinterpret_cast<uintptr_t>(held_.weights.down.data); }
+
   // Whether run() would accept these arrays: an array the binding itself refuses (a read-only y,
   // a negative stride, an unknown dtype) is a reason too.
   std::pair<bool, std::string> can_run(nb::handle x, nb::handle y, nb::handle counters) {
@@ -324,6 +332,12 @@ void bind_inference_plan(nb::module_& m) {
            "that each holds the bytes its role needs, the caller vouches for.")
       .def("workspace_bytes_for", &PyInferencePlan::workspace_bytes_for, "rows"_a,
            "workspace_bytes for `rows` rows (what _run_addresses needs on CUDA).")
+      .def("set_weights", &PyInferencePlan::set_weights, "gate"_a.none(), "up"_a.none(),
+           "down"_a.none(), "borrow"_a = false,
+           "Points the plan at other weights of the same shapes and dtype (its dispatch "
+           "calibration stays).")
+      .def_prop_ro("_down_address", &PyInferencePlan::down_address,
+                   "The address of the down weight the plan reads now (private).")
       .def("can_run", &PyInferencePlan::can_run, "x"_a.none(), "y"_a.none(),
            "counters"_a = nb::none())
       .def("workspace_bytes", &PyInferencePlan::workspace_bytes, "x"_a.none(), "y"_a.none())

@@ -19,7 +19,12 @@ class InferenceBackend {
   virtual void* own_workspace(size_t bytes, Stream stream) = 0;
   // Arguments are already validated; workspace holds at least workspace_bytes(M) bytes.
   virtual RunInfo run(const InferenceArgs& args, Stream stream, void* workspace) = 0;
+  // Weights already checked against the plan's (check_rebind).
+  virtual void set_weights(const FfnWeights& w) = 0;
 };
+
+// set_weights' check: `w` valid and of `old`'s kind, dtype, device and shapes (Error naming `op`).
+void check_rebind(const char* op, const FfnWeights& old, const FfnWeights& w);
 
 // Backend defaults for options left at 0 / negative; an Error names `op` (the plan being made).
 InferenceOptions resolve_inference_options(const InferenceOptions& o, Device dev, const char* op);

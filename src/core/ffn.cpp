@@ -62,6 +62,17 @@ InferenceOptions resolve_inference_options(const InferenceOptions& o, Device dev
   return r;
 }
 
+void check_rebind(const char* op, const FfnWeights& old, const FfnWeights& w) {
+  w.validate(op);
+  if (w.kind != old.kind) throw Error(op, "weights kind", ffn_kind_name(old.kind), ffn_kind_name(w.kind));
+  if (w.up.dtype != old.up.dtype)
+    throw Error(op, "weights dtype", dtype_name(old.up.dtype), dtype_name(w.up.dtype));
+  if (w.up.device != old.up.device)
+    throw Error(op, "weights device", to_string(old.up.device), to_string(w.up.device));
+  if (w.hidden() != old.hidden() || w.intermediate() != old.intermediate())
+    throw Error(op, "weights shape", old.up.shape_string(), w.up.shape_string());
+}
+
 }  // namespace detail
 
 class InferencePlan::Impl {
@@ -141,6 +152,12 @@ void InferencePlan::run(const InferenceArgs& args, Stream stream, void* workspac
     throw *e;
   }
   impl_->last = detail::translate_allocation_failure(op, [&] { return impl_->backend->run(args, stream, workspace); });
+}
+
+void InferencePlan::set_weights(const FfnWeights& w) {
+  detail::check_rebind("InferencePlan::set_weights", impl_->weights, w);
+  impl_->weights = w;
+  impl_->backend->set_weights(w);
 }
 
 RunInfo InferencePlan::last_run() const { return impl_->last; }

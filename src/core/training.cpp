@@ -237,16 +237,7 @@ size_t TrainingPlan::workspace_bytes(int64_t rows, SavedForm form, TrainingCall 
 }
 
 void TrainingPlan::set_weights(const FfnWeights& w) {
-  const char* op = "TrainingPlan::set_weights";
-  w.validate(op);
-  const FfnWeights& old = impl_->weights;
-  if (w.kind != old.kind) throw Error(op, "weights kind", ffn_kind_name(old.kind), ffn_kind_name(w.kind));
-  if (w.up.dtype != old.up.dtype)
-    throw Error(op, "weights dtype", dtype_name(old.up.dtype), dtype_name(w.up.dtype));
-  if (w.up.device != old.up.device)
-    throw Error(op, "weights device", to_string(old.up.device), to_string(w.up.device));
-  if (w.hidden() != old.hidden() || w.intermediate() != old.intermediate())
-    throw Error(op, "weights shape", old.up.shape_string(), w.up.shape_string());
+  detail::check_rebind("TrainingPlan::set_weights", impl_->weights, w);
   impl_->weights = w;
   impl_->backend->set_weights(w);
 }

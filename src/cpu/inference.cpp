@@ -57,7 +57,12 @@ struct BlockLayout {
 class CpuInference final : public InferenceBackend {
  public:
   CpuInference(const FfnWeights& w, const InferenceOptions& o)
-      : kind_(w.kind), k_(w.hidden()), n_(w.intermediate()), dtype_(w.up.dtype), opt_(o), w_(w) {
+      : kind_(w.kind), k_(w.hidden()), n_(w.intermediate()), dtype_(w.up.dtype), opt_(o) {
+    set_weights(w);
+  }
+
+  void set_weights(const FfnWeights& w) override {
+    w_ = w;
     auto keep = [this](const TensorView& t, std::vector<float>& copy) -> const float* {
       if (t.dtype == DType::f32) return static_cast<const float*>(t.data);
       copy.resize(size_t(t.numel()));  // 16-bit weights: an fp32 copy for the BLAS, made per run

@@ -117,6 +117,28 @@ def test_eager_plan_follows_the_weights(seed, device, dtype):
 
 
 @pytest.mark.parametrize("device,dtype", CASES)
+def test_kept_plan_follows_a_rebind_by_another_caller(seed, device, dtype):
+    """A module keeps its plan beside its weights; an op call on the same gate and up weights with
+    another down tensor (an unfrozen module under torch.compile) rebinds that plan: the module's
+    next call points it back at its own down weight."""
+    p = problem(seed, 23, 32, 200, True)
+    mod = module_for(p, dtype, device, tile=64, capacity=8).eval().freeze()
+    x = torch.from_numpy(p.x).to(device, dtype)
+    zeros = torch.zeros(23, 32, device=device)
+    with torch.no_grad():
+        y0 = mod(x)
+        other = mod.down_nk * -2
+        torch.ops.twell.ffn(x, mod.gate_proj.weight, mod.up_proj.weight, other, 64, 8, "auto",
+                            -1.0)
+        del other
+        y1 = mod(x)
+    y_ref, _, _ = dense_step(mod, x, zeros, 0.0, torch.float64)
+    y_plain, _, _ = dense_step(mod, x, zeros, 0.0, dtype)
+    within(y1, y_ref, y_plain, dtype, "after another caller's rebind")
+    torch.testing.assert_close(y1, y0, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device,dtype", CASES)
 @pytest.mark.parametrize("hot", [0, 48])
 def test_unfrozen_inference_keeps_one_plan(seed, device, dtype, hot):
     """Unfrozen eager inference makes one plan and keeps it (its dispatch calibration with it):
@@ -371,7 +393,8 @@ def test_state_dict_is_a_llama_mlps():
 @pytest.mark.parametrize("device,dtype", CASES)
 @pytest.mark.parametrize("gated", [True, False])
 def test_plan_cache_follows_weights(device, dtype, gated):
-    """A plan is reused while its weights live and dropped when one dies; it reads the weights'
+    """One plan per gate and up weights, reused while they live and dropped when one dies, pointed
+    at each call's down tensor (a new copy per call under torch.compile); it reads the weights'
     values at every run (the CPU backend's fp32 copies of 16-bit weights too)."""
     from twell.torch import _plans
     tt.clear_plans()
@@ -379,10 +402,18 @@ def test_plan_cache_follows_weights(device, dtype, gated):
     torch.ops.twell.ffn(x, gate, up, down, 64, 8, "auto", -1.0)
     torch.ops.twell.ffn(x, gate, up, down, 64, 8, "auto", -1.0)
     assert len(_plans._plans) == 1
-    other = down.clone()
-    y1, _ = torch.ops.twell.ffn(x, gate, up, other, 64, 8, "auto", -1.0)
+    for scale in (-3.0, 0.5):  # fresh down copies, one plan: each call reads its own
+        other = down * scale
+        y1, _ = torch.ops.twell.ffn(x, gate, up, other, 64, 8, "auto", -1.0)
+        want = mlp_reference(x, gate, up, other)
+        del other
+        torch.testing.assert_close(y1.double(), want, rtol=2e-2,
+                                   atol=2e-2 * float(want.abs().max()))
+        assert len(_plans._plans) == 1
+    keep = up.clone()
+    torch.ops.twell.ffn(x, gate, keep, down, 64, 8, "auto", -1.0)
     assert len(_plans._plans) == 2
-    del other
+    del keep  # the up weight dies: its plan goes
     assert len(_plans._plans) == 1
     with torch.no_grad():
         down.mul_(2)  # weights updated in place: the plan reads the new values

@@ -1,14 +1,15 @@
 """Plans for the custom ops: created on first use, cached by the weights' addresses.
 
-A C++ plan holds views of its weights. The cache keys each plan on every weight's address, shape,
-strides, dtype and device, so a plan only ever runs on the memory it was made for, and drops it as
-soon as one of those weight tensors is garbage collected (or when more than MAX_PLANS are held).
-Stable weights (module parameters, a frozen neuron-major down copy) thus reuse one plan, which on
-CUDA also keeps its density calibration. Training plans are the exception for the down weight: the
-training ops make a neuron-major copy of down_proj.weight inside each call (forward and backward),
-so they are keyed on its shape and dtype and pointed at each call's copy (set_weights, host-only),
-which a CUDA-graph capture needs. Between calls a training plan's down pointer is stale: every call
-rebinds it first, and calls on one weight set are not meant to run from several threads at once.
+A C++ plan holds views of its weights. The cache keys each plan on the gate and up weights'
+addresses, shapes, strides, dtype and device, and on the down weight's shape, dtype and device only,
+and drops it as soon as the gate or up tensor is garbage collected (or when more than MAX_PLANS are
+held). The down weight is the exception because the callers make it anew: the training ops copy
+down_proj.weight neuron-major inside each call (forward and backward), and an unfrozen module's
+inference calls under torch.compile copy it too. Every call therefore points the plan it finds at
+its own down tensor (set_weights, host-only, which a CUDA-graph capture needs), and one plan, with
+its density calibration on CUDA, serves every call on the same gate and up weights. Between calls a
+plan's down pointer may be stale: every call rebinds it first (a module that keeps its plan checks
+`_down_address`), and calls on one weight set are not meant to run from several threads at once.
 """
 import threading
 import weakref
@@ -73,18 +74,15 @@ def _drop(key):
         _forget(entry)
 
 
-def _get(cls, gate, up, down, options, rebind_down=False):
-    # rebind_down: the plan is keyed on down's shape and dtype only, and pointed at this call's
-    # down tensor (training: the neuron-major down copy is a new tensor every call).
-    down_key = (tuple(down.shape), down.dtype, down.device) if rebind_down else _signature(down)
-    key = (cls.__name__, _signature(gate), _signature(up), down_key, options)
+def _get(cls, gate, up, down, options):
+    # Keyed on down's shape, dtype and device only, the plan pointed at this call's down tensor.
+    key = (cls.__name__, _signature(gate), _signature(up), (tuple(down.shape), down.dtype,
+                                                           down.device), options)
     with _lock:
         hit = _plans.get(key)
         if hit is not None:
             _plans.move_to_end(key)
-            if rebind_down:
-                hit[0].set_weights(dl(gate), dl(up), dl(down), borrow=True)
-            return hit[0]
+            return bound_to(hit[0], gate, up, down)
     if up.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         # Making a plan allocates (pinned memory, events, cuBLASLt handles): inside a capture
         # that would invalidate the graph and leave the CUDA context in an error state.
@@ -93,7 +91,7 @@ def _get(cls, gate, up, down, options, rebind_down=False):
             "capture (run the step once eagerly, and keep weight tensors in place between steps), "
             "got weights first seen during the capture")
     plan = cls(dl(gate), dl(up), dl(down), *options, borrow=True)
-    owners = (gate, up) if rebind_down else (gate, up, down)
+    owners = (gate, up)
     # A view's plan lives as long as the tensor it views (a split module's cold weights are
     # slices of its parameters, new objects each call: their plan must outlive them).
     finalizers = [weakref.finalize(t if t._base is None else t._base, _drop, key)
@@ -123,12 +121,21 @@ def inference_plan(gate, up, down, tile, capacity, dispatch, dense_above):
     return _get(twell.InferencePlan, gate, up, down, options)
 
 
+def bound_to(plan, gate, up, down):
+    """`plan` (of these gate and up weights) pointed at `down`: an inference plan is rebound only
+    where another call moved it (callers that keep a plan and skip the cache use this too)."""
+    if getattr(plan, "_down_address", None) != down.data_ptr():
+        with _lock:
+            plan.set_weights(dl(gate), dl(up), dl(down), borrow=True)
+    return plan
+
+
 def training_plan(gate, up, down, tile, capacity, dispatch, dense_above):
     # The L1 coefficient comes with each backward call (the upstream gradient of the L1 value).
     # A shared state_tag: the plan a backward finds may be another than its forward's (evicted,
     # cleared, or FSDP2 moved the weights), and autograd hands each backward its own forward's state.
     options = (tile, capacity, 0.0, _determinism(), dispatch_value(dispatch), dense_above, _STATE_TAG)
-    return _get(twell.TrainingPlan, gate, up, down, options, rebind_down=True)
+    return _get(twell.TrainingPlan, gate, up, down, options)
 
 
 def clear():

@@ -232,7 +232,8 @@ class _SparseFFN(nn.Module):
         if held is not None and held[0] == options and all(
                 a is b and a.data_ptr() == p for a, b, p in zip(held[1], (gate, up, down), held[2])
                 if b is not None):
-            return held[3]
+            # another caller on the same gate and up (a compiled call) may have rebound it
+            return _plans.bound_to(held[3], gate, up, down)
         plan = _plans.inference_plan(gate, up, down, self.tile, self.capacity, self.dispatch,
                                      self.dense_above)
         weights = (gate, up, down)

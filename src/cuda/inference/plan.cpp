@@ -68,6 +68,8 @@ class CudaInference final : public detail::InferenceBackend {
   }
 
   RunInfo run(const InferenceArgs& args, Stream stream, void* workspace) override;
+  // Runs read weights_ only while enqueuing: a rebind between runs (captured or not) is safe.
+  void set_weights(const FfnWeights& w) override { weights_ = w; }
 
  private:
   struct Buffers {
