@@ -102,6 +102,33 @@ def test_cuda_graph_inference(seed, dispatch, gated):
                 torch.testing.assert_close(static_y, want, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_unfrozen_module_in_a_cuda_graph(seed, compiled):
+    """An unfrozen module (its down copy made inside each call) captures and replays: the plan
+    made in the warm-up is pointed at the copy the capture makes; replays follow later changes
+    of down_proj.weight, as eager calls do. Compiled: the op's path, a new down copy per call."""
+    mod, x = frozen_module(seed)
+    mod.unfreeze()
+    f = torch.compile(mod) if compiled else mod
+    static_x = x.clone()
+    with torch.no_grad():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                f(static_x)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = f(static_x)
+        for scale in (1.0, -0.5):
+            mod.down_proj.weight.mul_(scale)
+            graph.replay()
+            want = mod.freeze()(static_x)
+            mod.unfreeze()
+            assert rel_error(static_y, want) < 1e-2, scale
+
+
 @pytest.mark.parametrize("dispatch", ["sparse", "auto"])
 def test_cuda_graph_training_step(seed, dispatch):
     """Whole-step capture (forward, L1 term, backward, optimizer) replays like eager steps. "auto":
