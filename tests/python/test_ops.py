@@ -44,8 +44,13 @@ def test_inference(seed, device, dtype, gated, shape, dispatch):
     within(y[0], y_ref, y_plain, dtype, "y")
     assert (y[0][(y_ref == 0).all(1)] == 0).all()
     with torch.no_grad():
-        frozen = mod.freeze()(x)  # a new plan: "auto" may choose the other path (CUDA calibration)
-    torch.testing.assert_close(frozen, y, **({} if dispatch == "auto" else {"rtol": 0, "atol": 0}))
+        # The same plan (one per gate and up weight), pointed at the frozen copy: its second run
+        # may take the other path ("auto", CUDA calibration) or send backup rows through cuBLAS
+        # (fast mode), rounding differently; exact to the dtype either way.
+        frozen = mod.freeze()(x)
+    within(frozen[0], y_ref, y_plain, dtype, "frozen")
+    if dispatch == "dense":
+        torch.testing.assert_close(frozen, y, rtol=0, atol=0)
     assert mod.l0.shape == () and mod.l1_loss is None
 
 
@@ -134,8 +139,8 @@ def test_kept_plan_follows_a_rebind_by_another_caller(seed, device, dtype):
         y1 = mod(x)
     y_ref, _, _ = dense_step(mod, x, zeros, 0.0, torch.float64)
     y_plain, _, _ = dense_step(mod, x, zeros, 0.0, dtype)
+    within(y0, y_ref, y_plain, dtype, "before")
     within(y1, y_ref, y_plain, dtype, "after another caller's rebind")
-    torch.testing.assert_close(y1, y0, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("device,dtype", CASES)
