@@ -58,6 +58,9 @@ case "$1" in
   say "tests done"; tail -3 build/real/train.out
   ;;
 go)
+  # A fresh machine (the last call's was given back: more than ~30 s between the calls) holds no
+  # training: say so at once rather than wait out the call.
+  if [ ! -f build/real/train.out ]; then echo "no training on this machine: start again with phase 1"; exit 3; fi
   while [ ! -f build/real/train.rc ] && [ $(el) -lt 560 ]; do sleep 10; done
   tail -4 build/real/train.out
   if [ "$(cat build/real/train.rc 2>/dev/null)" = 0 ] && [ "${MEASURE:-1}" = 1 ]; then
