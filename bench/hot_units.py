@@ -15,7 +15,8 @@ alternating. Agreement: ||y - y_dense|| / ||y_dense|| of each way.
 Rows (suite "hot_units", one per layer, mode and H): device, source, layer, M, K, N, dtype,
 density (measured rows), hot_units, hot_share (the measured rows' active pairs its hot units
 carry; 0 for H = 0), mode, dense_ms, twell_ms, split_ms (median, p20, p80), speedup (dense /
-split), vs_twell (twell / split), rel_diff.
+split), vs_twell (twell / split), twell_ran_dense / split_ran_dense (inference: the path of the
+last timed call), rel_diff.
 
     python3 bench/hot_units.py [--from CAPTURE [--layers 0,1]] [--densities 0.009 --spread 1.8]
                                [--hot 256,512,768,1024] [--calib 4096] [--out DIR]
@@ -126,9 +127,11 @@ def measure(a, mlp, x, mode, device):
         ways[h] = hot.clone(mlp)
         ways[h].split_hot(h, hot.unit_hits(mlp, calib))
     training = mode == "training"
-    for w in ways.values():
+    for name, w in ways.items():
         for p in w.parameters():
             p.requires_grad_(training)
+        if name != "dense":
+            w.record_dispatch = not training  # the path each inference call ran (host-side)
     dy = torch.randn(x.shape, generator=torch.Generator(device=device).manual_seed(a.seed),
                      device=device).to(x.dtype) / x.shape[1] ** 0.5
     xg = x.clone().requires_grad_(training)
@@ -186,6 +189,9 @@ def main(argv=None):
                     "dense_ms": d, "twell_ms": t, "split_ms": s,
                     "speedup": d["median"] / s["median"], "vs_twell": t["median"] / s["median"],
                     "twell_speedup": d["median"] / t["median"],
+                    # inference: whether the last timed call of twell / the split's cold part
+                    # ran dense (None in training, whose form the saved state's size tells)
+                    "twell_ran_dense": ways["twell"].ran_dense, "split_ran_dense": ways[h].ran_dense,
                     "rel_diff": rel(y, y_dense), "rel_diff_twell": rel(y_twell, y_dense)})
                 r = rows[-1]
                 print(f"{source} {mode:9s} density {100 * density:.3f}% H {h:5d} (share "

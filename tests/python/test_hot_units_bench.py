@@ -22,6 +22,10 @@ def _check(rows, modes=("inference", "training")):
             assert r[key]["p20"] <= r[key]["median"] <= r[key]["p80"]
         assert r["speedup"] == pytest.approx(r["dense_ms"]["median"] / r["split_ms"]["median"])
         assert r["rel_diff"] < 1e-5 and r["rel_diff_twell"] < 1e-5  # float32: rounding only
+        if r["mode"] == "inference":
+            assert isinstance(r["twell_ran_dense"], bool) and isinstance(r["split_ran_dense"], bool)
+        else:
+            assert r["twell_ran_dense"] is None and r["split_ran_dense"] is None
 
 
 def test_synthetic_rows(tmp_path):
