@@ -1,5 +1,7 @@
 // CPU inference vs the fp64 oracle over the generator set: dtypes, kinds, patterns, odd shapes,
 // dispatch modes.
+#include <algorithm>
+
 #include "common.hpp"
 
 namespace twell::test {
@@ -134,9 +136,10 @@ TEST(CpuInferenceApi, WeightsChangedInPlaceBetweenRuns) {
       InferencePlan plan(p.weights());
       std::vector<uint8_t> y(size_t(33 * 64) * dtype_size(dt));
       plan.run({p.x_view(), TensorView::matrix(y.data(), dt, 33, 64), {}});
-      p.gate = q.gate;  // same sizes: the vectors keep their buffers, the plan's views
-      p.up = q.up;
-      p.down = q.down;
+      // into the same buffers, which the plan views
+      std::copy(q.gate.begin(), q.gate.end(), p.gate.begin());
+      std::copy(q.up.begin(), q.up.end(), p.up.begin());
+      std::copy(q.down.begin(), q.down.end(), p.down.begin());
       poison(y.data(), y.size());
       plan.run({p.x_view(), TensorView::matrix(y.data(), dt, 33, 64), {}});
       const ForwardCheck chk = check_forward(p, y.data());

@@ -5,10 +5,14 @@
 // routed rows (a tile over capacity, or a NaN or infinite gate value) go through dense sgemms on
 // the gathered rows. A block whose measured density exceeds options.dense_above runs its up/down
 // densely instead.
-// 16-bit weights are widened to fp32 copies at the start of every run (the caller may change them
-// in place between runs).
+// 16-bit weights are widened to fp32 at every run (the caller may change them in place between
+// runs): the first weight whole (the gate GEMM reads it all), up and down whole only where a block
+// runs them densely or has more active entries than N, else row by row as the fused loop reads
+// them (a decoding step touches a few dozen rows).
 // NaN: the ReLU keeps NaN (cpu::relu) and every path computes h = relu(g) * u as a product, so a
 // NaN or infinite value of x or a NaN gate weight reaches y as in the dense computation.
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -87,7 +91,8 @@ class CpuInference final : public InferenceBackend {
     RunInfo info;
     info.rows = a.x.shape[0];
     auto* ws = static_cast<uint8_t*>(workspace);
-    if (dtype_ != DType::f32 && info.rows > 0) widen_weights();
+    rest_widened_ = dtype_ == DType::f32;
+    if (!rest_widened_ && info.rows > 0) widen(kind_ == FfnKind::gated ? w_.gate : w_.up, first_copy_);
     for (int64_t r0 = 0; r0 < info.rows; r0 += kBlockRows) {
       const int64_t rows = std::min(kBlockRows, info.rows - r0);
       run_block(a, r0, rows, ws, info);
@@ -101,21 +106,36 @@ class CpuInference final : public InferenceBackend {
   }
 
  private:
-  // 16-bit weights into their fp32 copies, at every run: the plan holds views of the caller's
-  // weights, which may change in place between runs (an optimizer step), and a copy made once
-  // would keep computing with the old values.
-  void widen_weights() {
-    const TensorView& first = kind_ == FfnKind::gated ? w_.gate : w_.up;
-    const std::pair<const TensorView*, std::vector<float>*> parts[] = {
-        {&first, &first_copy_}, {&w_.up, &up_copy_}, {&w_.down, &down_copy_}};
-    for (const auto& [view, copy] : parts) {
-      if (copy->empty()) continue;  // the plain FFN's up is its first weight
-      const int64_t total = view->numel(), chunk = int64_t(1) << 16;
+  // A 16-bit weight into its fp32 copy. The plan holds views of the caller's weights, which may
+  // change in place between runs (an optimizer step): a copy made once would compute with the old
+  // values, so every run widens what it reads.
+  void widen(const TensorView& view, std::vector<float>& copy) const {
+    const int64_t total = view.numel(), chunk = int64_t(1) << 16;
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < total; i += chunk)
-        cpu::to_f32(static_cast<const uint8_t*>(view->data) + i * int64_t(dtype_size(dtype_)), dtype_,
-                    copy->data() + i, std::min(chunk, total - i));
-    }
+    for (int64_t i = 0; i < total; i += chunk)
+      cpu::to_f32(static_cast<const uint8_t*>(view.data) + i * int64_t(dtype_size(dtype_)), dtype_,
+                  copy.data() + i, std::min(chunk, total - i));
+  }
+  // Up (gated) and down whole, once per run, before anything reads them through up_ / down_.
+  void widen_rest() {
+    if (rest_widened_) return;
+    if (kind_ == FfnKind::gated) widen(w_.up, up_copy_);
+    widen(w_.down, down_copy_);
+    rest_widened_ = true;
+  }
+  // Weight row n of up (gated) or down for the fused loop: the widened copy's, or widened into
+  // `scratch` (k_ floats) while the run has not widened them whole.
+  const float* weight_row(const TensorView& view, const float* widened, int64_t n, float* scratch) const {
+    if (rest_widened_) return widened + n * k_;
+    cpu::to_f32(static_cast<const uint8_t*>(view.data) + n * k_ * int64_t(dtype_size(dtype_)), dtype_, scratch, k_);
+    return scratch;
+  }
+  // Per-thread room for the rows fused_row widens (4 of k_ floats a thread; none once widened).
+  std::vector<float> row_scratch() const {
+    return rest_widened_ ? std::vector<float>() : std::vector<float>(size_t(omp_get_max_threads()) * 4 * size_t(k_));
+  }
+  float* thread_scratch(std::vector<float>& s) const {
+    return s.empty() ? nullptr : s.data() + size_t(omp_get_thread_num()) * 4 * size_t(k_);
   }
 
   BlockLayout layout(int64_t rows) const {
@@ -155,6 +175,7 @@ class CpuInference final : public InferenceBackend {
         opt_.dispatch == Dispatch::force_dense ||
         (opt_.dispatch == Dispatch::automatic && rows >= kMinDenseRows &&
          double(active) > opt_.dense_above * double(rows * n_));
+    if (dense || active > n_) widen_rest();  // row by row would widen more than the whole
     if (dense) {
       info.ran_dense = true;
       dense_rest(L, rows, x, g, ws, y);
@@ -205,6 +226,7 @@ class CpuInference final : public InferenceBackend {
     const int64_t per_row = L.tiles * L.capacity;
     std::vector<int64_t> active(size_t(rows * per_row));
     std::vector<float> gate(active.size());
+    std::vector<float> scratch = row_scratch();
 #pragma omp parallel for schedule(dynamic, 4)
     for (int64_t r = 0; r < rows; ++r) {
       if (over[size_t(r)]) continue;
@@ -218,29 +240,33 @@ class CpuInference final : public InferenceBackend {
           g[count] = vals[slot0 + e];
         }
       }
-      fused_row(x + r * k_, nrn, g, count, y + r * k_);
+      fused_row(x + r * k_, nrn, g, count, y + r * k_, thread_scratch(scratch));
     }
   }
 
   // y_row = sum_i h_i Wd[n_i] with h_i = g_i * (x_row . Wu[n_i]) (gated) or g_i (plain); neurons
-  // are taken two at a time so that four weight rows stream at once.
-  void fused_row(const float* xr, const int64_t* nrn, const float* g, int64_t count, float* yr) const {
+  // are taken two at a time so that four weight rows stream at once. scratch: 4 x k_ floats for
+  // 16-bit rows not yet widened (weight_row).
+  void fused_row(const float* xr, const int64_t* nrn, const float* g, int64_t count, float* yr,
+                 float* scratch) const {
     std::memset(yr, 0, size_t(k_) * sizeof(float));
     const bool gated = kind_ == FfnKind::gated;
+    const auto up = [&](int64_t n, int slot) { return weight_row(w_.up, up_, n, scratch + slot * k_); };
+    const auto down = [&](int64_t n, int slot) { return weight_row(w_.down, down_, n, scratch + slot * k_); };
     int64_t i = 0;
     for (; i + 1 < count; i += 2) {
       float h0 = g[i], h1 = g[i + 1];
       if (gated) {
         float u0, u1;
-        cpu::dot2(xr, up_ + nrn[i] * k_, up_ + nrn[i + 1] * k_, k_, &u0, &u1);
+        cpu::dot2(xr, up(nrn[i], 0), up(nrn[i + 1], 1), k_, &u0, &u1);
         h0 *= u0;
         h1 *= u1;
       }
-      cpu::axpy2(h0, down_ + nrn[i] * k_, h1, down_ + nrn[i + 1] * k_, yr, k_);
+      cpu::axpy2(h0, down(nrn[i], 2), h1, down(nrn[i + 1], 3), yr, k_);
     }
     if (i < count) {
-      const float h = gated ? g[i] * cpu::dot(xr, up_ + nrn[i] * k_, k_) : g[i];
-      cpu::axpy(h, down_ + nrn[i] * k_, yr, k_);
+      const float h = gated ? g[i] * cpu::dot(xr, up(nrn[i], 0), k_) : g[i];
+      cpu::axpy(h, down(nrn[i], 2), yr, k_);
     }
   }
 
@@ -252,7 +278,7 @@ class CpuInference final : public InferenceBackend {
   // inactive ones with relu(g) = 0: its u may be infinite, and 0 * Inf is NaN in the dense product.
   void routed_rows(const BlockLayout& L, int64_t count, const int32_t* routed,
                    const std::vector<int64_t>& nnz, const std::vector<uint8_t>& finite, const float* x,
-                   const float* g, uint8_t* ws, float* y) const {
+                   const float* g, uint8_t* ws, float* y) {
     int64_t routed_active = 0;
     for (int64_t i = 0; i < count; ++i)
       routed_active += finite[size_t(routed[i])] ? nnz[size_t(routed[i])] : n_;
@@ -264,6 +290,7 @@ class CpuInference final : public InferenceBackend {
       std::vector<float> gate(active.size());
       for (int64_t i = 0; i < count; ++i)
         offset[size_t(i) + 1] = offset[size_t(i)] + (finite[size_t(routed[i])] ? nnz[size_t(routed[i])] : n_);
+      std::vector<float> scratch = row_scratch();
 #pragma omp parallel for schedule(dynamic, 1)
       for (int64_t i = 0; i < count; ++i) {
         const int64_t r = routed[i];
@@ -273,10 +300,11 @@ class CpuInference final : public InferenceBackend {
         int64_t n = 0;
         for (int64_t c = 0; c < n_; ++c)
           if (every || cpu::relu_active(g[r * n_ + c])) nrn[n] = c, gr[n++] = cpu::relu(g[r * n_ + c]);
-        fused_row(x + r * k_, nrn, gr, n, y + r * k_);
+        fused_row(x + r * k_, nrn, gr, n, y + r * k_, thread_scratch(scratch));
       }
       return;
     }
+    widen_rest();  // the dense GEMMs below read up and down whole
     auto* xg = reinterpret_cast<float*>(ws + L.xr);
     auto* h = reinterpret_cast<float*>(ws + L.h);
     for (int64_t i = 0; i < count; ++i) {
@@ -311,6 +339,7 @@ class CpuInference final : public InferenceBackend {
   DType dtype_;
   InferenceOptions opt_;
   FfnWeights w_;  // views of the caller's weights
+  bool rest_widened_ = true;  // up_ and down_ hold this run's values (fp32 weights: always)
   std::vector<float> first_copy_, up_copy_, down_copy_;
   const float* first_ = nullptr;
   const float* up_ = nullptr;

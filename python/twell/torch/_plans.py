@@ -76,8 +76,10 @@ def _drop(key):
 
 def _get(cls, gate, up, down, options):
     # Keyed on down's shape, dtype and device only, the plan pointed at this call's down tensor.
-    key = (cls.__name__, _signature(gate), _signature(up), (tuple(down.shape), down.dtype,
-                                                           down.device), options)
+    # (its strides too: a plan only ever runs on the layout it was made for, and a transposed
+    # view at the same address must not pass as the row-major tensor when K = N)
+    key = (cls.__name__, _signature(gate), _signature(up),
+           (tuple(down.shape), down.stride(), down.dtype, down.device), options)
     with _lock:
         hit = _plans.get(key)
         if hit is not None:

@@ -144,8 +144,8 @@ def forward(module, x2, training, dispatch):
         # the hot part, so only a module a tracker watches keeps it, until the hook runs.
         m._hot_gate = g.detach() if m.__dict__.get("_hot_gate_readers") else None
     else:
-        from twell.torch.modules import _plain_eager
-        down_nk = m.inference_down(_plain_eager(x2))[0][:c]
+        frozen = getattr(m, "down_nk", None)
+        down_nk = frozen[:c] if frozen is not None else down_c.detach().t().contiguous()
         y, counters = torch.ops.twell.ffn(x2, gate_c, up_c, down_nk, m.tile, m.capacity,
                                           dispatch, m.dense_above)
         m.l0 = (counters[1] + active).float() / max(rows, 1)

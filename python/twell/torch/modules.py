@@ -125,7 +125,6 @@ class _SparseFFN(nn.Module):
         freeze() is called again. Training never uses the copy."""
         self.register_buffer("down_nk", self.down_proj.weight.detach().t().contiguous(),
                              persistent=False)
-        self.__dict__.pop("_down_copy", None)
         _HELD_PLANS.pop(self, None)  # held beside the previous copy
         return self
 
@@ -133,30 +132,6 @@ class _SparseFFN(nn.Module):
         self.down_nk = None
         _HELD_PLANS.pop(self, None)
         return self
-
-    def __getstate__(self):
-        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
-        return {k: v for k, v in state.items() if k != "_down_copy"}  # per-call scratch
-
-    def inference_down(self, eager=True):
-        """The neuron-major down weight [N, K] an inference call reads, and whether it is the
-        frozen copy. Unfrozen, a copy of down_proj.weight made at this call: in plain eager calls
-        into one buffer the module keeps between inference calls (dropped by a training forward),
-        so it keeps its address and the op's cached plan, keyed on the weights' addresses, lives
-        across calls with its dispatch calibration (a new copy each call made a new plan each
-        call, whose automatic dispatch never got past its first trial)."""
-        frozen = getattr(self, "down_nk", None)
-        if frozen is not None:
-            return frozen, True
-        w = self.down_proj.weight.detach()
-        if not eager:  # traced or compiled: no module state mutated inside a graph
-            return w.t().contiguous(), False
-        buf = self.__dict__.get("_down_copy")
-        if buf is None or buf.shape != w.t().shape or buf.dtype != w.dtype or buf.device != w.device:
-            buf = torch.empty(w.t().shape, dtype=w.dtype, device=w.device)
-            self.__dict__["_down_copy"] = buf
-        buf.copy_(w.t())
-        return buf, False
 
     def _weights(self):
         return (self.gate_proj.weight if self.gated else None), self.up_proj.weight
@@ -189,8 +164,6 @@ class _SparseFFN(nn.Module):
             p.requires_grad for p in self.parameters()))
         # Compiled graphs size the training state from shapes alone: the compact form.
         dispatch = "sparse" if training and torch.compiler.is_compiling() else self.dispatch
-        if training:
-            self.__dict__.pop("_down_copy", None)  # inference's copy: not kept through training
         if self.hot_units:
             return hot.forward(self, x2, training, dispatch).reshape(shape)
         if training:
@@ -200,17 +173,19 @@ class _SparseFFN(nn.Module):
             self.l1_loss = self.l1_coef * stats[1]
             self.ran_dense = None
         else:
-            eager = _plain_eager(x2)
-            down, frozen = self.inference_down(eager)
+            down = getattr(self, "down_nk", None)
+            frozen = down is not None
+            if not frozen:  # a new copy each call; the op's plan is rebound to it (_plans)
+                down = self.down_proj.weight.detach().t().contiguous()
             args = (x2, gate, up, down, self.tile, self.capacity, self.dispatch, self.dense_above)
             plan = None
-            if not eager:
+            if not _plain_eager(x2):
                 y, counters = torch.ops.twell.ffn(*args)
                 # Kept, divided on first read (l0): no tensor operation in a compiled graph.
                 self._l0_counts, self._l0_rows = counters, x2.shape[0]
                 self.l1_loss, self.ran_dense = None, None
             else:
-                plan = self._eager_plan(gate, up, down)
+                plan = self._eager_plan(gate, up, down, frozen)
                 y, counters = _ops.run_ffn_eager(plan, x2)
                 # nn.Module.__setattr__ and l0's division cost as much host time as the kernels
                 self.__dict__.update(_l0_counts=counters, _l0_rows=x2.shape[0], l1_loss=None, ran_dense=None)
@@ -223,10 +198,11 @@ class _SparseFFN(nn.Module):
                 self.ran_dense = plan.last_run().ran_dense
         return y.reshape(shape)
 
-    def _eager_plan(self, gate, up, down):
-        """The op's cached plan for these weights, found once per weight set: the module keeps it
-        beside the weights it was found for (identity and address; down is the frozen copy or the
-        module's own inference copy), skipping the cache's look-up on every call."""
+    def _eager_plan(self, gate, up, down, keep):
+        """The op's cached plan for these weights, found once per weight set: where `keep` (down
+        is the frozen down_nk, not a per-call copy, which the cache rebinds the plan to) the
+        module keeps it beside the weights it was found for (identity and address), skipping the
+        cache's look-up on every call."""
         options = _plans.inference_options(self.tile, self.capacity, self.dispatch, self.dense_above)
         held = _HELD_PLANS.get(self)
         if held is not None and held[0] == options and all(
@@ -236,9 +212,10 @@ class _SparseFFN(nn.Module):
             return _plans.bound_to(held[3], gate, up, down)
         plan = _plans.inference_plan(gate, up, down, self.tile, self.capacity, self.dispatch,
                                      self.dense_above)
-        weights = (gate, up, down)
-        ptrs = tuple(t.data_ptr() if t is not None else 0 for t in weights)
-        _HELD_PLANS[self] = (options, weights, ptrs, plan)
+        if keep:
+            weights = (gate, up, down)
+            ptrs = tuple(t.data_ptr() if t is not None else 0 for t in weights)
+            _HELD_PLANS[self] = (options, weights, ptrs, plan)
         return plan
 
     def extra_repr(self):

@@ -69,7 +69,11 @@ class CudaInference final : public detail::InferenceBackend {
 
   RunInfo run(const InferenceArgs& args, Stream stream, void* workspace) override;
   // Runs read weights_ only while enqueuing: a rebind between runs (captured or not) is safe.
-  void set_weights(const FfnWeights& w) override { weights_ = w; }
+  void set_weights(const FfnWeights& w) override {
+    check_weight_alignment(w, "InferencePlan::set_weights");
+    weights_ = w;
+    weights_queried_ = false;
+  }
 
  private:
   struct Buffers {
@@ -144,6 +148,7 @@ class CudaInference final : public detail::InferenceBackend {
   void run_dense(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s);
 
   FfnWeights weights_;
+  bool weights_queried_ = true;  // check_weight_pointers ran on weights_ (set_weights defers it)
   InferenceOptions options_;
   ProblemDims dims_;
   DeviceInfo device_;
@@ -168,6 +173,10 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
   const cudaStream_t s = resolve_stream(stream);
   const bool capturing = is_capturing(s, kRunOp);
   if (!capturing) check_pointers(args, rows);
+  if (!capturing && !weights_queried_) {
+    check_weight_pointers(weights_, device_.index, kRunOp);
+    weights_queried_ = true;
+  }
   check_rows(rows, kRunOp);
   auto* counters = static_cast<int64_t*>(args.counters.data);
   if (rows == 0) {

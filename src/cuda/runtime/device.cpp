@@ -92,6 +92,17 @@ void check_device_pointer(const void* p, int device, const char* op, const char*
                 "address " + std::to_string(reinterpret_cast<uintptr_t>(p)));
 }
 
+void check_weight_alignment(const FfnWeights& w, const char* op) {
+  const auto aligned = [op](const void* p, const char* name) {
+    if (reinterpret_cast<uintptr_t>(p) % ShapeLimits::kPointerAlign != 0)
+      throw Error(op, name, std::to_string(ShapeLimits::kPointerAlign) + "-byte aligned data",
+                  "address " + std::to_string(reinterpret_cast<uintptr_t>(p)));
+  };
+  if (w.kind == FfnKind::gated) aligned(w.gate.data, "gate weight");
+  aligned(w.up.data, "up weight");
+  aligned(w.down.data, "down weight");
+}
+
 void check_weight_pointers(const FfnWeights& w, int device, const char* op) {
   if (w.kind == FfnKind::gated) check_device_pointer(w.gate.data, device, op, "gate weight");
   check_device_pointer(w.up.data, device, op, "up weight");

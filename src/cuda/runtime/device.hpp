@@ -56,5 +56,8 @@ void check_device_pointer(const void* p, int device, const char* op, const char*
 
 // check_device_pointer for each weight of w (16-byte aligned device memory on `device`).
 void check_weight_pointers(const FfnWeights& w, int device, const char* op);
+// The alignment part of check_weight_pointers alone: host arithmetic, no query (set_weights, which
+// may run inside a capture; the plan queries the memory at its next uncaptured call).
+void check_weight_alignment(const FfnWeights& w, const char* op);
 
 }  // namespace twell::gpu
