@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One device call (~5 minutes): unfrozen eager inference keeping one plan (its dispatch settled)
-# and plans reading weights changed in place, on CUDA; then bench/hot_units.py's rows again (the
-# rows of the call before ran every unfrozen twell module's inference on a new plan per call).
+# One device call (~5 minutes): CUDA tests of the plan cache and hot units, then
+# bench/hot_units.py's rows on lognormal firing rates (sigma 1.8 at 0.6 / 0.9 / 1.3%, sigma 1.0 at
+# 1.3 / 1.9%). Its first form, with the hot-unit tests, made the rows of
+# lab/runs/h200/hot-units/new-plan-per-call/ (every unfrozen inference call on a new plan).
 set -uo pipefail
 export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
 res=build/hot/results; mkdir -p $res

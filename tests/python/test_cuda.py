@@ -8,7 +8,8 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 import twell  # noqa: E402
 import twell.torch as tt  # noqa: E402
 
-from torch_cases import module_for, problem, rel_error, skip_unless_trainable  # noqa: E402
+from torch_cases import (captured, module_for, problem, rel_error,  # noqa: E402
+                         skip_unless_trainable)
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device visible to PyTorch", allow_module_level=True)
@@ -80,15 +81,7 @@ def test_cuda_graph_inference(seed, dispatch, gated):
     mod, x = frozen_module(seed, gated, dispatch=dispatch)
     static_x = x.clone()
     with torch.no_grad():
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):  # warm-up: plans and workspaces exist before capture
-                mod(static_x)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_y = mod(static_x)
+        graph, static_y = captured(lambda: mod(static_x))
         for scale in (1.0, -0.5, 2.0):
             static_x.copy_(x * scale)
             graph.replay()
@@ -112,15 +105,7 @@ def test_unfrozen_module_in_a_cuda_graph(seed, compiled):
     f = torch.compile(mod) if compiled else mod
     static_x = x.clone()
     with torch.no_grad():
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                f(static_x)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_y = f(static_x)
+        graph, static_y = captured(lambda: f(static_x))
         for scale in (1.0, -0.5):
             mod.down_proj.weight.mul_(scale)
             graph.replay()

@@ -13,7 +13,7 @@ from torch import nn  # noqa: E402
 import twell.torch as tt  # noqa: E402
 from twell.torch import saved  # noqa: E402
 
-from torch_cases import (FLOOR, dense_step, devices, dtypes, module_for,  # noqa: E402
+from torch_cases import (FLOOR, captured, dense_step, devices, dtypes, module_for,  # noqa: E402
                          off_the_kink, problem, rel_error, skip_unless_trainable)
 
 K, N, TILE = 16, 200, 64
@@ -273,15 +273,7 @@ def test_cuda_graph_replays_a_split_module(seed, dispatch):
     split.freeze()
     static_x = x.clone()
     with torch.no_grad():
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):  # plans and workspaces exist before capture
-                split(static_x)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_y = split(static_x)
+        graph, static_y = captured(lambda: split(static_x))
         for scale in (1.0, -0.5, 2.0):
             static_x.copy_(x * scale)
             graph.replay()

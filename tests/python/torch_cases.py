@@ -9,6 +9,21 @@ import twell.torch as tt
 from problems import make_problem
 
 
+def captured(fn, warmup=3):
+    """(graph, output): fn() captured in a CUDA graph after `warmup` eager runs on a side stream
+    (plans, workspaces and the allocator's pools exist before the capture)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def devices():
     out = ["cpu"]
     if torch.cuda.is_available() and twell.cuda_device_count() > 0:
