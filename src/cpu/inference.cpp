@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <utility>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -124,11 +123,13 @@ class CpuInference final : public InferenceBackend {
     rest_widened_ = true;
   }
   // Weight row n of up (gated) or down for the fused loop: the widened copy's, or widened into
-  // `scratch` (k_ floats) while the run has not widened them whole.
-  const float* weight_row(const TensorView& view, const float* widened, int64_t n, float* scratch) const {
+  // slot `slot` (k_ floats) of `scratch` while the run has not widened them whole.
+  const float* weight_row(const TensorView& view, const float* widened, int64_t n, float* scratch,
+                          int slot) const {
     if (rest_widened_) return widened + n * k_;
-    cpu::to_f32(static_cast<const uint8_t*>(view.data) + n * k_ * int64_t(dtype_size(dtype_)), dtype_, scratch, k_);
-    return scratch;
+    float* row = scratch + slot * k_;
+    cpu::to_f32(static_cast<const uint8_t*>(view.data) + n * k_ * int64_t(dtype_size(dtype_)), dtype_, row, k_);
+    return row;
   }
   // Per-thread room for the rows fused_row widens (4 of k_ floats a thread; none once widened).
   std::vector<float> row_scratch() const {
@@ -251,8 +252,8 @@ class CpuInference final : public InferenceBackend {
                  float* scratch) const {
     std::memset(yr, 0, size_t(k_) * sizeof(float));
     const bool gated = kind_ == FfnKind::gated;
-    const auto up = [&](int64_t n, int slot) { return weight_row(w_.up, up_, n, scratch + slot * k_); };
-    const auto down = [&](int64_t n, int slot) { return weight_row(w_.down, down_, n, scratch + slot * k_); };
+    const auto up = [&](int64_t n, int slot) { return weight_row(w_.up, up_, n, scratch, slot); };
+    const auto down = [&](int64_t n, int slot) { return weight_row(w_.down, down_, n, scratch, slot); };
     int64_t i = 0;
     for (; i + 1 < count; i += 2) {
       float h0 = g[i], h1 = g[i + 1];

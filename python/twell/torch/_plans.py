@@ -1,11 +1,11 @@
 """Plans for the custom ops: created on first use, cached by the weights' addresses.
 
 A C++ plan holds views of its weights. The cache keys each plan on the gate and up weights'
-addresses, shapes, strides, dtype and device, and on the down weight's shape, dtype and device only,
-and drops it as soon as the gate or up tensor is garbage collected (or when more than MAX_PLANS are
-held). The down weight is the exception because the callers make it anew: the training ops copy
-down_proj.weight neuron-major inside each call (forward and backward), and an unfrozen module's
-inference calls under torch.compile copy it too. Every call therefore points the plan it finds at
+addresses, shapes, strides, dtype and device, and on the down weight's shape, strides, dtype and
+device but not its address, and drops it as soon as the gate or up tensor is garbage collected (or
+when more than MAX_PLANS are held). The down weight is the exception because the callers make it
+anew: the training ops copy down_proj.weight neuron-major inside each call (forward and backward),
+and so does an unfrozen module's inference call, eager or compiled. Every call therefore points the plan it finds at
 its own down tensor (set_weights, host-only, which a CUDA-graph capture needs), and one plan, with
 its density calibration on CUDA, serves every call on the same gate and up weights. Between calls a
 plan's down pointer may be stale: every call rebinds it first (a module that keeps its plan checks
@@ -75,9 +75,8 @@ def _drop(key):
 
 
 def _get(cls, gate, up, down, options):
-    # Keyed on down's shape, dtype and device only, the plan pointed at this call's down tensor.
-    # (its strides too: a plan only ever runs on the layout it was made for, and a transposed
-    # view at the same address must not pass as the row-major tensor when K = N)
+    # down: its layout, not its address (the plan is pointed at this call's tensor); the strides
+    # keep a transposed view at the same address from passing as row-major when K = N.
     key = (cls.__name__, _signature(gate), _signature(up),
            (tuple(down.shape), down.stride(), down.dtype, down.device), options)
     with _lock:
