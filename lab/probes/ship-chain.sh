@@ -4,7 +4,8 @@
 # after a call):
 #   1   build the extension, then start the whole training run and the CLI build in their own
 #       process sessions (they outlive the call), then run $TESTS (pytest paths, default the hot-unit
-#       and unit-hits tests) on CUDA beside them; returns once the tests end, training going on.
+#       and unit-hits tests) on CUDA beside them, then wait for the training (up to ~9.5 minutes
+#       a call: fewer gaps between calls, each of which loses the machine if it passes ~30 s).
 #   go  wait for training to end (it ran while the calls came and went), then the pending
 #       measurements in order, each started only while the call has time for it (a done flag per
 #       item under build/real/done-$TWELL_REAL_NAME): capture, per-layer rows, per-layer rows with
@@ -41,6 +42,11 @@ item() {
   say "start $name"
   "$@" > >(tee $res/$name.out) 2>&1 && touch $done/$name; say "$name rc $?"
 }
+# wait_train: until the training ends or the call has run 560 s.
+wait_train() {
+  while [ ! -f build/real/train.rc ] && [ $(el) -lt 560 ]; do sleep 10; done
+  tail -4 build/real/train.out
+}
 # detached CMD...: runs CMD in a new process session, output in build/real/<first word>.out
 detached() {
   local log=$1; shift
@@ -55,14 +61,14 @@ case "$1" in
       -DTWELL_CUDA=ON -DTWELL_CUDA_ARCHITECTURES=90a && nice cmake --build build -j 6 --target twell_cli"
   python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/python/test_hot_units.py \
       tests/python/test_hot_units_bench.py tests/python/test_unit_hits.py} 2>&1 | tail -40
-  say "tests done"; tail -3 build/real/train.out
+  say "tests done"
+  wait_train
   ;;
 go)
   # A fresh machine (the last call's was given back: more than ~30 s between the calls) holds no
   # training: say so at once rather than wait out the call.
   if [ ! -f build/real/train.out ]; then echo "no training on this machine: start again with phase 1"; exit 3; fi
-  while [ ! -f build/real/train.rc ] && [ $(el) -lt 560 ]; do sleep 10; done
-  tail -4 build/real/train.out
+  wait_train
   if [ "$(cat build/real/train.rc 2>/dev/null)" = 0 ] && [ "${MEASURE:-1}" = 1 ]; then
     tail -2 build/real/cli.out
     [ -x build/tools/twell/twell ] || cmake --build build -j 16 --target twell_cli >>build/real/cli.out 2>&1
