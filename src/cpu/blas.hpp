@@ -15,10 +15,16 @@ inline int blas_int(int64_t v, const char* what) {
   return int(v);
 }
 
+// One row (a decoding step) goes through sgemv: sgemm would pack all of b before reading it.
 // c[m, n] = a[m, k] * b[n, k]^T   (+ beta * c)
 inline void gemm_nt(int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c,
                     float beta = 0.0f) {
   if (m == 0 || n == 0) return;
+  if (m == 1) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, blas_int(n, "columns"), blas_int(k, "depth"), 1.0f, b,
+                int(k), a, 1, beta, c, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(m, "rows"), blas_int(n, "columns"),
               blas_int(k, "depth"), 1.0f, a, int(k), b, int(k), beta, c, int(n));
 }
@@ -27,6 +33,11 @@ inline void gemm_nt(int64_t m, int64_t n, int64_t k, const float* a, const float
 inline void gemm_nn(int64_t m, int64_t k, int64_t n, const float* a, const float* b, float* c,
                     float beta = 0.0f) {
   if (m == 0 || k == 0) return;
+  if (m == 1) {
+    cblas_sgemv(CblasRowMajor, CblasTrans, blas_int(n, "depth"), blas_int(k, "columns"), 1.0f, b,
+                int(k), a, 1, beta, c, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(m, "rows"), blas_int(k, "columns"),
               blas_int(n, "depth"), 1.0f, a, int(n), b, int(k), beta, c, int(k));
 }
