@@ -14,10 +14,11 @@ and at the end) and warnings for a silent layer or one whose units are nearly al
                dense (above 3.5% density on the CPU, 4% on CUDA, or where CUDA measured dense
                faster) or mixed
 """
+from twell.torch.tracker import HOT_FRACTIONS
 from twell.train import files
 
 NEARLY_ALL_DEAD = 0.9  # a warning at this fraction of a layer's units dead
-TOP10 = 3  # the index of 0.1 in twell.torch.tracker.HOT_FRACTIONS (the log's hot_share)
+TOP10 = HOT_FRACTIONS.index(0.1)  # the log's hot_share lists a share per HOT_FRACTIONS entry
 
 
 def _density(record):
