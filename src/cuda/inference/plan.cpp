@@ -70,9 +70,8 @@ class CudaInference final : public detail::InferenceBackend {
   RunInfo run(const InferenceArgs& args, Stream stream, void* workspace) override;
   // Runs read weights_ only while enqueuing: a rebind between runs (captured or not) is safe.
   void set_weights(const FfnWeights& w) override {
-    check_weight_alignment(w, "InferencePlan::set_weights");
+    rebound_.rebound(w, "InferencePlan::set_weights");
     weights_ = w;
-    weights_queried_ = false;
   }
 
  private:
@@ -148,7 +147,7 @@ class CudaInference final : public detail::InferenceBackend {
   void run_dense(const InferenceArgs& args, int64_t rows, const Buffers& b, cudaStream_t s);
 
   FfnWeights weights_;
-  bool weights_queried_ = true;  // check_weight_pointers ran on weights_ (set_weights defers it)
+  ReboundWeights rebound_;
   InferenceOptions options_;
   ProblemDims dims_;
   DeviceInfo device_;
@@ -173,10 +172,7 @@ RunInfo CudaInference::run(const InferenceArgs& args, Stream stream, void* works
   const cudaStream_t s = resolve_stream(stream);
   const bool capturing = is_capturing(s, kRunOp);
   if (!capturing) check_pointers(args, rows);
-  if (!capturing && !weights_queried_) {
-    check_weight_pointers(weights_, device_.index, kRunOp);
-    weights_queried_ = true;
-  }
+  rebound_.before_call(weights_, device_.index, capturing, kRunOp);
   check_rows(rows, kRunOp);
   auto* counters = static_cast<int64_t*>(args.counters.data);
   if (rows == 0) {

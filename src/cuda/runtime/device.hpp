@@ -56,8 +56,26 @@ void check_device_pointer(const void* p, int device, const char* op, const char*
 
 // check_device_pointer for each weight of w (16-byte aligned device memory on `device`).
 void check_weight_pointers(const FfnWeights& w, int device, const char* op);
-// The alignment part of check_weight_pointers alone: host arithmetic, no query (set_weights, which
-// may run inside a capture; the plan queries the memory at its next uncaptured call).
+// The alignment part of check_weight_pointers alone: host arithmetic, no query.
 void check_weight_alignment(const FfnWeights& w, const char* op);
+
+// set_weights' checks for a plan's rebound weights: their alignment at once (set_weights may run
+// inside a capture, where no memory query is allowed), the rest of check_weight_pointers at the
+// plan's next uncaptured call.
+class ReboundWeights {
+ public:
+  void rebound(const FfnWeights& w, const char* op) {
+    check_weight_alignment(w, op);
+    pending_ = true;
+  }
+  void before_call(const FfnWeights& w, int device, bool capturing, const char* op) {
+    if (!pending_ || capturing) return;
+    check_weight_pointers(w, device, op);
+    pending_ = false;
+  }
+
+ private:
+  bool pending_ = false;
+};
 
 }  // namespace twell::gpu

@@ -59,11 +59,9 @@ class CudaTraining final : public detail::TrainingBackend {
   ~CudaTraining() override;
 
   DType saved_dtype() const override { return dims_.dtype; }
-  // Alignment checked now; the memory query waits for the next uncaptured call (query_weights).
   void set_weights(const FfnWeights& w) override {
-    check_weight_alignment(w, "TrainingPlan::set_weights");
+    rebound_.rebound(w, "TrainingPlan::set_weights");
     weights_ = w;
-    weights_queried_ = false;
   }
   size_t workspace_bytes(int64_t rows, SavedForm form, TrainingCall call) const override;
   bool supports_dense_layout() const override { return options_.dispatch != Dispatch::force_sparse; }
@@ -121,15 +119,8 @@ class CudaTraining final : public detail::TrainingBackend {
   // Determinism::fast: compact rows of more entries than this are routed (TrainRowConfig); -1: none.
   int32_t route_above() const;
 
-  // check_weight_pointers on weights_ where set_weights deferred it and the call is not captured.
-  void query_weights(bool capturing, const char* op) {
-    if (capturing || weights_queried_) return;
-    check_weight_pointers(weights_, device_.index, op);
-    weights_queried_ = true;
-  }
-
   FfnWeights weights_;
-  bool weights_queried_ = true;
+  ReboundWeights rebound_;
   TrainingOptions options_;
   ProblemDims dims_;
   DeviceInfo device_;

@@ -173,7 +173,7 @@ void CudaTraining::forward(const TrainingForwardArgs& args, const TwellView& sav
   DeviceGuard guard(device_.index, kForwardOp);
   const cudaStream_t s = resolve_stream(stream);
   const bool capturing = is_capturing(s, kForwardOp);
-  query_weights(capturing, kForwardOp);
+  rebound_.before_call(weights_, device_.index, capturing, kForwardOp);
   const int64_t rows = args.x.shape[0];
   check_rows(rows, kForwardOp);
   auto* stats = static_cast<float*>(args.stats.data);
@@ -264,7 +264,7 @@ void CudaTraining::backward(const TrainingBackwardArgs& args, const TensorView& 
   DeviceGuard guard(device_.index, kBackwardOp);
   const cudaStream_t s = resolve_stream(stream);
   const bool capturing = is_capturing(s, kBackwardOp);
-  query_weights(capturing, kBackwardOp);
+  rebound_.before_call(weights_, device_.index, capturing, kBackwardOp);
   const int64_t rows = x.shape[0];
   check_rows(rows, kBackwardOp);
   const Grads g = grads_of(args, dims_.kind);
