@@ -470,6 +470,38 @@ TEST(CudaInference, DenseAboveOptionIsHonoured) {
   }
 }
 
+// set_weights points a plan at other weights of the same shapes and dtype: each run then equals the
+// oracle on the weights it was pointed at; a misaligned weight is refused at once, host memory
+// labelled CUDA at the next run, and the plan is usable again once pointed at good weights.
+TEST(CudaInference, SetWeightsRebindsAndChecks) {
+  TWELL_REQUIRE_DEVICE();
+  DeviceProblem a(small_spec(FfnKind::gated, Pattern::edge_rows, 1001));
+  DeviceProblem b(small_spec(FfnKind::gated, Pattern::uniform, 1002));
+  InferencePlan plan(a.weights());
+  for (int round = 0; round < 3; ++round) {  // through the dispatch trials, both ways
+    plan.set_weights(b.weights());
+    expect_matches_oracle(b, run_once(plan, b).y, "rebound to b, round " + std::to_string(round));
+    plan.set_weights(a.weights());
+    expect_matches_oracle(a, run_once(plan, a).y, "rebound to a, round " + std::to_string(round));
+  }
+  DeviceBuffer shifted(b.down.bytes() + 16);
+  cuda_ok(cudaMemcpy(static_cast<char*>(shifted.get()) + 2, b.down.get(), b.down.bytes(),
+                     cudaMemcpyDeviceToDevice), "copy");
+  FfnWeights misaligned = b.weights();
+  misaligned.down.data = static_cast<char*>(shifted.get()) + 2;
+  expect_error([&] { plan.set_weights(misaligned); }, "down");
+  std::vector<uint8_t> host(b.p.down.size());
+  FfnWeights host_labelled = b.weights();
+  host_labelled.down.data = host.data();
+  plan.set_weights(host_labelled);
+  expect_error([&] { plan.run(b.args()); }, "down");
+  plan.set_weights(b.weights());
+  expect_matches_oracle(b, run_once(plan, b).y, "good weights after a refusal");
+  FfnWeights wider = b.weights();
+  wider.up.shape[0] += 8;
+  expect_error([&] { plan.set_weights(wider); }, "set_weights");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Argument errors name the argument.
 

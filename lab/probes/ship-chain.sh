@@ -2,15 +2,18 @@
 # Device phases for the shipped-model candidate ($NAME, default relu-l1-1.5e-4-r100), calls made
 # back to back (the machine keeps build/ and what runs under setsid only while it is held, ~30 s
 # after a call):
-#   1   build the extension, then start the whole training run and the CLI build in their own
-#       process sessions (they outlive the call), then run $TESTS (pytest paths, default the hot-unit
-#       and unit-hits tests) on CUDA beside them, then wait for the training (up to ~9.5 minutes
-#       a call: fewer gaps between calls, each of which loses the machine if it passes ~30 s).
+#   1   build the extension, then start the whole training run and the CLI and C++ test build in
+#       their own process sessions (they outlive the call), then run $TESTS (pytest paths, default
+#       the plan-cache, CUDA and hot-unit tests) on CUDA beside them, then the C++ CUDA API tests
+#       if built in time, then wait for the training (up to ~9.5 minutes a call: fewer gaps between
+#       calls, each of which loses the machine if it passes ~30 s).
 #   go  wait for training to end (it ran while the calls came and went), then the pending
 #       measurements in order, each started only while the call has time for it (a done flag per
-#       item under build/real/done-$TWELL_REAL_NAME): capture, per-layer rows, per-layer rows with
-#       hot units run dense (bench/hot_units.py), whole-model prefill/training rows, the same with
-#       --hot-units auto, generate() compiled / static / dynamic.
+#       item under build/real/done-$TWELL_REAL_NAME): the C++ CUDA API tests (built beside the
+#       training in phase 1, run there if the build was done in time), capture, per-layer rows,
+#       per-layer rows with hot units run dense (bench/hot_units.py), whole-model prefill/training
+#       rows, the same with --hot-units auto, the union-decoding probe, generate() static /
+#       compiled / dynamic.
 #       Call again until it prints "all done". MEASURE=0: training alone (a baseline of the study:
 #       NAME=silu-lr5e-4, NAME=relu-l1-0-lr5e-4); phase 1 then builds no CLI.
 # Results accumulate in build/real/results; each call returns them as $OUT/results.tgz. Carry the
@@ -47,6 +50,11 @@ wait_train() {
   while [ ! -f build/real/train.rc ] && [ $(el) -lt 560 ]; do sleep 10; done
   tail -4 build/real/train.out
 }
+# cpp_tests: the C++ CUDA API suites (plans, set_weights, graphs, dispatch, decoding) of build/.
+cpp_tests() {
+  build/tests/twell_tests --gtest_brief=1 \
+    --gtest_filter='CudaInference.*:CudaTrainingApi.*:CudaTrainingGraph.*:*CudaGraph*:DispatchRule.*:*CudaDecode*:*CudaPack*'
+}
 # detached CMD...: runs CMD in a new process session, output in build/real/<first word>.out
 detached() {
   local log=$1; shift
@@ -58,10 +66,13 @@ case "$1" in
   say "ext built"
   detached train "TWELL_REAL_MINUTES=40 scripts/real-model train; echo \$? > build/real/train.rc"
   [ "${MEASURE:-1}" = 1 ] && detached cli "cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DTWELL_CUDA=ON -DTWELL_CUDA_ARCHITECTURES=90a && nice cmake --build build -j 6 --target twell_cli"
-  python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/python/test_hot_units.py \
-      tests/python/test_hot_units_bench.py tests/python/test_unit_hits.py} 2>&1 | tail -40
+      -DTWELL_CUDA=ON -DTWELL_CUDA_ARCHITECTURES=90a && nice cmake --build build -j 6 --target twell_cli \
+      && nice cmake --build build -j 6 --target twell_tests; echo \$? > build/real/cli.rc"
+  python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/python/test_ops.py tests/python/test_cuda.py \
+      tests/python/test_hot_units.py} 2>&1 | tail -40
   say "tests done"
+  while [ ! -f build/real/cli.rc ] && [ $(el) -lt 420 ]; do sleep 10; done
+  [ -f build/real/cli.rc ] && item cpp-tests 120 cpp_tests
   wait_train
   ;;
 go)
@@ -72,13 +83,16 @@ go)
   if [ "$(cat build/real/train.rc 2>/dev/null)" = 0 ] && [ "${MEASURE:-1}" = 1 ]; then
     tail -2 build/real/cli.out
     [ -x build/tools/twell/twell ] || cmake --build build -j 16 --target twell_cli >>build/real/cli.out 2>&1
+    while [ ! -f build/real/cli.rc ] && [ $(el) -lt 300 ]; do sleep 10; done
+    item cpp-tests 120 cpp_tests
     item capture 40 bash -c "scripts/real-model capture && cp $run/capture/manifest.json $res/capture-manifest.json" &&
     item real 45 scripts/real-model real &&
     item hot 120 python3 bench/hot_units.py --from $run/capture --hot 512,768,1024 --out $res &&
     item model 90 model --modes inference,training --floor &&
     item model-hot 120 model --modes inference,training --hot-units auto --append &&
-    item gen-compiled 180 model --modes generate --gen-cache compiled --append &&
+    item union 90 python3 lab/probes/union_decode.py --m 1,16,32,64 &&
     item gen-static 130 model --modes generate --append &&
+    item gen-compiled 180 model --modes generate --gen-cache compiled --append &&
     item gen-dynamic 130 model --modes generate --gen-cache dynamic --append && say "all done"
   fi
   ;;
