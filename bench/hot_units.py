@@ -10,16 +10,20 @@ units are chosen by their activity on calibration rows (a capture's first --cali
   H       the same module after split_hot(H) for each --hot value
 A training step is y = mlp(x); y.backward(dy). Medians of --reps CUDA-event timings (wall clock on
 the CPU) after --warmup runs of each way (automatic dispatch tries its paths), the ways
-alternating. Agreement: ||y - y_dense|| / ||y_dense|| of each way.
+alternating. --timing device (the default) times the device's work alone, the host's launch time
+hidden behind a sleeping device as a model's other layers hide it; --timing call starts each call
+on an idle device, so the host's time counts too. Agreement: ||y - y_dense|| / ||y_dense|| of
+each way.
 
 Rows (suite "hot_units", one per layer, mode and H): device, source, layer, M, K, N, dtype,
 density (measured rows), hot_units, hot_share (the measured rows' active pairs its hot units
 carry; 0 for H = 0), mode, dense_ms, twell_ms, split_ms (median, p20, p80), speedup (dense /
 split), vs_twell (twell / split), twell_ran_dense / split_ran_dense (inference: the path of the
-last timed call), rel_diff.
+last timed call), rel_diff, timing.
 
     python3 bench/hot_units.py [--from CAPTURE [--layers 0,1]] [--densities 0.009 --spread 1.8]
-                               [--hot 256,512,768,1024] [--calib 4096] [--out DIR]
+                               [--hot 256,512,768,1024] [--calib 4096] [--timing device|call]
+                               [--out DIR]
 """
 import argparse
 import os
@@ -53,6 +57,9 @@ def parse_args(argv=None):
     p.add_argument("--modes", default="inference,training")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=8)
+    p.add_argument("--timing", choices=("device", "call"), default="device",
+                   help="device: the host's launch time hidden (as inside a model); call: each "
+                        "call from an idle device, host time included")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--capacity", type=int, default=0)
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda where there is one)")
@@ -151,7 +158,7 @@ def measure(a, mlp, x, mode, device):
     for _ in range(a.warmup):
         for w in ways.values():
             run(w)
-    timer = Timer(device)
+    timer = Timer(device, host_hidden=a.timing == "device")
     times = {name: [] for name in ways}
     for _ in range(a.reps):
         for name, w in ways.items():
@@ -192,7 +199,8 @@ def main(argv=None):
                     # inference: whether the last timed call of twell / the split's cold part
                     # ran dense (None in training, whose form the saved state's size tells)
                     "twell_ran_dense": ways["twell"].ran_dense, "split_ran_dense": ways[h].ran_dense,
-                    "rel_diff": rel(y, y_dense), "rel_diff_twell": rel(y_twell, y_dense)})
+                    "rel_diff": rel(y, y_dense), "rel_diff_twell": rel(y_twell, y_dense),
+                    "timing": a.timing})
                 r = rows[-1]
                 print(f"{source} {mode:9s} density {100 * density:.3f}% H {h:5d} (share "
                       f"{share:.2f}): dense {d['median']:.3f} ms, twell {t['median']:.3f} ms "

@@ -9,13 +9,15 @@ from twell.torch._timing import time_ms
 
 class Timer:
     """timer(fn) -> milliseconds of one fn(): CUDA events around it on a CUDA device (the work
-    it enqueues), wall time otherwise."""
+    it enqueues; host_hidden: the device's time alone, the host's launch time hidden, see
+    twell.torch._timing), wall time otherwise."""
 
-    def __init__(self, device):
+    def __init__(self, device, host_hidden=False):
         self.cuda = device.type == "cuda"
+        self.host_hidden = host_hidden
 
     def __call__(self, fn):
-        return time_ms(fn, self.cuda)
+        return time_ms(fn, self.cuda, self.host_hidden)
 
 
 def summary(times):

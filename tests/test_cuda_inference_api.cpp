@@ -489,17 +489,19 @@ TEST(CudaInference, SetWeightsRebindsAndChecks) {
                      cudaMemcpyDeviceToDevice), "copy");
   FfnWeights misaligned = b.weights();
   misaligned.down.data = static_cast<char*>(shifted.get()) + 2;
-  expect_error([&] { plan.set_weights(misaligned); }, "down");
+  expect_error([&] { plan.set_weights(misaligned); }, "down weight");
   std::vector<uint8_t> host(b.p.down.size());
   FfnWeights host_labelled = b.weights();
   host_labelled.down.data = host.data();
   plan.set_weights(host_labelled);
-  expect_error([&] { plan.run(b.args()); }, "down");
+  expect_error([&] { plan.run(b.args()); }, "down weight");
   plan.set_weights(b.weights());
   expect_matches_oracle(b, run_once(plan, b).y, "good weights after a refusal");
-  FfnWeights wider = b.weights();
-  wider.up.shape[0] += 8;
-  expect_error([&] { plan.set_weights(wider); }, "set_weights");
+  ProblemSpec wide_spec = small_spec(FfnKind::gated, Pattern::uniform, 1003);
+  wide_spec.n += 8;
+  DeviceProblem wide(wide_spec);
+  expect_error([&] { plan.set_weights(wide.weights()); }, "weights shape");
+  expect_matches_oracle(b, run_once(plan, b).y, "after a refused shape");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -214,6 +214,40 @@ def test_training_dispatch_moves_to_the_dense_form(seed):
     assert seen[0] == sizes["compact"] and set(seen[1:]) == {sizes["dense"]}, seen
 
 
+@pytest.mark.parametrize("gated", [True, False])
+def test_dense_form_state_is_the_same_whatever_memory_held(seed, gated):
+    """The dense form's saved buffer is not zeroed where its GEMMs write (the backup planes): its
+    bytes must still not depend on what the allocator's memory held before (a run over 0xff
+    garbage, one over zeros, byte for byte), and the step is exact (dense's own gradients)."""
+    skip_unless_trainable("cuda")
+    m, k, n = 80, 64, 520  # N not a multiple of the tile: a partial last tile and padding
+    p = problem(seed, m, k, n, gated, special_rows=False)
+    t = lambda a: torch.from_numpy(a).to("cuda", DTYPE)
+    gate = t(p.gate) if gated else None
+    args = (t(p.x), gate, t(p.up), t(p.down).t().contiguous(), 128, 16, "dense", -1.0)
+    nbytes = torch.ops.twell.ffn_train(*args)[1].numel()
+    states = []
+    for fill in (0xFF, 0x00):
+        # blocks of the state's size, freed holding `fill`: the caching allocator hands one back
+        junk = [torch.full((nbytes,), fill, dtype=torch.uint8, device="cuda") for _ in range(8)]
+        del junk
+        y, saved, stats = torch.ops.twell.ffn_train(*args)
+        states.append((y.clone(), saved.clone(), stats.clone()))
+    (y0, s0, st0), (y1, s1, st1) = states
+    assert torch.equal(s0, s1) and torch.equal(y0, y1) and torch.equal(st0, st1)
+    ref = dense_mlp(args[0].double(), None if gate is None else gate.double(), args[2].double(),
+                    args[3].double())
+    assert rel_error(y0, ref) < 1e-2
+
+
+def dense_mlp(x, gate, up, down):
+    """y = relu(x gate^T) (x up^T) down^T (gated), or relu(x up^T) down^T, in x's dtype."""
+    import torch.nn.functional as F
+    u = F.linear(x, up)
+    h = torch.relu(F.linear(x, gate)) * u if gate is not None else torch.relu(u)
+    return F.linear(h, down)
+
+
 def test_training_state_follows_the_density(seed):
     """Eager training under "auto" with the default capacity: once a forward's density has
     arrived (~0.02% here), the compact state shrinks from tile / 16 to tile / 64 slots per tile

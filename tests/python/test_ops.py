@@ -433,3 +433,26 @@ def test_plan_cache_follows_weights(device, dtype, gated):
     assert len(_plans._plans) == 1
     want = mlp_reference(x, gate, up, down)
     torch.testing.assert_close(y2.double(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_dense_saved_buffer_zeroes_all_but_the_planes(gated):
+    """The dense form's state buffer (CUDA's, whose GEMMs write the backup planes) is zeroed
+    everywhere else: every array before the planes, the padding after them and the arrays after;
+    a size of another layout is zeroed whole."""
+    from twell import layout
+    from twell.torch import _ops
+    m, k, n, tile = 37, 16, 200, 64
+    x = torch.empty(m, k, dtype=torch.bfloat16)
+    up = torch.empty(n, k, dtype=torch.bfloat16)
+    gate = up if gated else None
+    planes = 2 if gated else 1
+    size = _ops.saved_dtype("cpu", torch.bfloat16).itemsize  # the values' (on CUDA: bf16's 2)
+    at = layout.saved_offsets(m, n, tile, 1, planes, size, dense=True)
+    plane_end = at["backup"] + planes * m * n * size
+    for nbytes in (at["end"], at["end"] + 16):
+        buf = _ops._saved_buffer(x, gate, up, tile, nbytes, dense=True)
+        assert buf.numel() == nbytes and buf.dtype == torch.uint8
+        assert not buf[:at["backup"]].any() and not buf[plane_end:].any()
+        assert plane_end < at["end"]  # padding and later arrays exist and were checked
+    assert not _ops._saved_buffer(x, gate, up, tile, 1000, dense=False).any()

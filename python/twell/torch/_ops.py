@@ -168,9 +168,7 @@ def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile:
         raise RuntimeError(f"twell.torch: the C++ plan saves {nbytes} bytes, twell.layout says "
                            f"{sorted(mirror)}: update twell/layout.py or saved_dtype()")
     y = x.new_empty(x.shape)
-    # Zeroed: the layout leaves slots past each count unwritten, and an op's outputs must not
-    # depend on what memory held before (eager and compiled runs must agree byte for byte).
-    saved = x.new_zeros(nbytes, dtype=torch.uint8)
+    saved = _saved_buffer(x, gate, up, tile, nbytes, dense=mirror[nbytes])
     stats = x.new_empty(2, dtype=torch.float32)
     if x.device.type == "cpu":
         _plans.follow_torch_threads()
@@ -178,6 +176,26 @@ def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile:
                  _plans.stream_of(x.device),
                  _workspace(plan, x, mirror[nbytes], twell.TrainingCall.forward))
     return y, saved, stats
+
+
+def _saved_buffer(x, gate, up, tile, nbytes, dense):
+    """The saved state's buffer, zeroed where the plan may leave bytes unwritten (slots past each
+    count, alignment padding): an op's outputs must not depend on what memory held before (eager
+    and compiled runs agree byte for byte). The dense form's backup planes (all but ~1% of its
+    bytes) are skipped: its gate and up GEMMs write every byte of them."""
+    saved = x.new_empty(nbytes, dtype=torch.uint8)
+    if not dense:
+        return saved.zero_()
+    planes = 2 if gate is not None else 1
+    rows, cols = x.shape[0], up.shape[0]
+    itemsize = saved_dtype(x.device.type, up.dtype).itemsize
+    at = layout.saved_offsets(rows, cols, layout.resolve_tile(tile, 0, training=True)[0], 1, planes,
+                              itemsize, dense=True)
+    if at["end"] != nbytes:  # not the dense layout twell.layout knows: zero it all
+        return saved.zero_()
+    saved[:at["backup"]].zero_()
+    saved[at["backup"] + planes * rows * cols * itemsize:].zero_()
+    return saved
 
 
 def _forms(x, dispatch):

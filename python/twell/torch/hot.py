@@ -179,7 +179,8 @@ def choose_hot_units(module, x, candidates=CANDIDATES, training=False, reps=5, w
                      optimizer=None):
     """Splits `module` at the candidate hot-unit count (hot units by their activity on x [M, K])
     whose forward on x (training: forward and backward) took the least time, median of `reps`
-    runs after `warmup` runs of each (CUDA events on CUDA, else wall time; twell's automatic
+    runs after `warmup` runs of each (CUDA events on CUDA around the device's work, the host's
+    launch time hidden as a model's other layers hide it; else wall time; twell's automatic
     dispatch settles in its warm-up); 0 (no hot units) competes too. Candidates of N or more
     units, or not multiples of 8, are skipped. Returns {H: ms}, the chosen H applied (split_hot,
     `optimizer` following)."""
@@ -214,7 +215,7 @@ def choose_hot_units(module, x, candidates=CANDIDATES, training=False, reps=5, w
         times = {h: [] for h in ways}
         for _ in range(max(1, reps)):
             for h, way in ways.items():
-                times[h].append(_time_ms(lambda: run(way), cuda))
+                times[h].append(_time_ms(lambda: run(way), cuda, host_hidden=True))
     medians = {h: statistics.median(t) for h, t in times.items()}
     apply(module, min(medians, key=medians.get), hits, optimizer)
     return medians
