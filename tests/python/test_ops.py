@@ -1,4 +1,6 @@
 """twell.torch ops and modules against a float64 dense PyTorch reference, opcheck, bad inputs."""
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
@@ -456,3 +458,45 @@ def test_dense_saved_buffer_zeroes_all_but_the_planes(gated):
         assert not buf[:at["backup"]].any() and not buf[plane_end:].any()
         assert plane_end < at["end"]  # padding and later arrays exist and were checked
     assert not _ops._saved_buffer(x, gate, up, tile, 1000, dense=False).any()
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("gated", [True, False])
+def test_eager_training_skips_the_op_dispatch_with_the_ops_results(seed, device, gated,
+                                                                   monkeypatch):
+    """A plain eager training call runs the op's own forward and backward bodies through an
+    autograd Function (no custom-op dispatch): outputs, L1 term and every gradient are the op's
+    (bit for bit where the plan's path is fixed), twell.torch.saved finds its state, and under a
+    Python dispatch mode (here FlopCounterMode) the call goes through the op."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from twell.torch import _ops, saved
+    skip_unless_trainable(device)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    p = problem(seed, 45, 32, 200, gated)
+    mod = module_for(p, dtype, device, l1_coef=1e-3, dispatch="sparse")
+    x = torch.from_numpy(p.x).to(device, dtype)
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).to(device, dtype)
+
+    def step(mode=None):
+        xg = x.clone().requires_grad_()
+        for q in mod.parameters():
+            q.grad = None
+        with mode if mode is not None else contextlib.nullcontext():
+            y = mod(xg)
+        node = saved.train_node(y)
+        ((y * dy).sum() + mod.l1_loss).backward()
+        return node, [y.detach(), mod.l1_loss.detach(), xg.grad] + [q.grad for q in mod.parameters()]
+
+    node, eager = step()
+    assert node is not None and "eager" in type(node).__name__
+    node, through_op = step(FlopCounterMode(display=False))
+    assert node is not None and "eager" not in type(node).__name__
+    monkeypatch.setattr(_ops, "plain_eager", lambda x: False)
+    node, op = step()
+    assert node is not None and "eager" not in type(node).__name__
+    for a, b, c in zip(eager, op, through_op):
+        if device == "cpu":
+            assert torch.equal(a, b) and torch.equal(a, c)
+        else:  # a CUDA plan's later calls may send backup rows through cuBLAS: exact, not bitwise
+            assert rel_error(a, b) < 1e-2 and rel_error(a, c) < 1e-2

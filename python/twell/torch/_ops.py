@@ -23,6 +23,10 @@ capacity from the saved tensor's size.
 ffn_train is differentiable w.r.t. x and the weights, through y and through stats[1], the L1
 value (1/M) sum |h|: the upstream gradient of stats[1] is passed to the C++ backward as this
 call's L1 coefficient, so any loss that uses l1_coef * stats[1] gets its exact gradient.
+
+The modules' plain eager calls run the same bodies without the custom ops' dispatch (host time):
+run_ffn_eager for inference, train() (an autograd Function around both training bodies) for
+training; compiled, traced and dispatch-mode calls go through the ops.
 """
 from typing import List, Optional, Tuple
 
@@ -154,9 +158,9 @@ def _training_plan(gate, up, down, tile, capacity, dispatch, dense_above, op):
     return _plans.training_plan(gate, up, down_nk, tile, capacity, dispatch, dense_above), down_nk
 
 
-@torch.library.custom_op("twell::ffn_train", mutates_args=())
-def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile: int,
-              capacity: int, dispatch: str, dense_above: float) -> Tuple[Tensor, Tensor, Tensor]:
+def _train_forward(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile: int,
+                   capacity: int, dispatch: str, dense_above: float) -> Tuple[Tensor, Tensor, Tensor]:
+    """twell::ffn_train's body."""
     plan, down_nk = _training_plan(gate, up, down, tile, capacity, dispatch, dense_above, "ffn_train")
     nbytes = plan.saved_bytes(x.shape[0])
     mirror = {}
@@ -176,6 +180,9 @@ def ffn_train(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, tile:
                  _plans.stream_of(x.device),
                  _workspace(plan, x, mirror[nbytes], twell.TrainingCall.forward))
     return y, saved, stats
+
+
+ffn_train = torch.library.custom_op("twell::ffn_train", mutates_args=())(_train_forward)
 
 
 def _saved_buffer(x, gate, up, tile, nbytes, dense):
@@ -219,10 +226,10 @@ def _(x, gate, up, down, tile, capacity, dispatch, dense_above):
     return x.new_empty(x.shape), saved, x.new_empty(2, dtype=torch.float32)
 
 
-@torch.library.custom_op("twell::ffn_train_backward", mutates_args=())
-def ffn_train_backward(dy: Tensor, x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor,
-                       saved: Tensor, l1_coef: Tensor, tile: int, capacity: int, dispatch: str,
-                       dense_above: float) -> List[Tensor]:
+def _train_backward(dy: Tensor, x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor,
+                    saved: Tensor, l1_coef: Tensor, tile: int, capacity: int, dispatch: str,
+                    dense_above: float) -> List[Tensor]:
+    """twell::ffn_train_backward's body."""
     plan, down_nk = _training_plan(gate, up, down, tile, capacity, dispatch, dense_above,
                                    "ffn_train_backward")
     # The saved form from the buffer's size: a compact state's bytes (at any capacity the plan may
@@ -241,6 +248,10 @@ def ffn_train_backward(dy: Tensor, x: Tensor, gate: Optional[Tensor], up: Tensor
                   _plans.stream_of(x.device),
                   _workspace(plan, x, dense, twell.TrainingCall.backward))
     return [dx] + grads
+
+
+ffn_train_backward = torch.library.custom_op("twell::ffn_train_backward",
+                                             mutates_args=())(_train_backward)
 
 
 @ffn_train_backward.register_fake
@@ -265,12 +276,13 @@ def _setup_train(ctx, inputs, output):
     ctx.tile, ctx.capacity, ctx.dispatch, ctx.dense_above = tile, capacity, dispatch, dense_above
 
 
-def _backward_train(ctx, dy, dsaved, dstats):
+def _backward_train(ctx, dy, dsaved, dstats, backward=None):
+    """The training op's backward: `backward` twell::ffn_train_backward (default) or its body."""
     x, gate, up, down, saved = ctx.saved_tensors
     dy = torch.zeros_like(x) if dy is None else dy.contiguous()
     l1_coef = x.new_zeros(1, dtype=torch.float32) if dstats is None else dstats[1:2].contiguous()
-    grads = ffn_train_backward(dy, x, gate, up, down, saved, l1_coef, ctx.tile, ctx.capacity,
-                               ctx.dispatch, ctx.dense_above)
+    grads = (backward or ffn_train_backward)(dy, x, gate, up, down, saved, l1_coef, ctx.tile,
+                                             ctx.capacity, ctx.dispatch, ctx.dense_above)
     dx = grads[0]
     weight_grads = ([None] if gate is None else []) + grads[1:]
     del grads
@@ -288,3 +300,45 @@ def _backward_train(ctx, dy, dsaved, dstats):
 
 
 ffn_train.register_autograd(_backward_train, setup_context=_setup_train)
+
+
+class _twell_ffn_train_eager(torch.autograd.Function):
+    """twell::ffn_train for plain eager calls: the op's bodies, forward and backward, and its
+    autograd (the same plan, state and kernels), without the custom op's dispatch, whose host
+    time per call is more than a small step's kernels take. Its autograd node's name holds
+    "twell_ffn_train", as the op's does (twell.torch.saved finds the state by it)."""
+
+    @staticmethod
+    def forward(ctx, x, gate, up, down, tile, capacity, dispatch, dense_above):
+        inputs = (x, gate, up, down, tile, capacity, dispatch, dense_above)
+        out = _train_forward(*inputs)
+        ctx.mark_non_differentiable(out[1])
+        _setup_train(ctx, inputs, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy, dsaved, dstats):
+        return _backward_train(ctx, dy, dsaved, dstats, backward=_train_backward)
+
+
+def plain_eager(x):
+    """Whether a call can skip a custom op's dispatch: a plain tensor, no compiler or tracer, no
+    Python dispatch mode (fake tensors, make_fx, flop counters see the op as one)."""
+    return (type(x) is torch.Tensor and not torch.compiler.is_compiling()
+            and not torch.jit.is_tracing() and _dispatch_modes() == 0)
+
+
+def _dispatch_modes():
+    try:
+        return torch._C._len_torch_dispatch_stack()
+    except AttributeError:  # an older PyTorch without it: always through the op
+        return 1
+
+
+def train(x, gate, up, down, tile, capacity, dispatch, dense_above):
+    """(y, saved, stats) of twell::ffn_train as the modules call it: plain eager calls through
+    _twell_ffn_train_eager, any other through the op."""
+    args = (x, gate, up, down, tile, capacity, dispatch, dense_above)
+    if plain_eager(x):
+        return _twell_ffn_train_eager.apply(*args)
+    return torch.ops.twell.ffn_train(*args)

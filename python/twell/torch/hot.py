@@ -27,7 +27,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from twell.torch import _plans
+from twell.torch import _ops, _plans
 from twell.torch.saved import positive_counts
 from twell.torch._timing import time_ms as _time_ms
 
@@ -134,8 +134,8 @@ def forward(module, x2, training, dispatch):
     y_hot = F.linear(h, down_h)
     active = (g.detach() > 0).sum()
     if training:
-        y, _, stats = torch.ops.twell.ffn_train(x2, gate_c, up_c, down_c, m.tile, m.capacity,
-                                                dispatch, m.dense_above)
+        y, _, stats = _ops.train(x2, gate_c, up_c, down_c, m.tile, m.capacity, dispatch,
+                                 m.dense_above)
         m.l0 = stats[0].detach() + active / max(rows, 1)
         l1 = torch.linalg.vector_norm(h, 1, dtype=torch.float32) / max(rows, 1)
         m.l1_loss = m.l1_coef * (stats[1] + l1)

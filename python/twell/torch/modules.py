@@ -14,9 +14,10 @@ that call on the dense path (on the CPU: any block of its rows); None after a tr
 (whose path the size of the saved state tells, see twell.train.sparsity) and inside
 torch.compile.
 
-Plain eager inference (no compiler, tracer or Python dispatch mode) calls the op's body directly,
-skipping the custom op's dispatch (host time that a decoding step's kernels do not cover); the
-plan, the result and the recorded state are the op's.
+Plain eager calls (no compiler, tracer or Python dispatch mode) run the ops' bodies directly,
+skipping the custom ops' dispatch (host time that a decoding step's kernels do not cover; in
+training, an autograd Function around the same forward and backward bodies); the plan, the
+result, the saved state and the recorded state are the ops'.
 `dispatch` ("auto", "sparse", "dense") applies to both: inference picks its path per call,
 training the form of the state saved for backward (CUDA, "auto": the plan's timing dispatch,
 compact at low density, dense cuBLAS above `dense_above` or where it measured faster). Inside
@@ -50,20 +51,6 @@ def check_l1_coef(value):
     if not (math.isfinite(coef) and coef >= 0):
         raise ValueError(f"l1_coef: expected a finite number >= 0, got {value!r}")
     return coef
-
-
-def _plain_eager(x):
-    """Whether a call can skip the custom op's dispatch: a plain tensor, no compiler or tracer,
-    no Python dispatch mode (fake tensors, make_fx, flop counters see the op as one)."""
-    return (type(x) is torch.Tensor and not torch.compiler.is_compiling()
-            and not torch.jit.is_tracing() and _dispatch_modes() == 0)
-
-
-def _dispatch_modes():
-    try:
-        return torch._C._len_torch_dispatch_stack()
-    except AttributeError:  # an older PyTorch without it: always through the op
-        return 1
 
 
 class _SparseFFN(nn.Module):
@@ -167,8 +154,8 @@ class _SparseFFN(nn.Module):
         if self.hot_units:
             return hot.forward(self, x2, training, dispatch).reshape(shape)
         if training:
-            y, _, stats = torch.ops.twell.ffn_train(x2, gate, up, self.down_proj.weight, self.tile,
-                                                    self.capacity, dispatch, self.dense_above)
+            y, _, stats = _ops.train(x2, gate, up, self.down_proj.weight, self.tile,
+                                     self.capacity, dispatch, self.dense_above)
             self.l0 = stats[0].detach()
             self.l1_loss = self.l1_coef * stats[1]
             self.ran_dense = None
@@ -179,7 +166,7 @@ class _SparseFFN(nn.Module):
                 down = self.down_proj.weight.detach().t().contiguous()
             args = (x2, gate, up, down, self.tile, self.capacity, self.dispatch, self.dense_above)
             plan = None
-            if not _plain_eager(x2):
+            if not _ops.plain_eager(x2):
                 y, counters = torch.ops.twell.ffn(*args)
                 # Kept, divided on first read (l0): no tensor operation in a compiled graph.
                 self._l0_counts, self._l0_rows = counters, x2.shape[0]
