@@ -3,7 +3,8 @@
 # back to back (the machine keeps build/ and what runs under setsid only while it is held, ~30 s
 # after a call):
 #   1   build the extension, then start the whole training run and the CLI and C++ test build in
-#       their own process sessions (they outlive the call), then run $TESTS (pytest paths, default
+#       their own process sessions (they outlive the call; $PROBES, a command line of timing
+#       probes, runs before them), then run $TESTS (pytest paths, default
 #       the plan-cache, CUDA and hot-unit tests) on CUDA beside them, then the C++ CUDA API tests
 #       if built in time, then wait for the training (up to ~9.5 minutes a call: fewer gaps between
 #       calls, each of which loses the machine if it passes ~30 s).
@@ -50,10 +51,12 @@ wait_train() {
   while [ ! -f build/real/train.rc ] && [ $(el) -lt 560 ]; do sleep 10; done
   tail -4 build/real/train.out
 }
-# cpp_tests: the C++ CUDA API suites (plans, set_weights, graphs, dispatch, decoding) of build/.
+# cpp_tests: the C++ CUDA API suites (plans, set_weights, graphs, dispatch, decoding) of build/;
+# done once run, failures or not (its output says which: no call runs them twice).
 cpp_tests() {
   build/tests/twell_tests --gtest_brief=1 \
     --gtest_filter='CudaInference.*:CudaTrainingApi.*:CudaTrainingGraph.*:*CudaGraph*:DispatchRule.*:*CudaDecode*:*CudaPack*'
+  echo "twell_tests exit status $?"
 }
 # detached CMD...: runs CMD in a new process session, output in build/real/<first word>.out
 detached() {
@@ -64,6 +67,8 @@ case "$1" in
 1)
   TWELL_CUDA=ON TWELL_CUDA_ARCHITECTURES=90a scripts/build-ext >$OUT/build-ext.log 2>&1 || { tail $OUT/build-ext.log; exit 1; }
   say "ext built"
+  # $PROBES: timing probes, run before the training starts (the GPU is the training's after it)
+  if [ -n "${PROBES:-}" ]; then bash -c "$PROBES" > >(tee $res/probes.out) 2>&1; say "probes done"; fi
   detached train "TWELL_REAL_MINUTES=40 scripts/real-model train; echo \$? > build/real/train.rc"
   [ "${MEASURE:-1}" = 1 ] && detached cli "cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DTWELL_CUDA=ON -DTWELL_CUDA_ARCHITECTURES=90a && nice cmake --build build -j 6 --target twell_cli \
