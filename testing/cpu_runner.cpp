@@ -57,9 +57,13 @@ class CpuRunner final : public Runner {
 
   void job(Job j) {
     const auto& s = p_->spec;
-    if (j == Job::gate) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(s.m), int(s.n), int(s.k), 1.0f,
-                  xf_.data(), int(s.k), wf_.data(), int(s.k), 0.0f, gf_.data(), int(s.n));
+    if (j == Job::gate) {  // as the CPU backend runs it: one row through sgemv
+      if (s.m == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, int(s.n), int(s.k), 1.0f, wf_.data(), int(s.k),
+                    xf_.data(), 1, 0.0f, gf_.data(), 1);
+      else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(s.m), int(s.n), int(s.k), 1.0f,
+                    xf_.data(), int(s.k), wf_.data(), int(s.k), 0.0f, gf_.data(), int(s.n));
       return;
     }
     plan_for(j == Job::dense ? Dispatch::force_dense : twell_dispatch_).run(args());

@@ -147,6 +147,37 @@ TEST(CpuInferenceApi, WeightsChangedInPlaceBetweenRuns) {
     }
 }
 
+// Rows fewer than the threads (a decoding step) split each row's entries over the threads and add
+// the partial sums: compact rows, routed rows (every unit of a row active), heavy tiles and the
+// generator's edge rows, one row and a few, every kind and dtype, against the oracle.
+TEST(CpuInferenceApi, DecodingRowsSplitOverThreads) {
+  const int threads = cpu_count();
+  if (threads < 2) GTEST_SKIP() << "one CPU: nothing to split over";
+  set_cpu_threads(threads);
+  struct Row {
+    Pattern pattern;
+    double density;
+  };
+  for (const FfnKind kind : {FfnKind::gated, FfnKind::plain})
+    for (const DType dt : {DType::f32, DType::bf16, DType::f16})
+      for (const Row r : {Row{Pattern::uniform, 0.3}, Row{Pattern::all_dense, 1.0},
+                          Row{Pattern::heavy_tailed, 0.2}, Row{Pattern::edge_rows, 0.1}})
+        for (const int64_t m : {int64_t(1), int64_t(threads - 1), int64_t(3)}) {
+          if (m < 1) continue;
+          const ProblemSpec spec{kind, m, 64, 1032, dt, r.pattern, r.density, 256,
+                                 seed(uint64_t(40 + m))};
+          Problem p = testing::make_problem(spec);
+          InferencePlan plan(p.weights());
+          std::vector<uint8_t> y(size_t(m * 64) * dtype_size(dt));
+          poison(y.data(), y.size());
+          plan.run({p.x_view(), TensorView::matrix(y.data(), dt, m, 64), {}});
+          const ForwardCheck chk = check_forward(p, y.data());
+          EXPECT_LE(chk.error, chk.tolerance) << spec.describe();
+          EXPECT_TRUE(chk.zero_rows_exact) << spec.describe();
+        }
+  set_cpu_threads(0);
+}
+
 // set_weights points a plan at other weight memory of the same kind and shapes (Error otherwise).
 TEST(CpuInferenceApi, SetWeightsRebindsAndChecks) {
   const ProblemSpec spec{FfnKind::gated, 40, 64, 520, DType::bf16, Pattern::heavy_tailed, 0.05, 256, seed(24)};

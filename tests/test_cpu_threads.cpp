@@ -126,5 +126,27 @@ TEST_F(CpuThreads, NegativeCountRefused) {
   EXPECT_EQ(cpu_threads_setting(), 0);
 }
 
+// OpenBLAS's kernel set is named in the CPU description; advice, where given, names the variable
+// that fixes it and a set with AVX2.
+TEST(CpuInfo, BlasCoreAndAdvice) {
+  const std::string core = blas_core();
+  EXPECT_FALSE(core.empty());
+  EXPECT_NE(cpu_description().find("OpenBLAS (" + core + " kernels)"), std::string::npos) << cpu_description();
+  const std::string advice = blas_core_advice();
+  if (!advice.empty()) {
+    EXPECT_NE(advice.find("OPENBLAS_CORETYPE="), std::string::npos) << advice;
+    EXPECT_NE(advice.find(core), std::string::npos) << advice;
+  }
+  // The rule itself: advice only for a set without AVX2 kernels on a CPU that has them.
+  EXPECT_NE(blas_core_advice_for("Prescott", "SkylakeX", "").find("OPENBLAS_CORETYPE=SkylakeX"), std::string::npos);
+  EXPECT_NE(blas_core_advice_for("Nehalem", "Haswell", "").find("AVX2"), std::string::npos);
+  EXPECT_NE(blas_core_advice_for("Prescott", "Zen", "Zen").find("although OPENBLAS_CORETYPE=Zen"), std::string::npos);
+  EXPECT_EQ(blas_core_advice_for("SkylakeX", "SkylakeX", ""), "");
+  EXPECT_EQ(blas_core_advice_for("Haswell", "SkylakeX", ""), "");
+  EXPECT_EQ(blas_core_advice_for("Prescott", "", ""), "");
+  const std::string want = blas_core_for_cpu();
+  EXPECT_TRUE(want.empty() || want == "SkylakeX" || want == "Haswell" || want == "Zen") << want;
+}
+
 }  // namespace
 }  // namespace twell::test

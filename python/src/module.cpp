@@ -62,6 +62,9 @@ NB_MODULE(_core, m) {
   m.def("cuda_device_count", &twell::cuda_device_count);
   m.def("cuda_devices", &twell::cuda_devices);
   m.def("cpu_description", &twell::cpu_description);
+  m.def("blas_core", &twell::blas_core, "OpenBLAS's kernel set in this process.");
+  m.def("blas_core_advice", &twell::blas_core_advice,
+        "Where OpenBLAS runs kernels older than the CPU's vector units, what to do; else ''.");
   m.def("set_cpu_threads", &twell::set_cpu_threads, "n"_a,
         "Threads of every CPU call: n >= 1 (at most cpu_count()), or 0 (the default): the calling "
         "thread's OpenMP count. Process-wide; twell.torch sets it to torch.get_num_threads().");

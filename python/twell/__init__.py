@@ -3,6 +3,7 @@
 The C++ library is in ``twell._core`` (tensors cross as DLPack arrays: numpy, PyTorch CPU and CUDA);
 the PyTorch integration (custom ops, modules, model patching) is in ``twell.torch``.
 """
+from twell import _openblas  # before twell._core loads OpenBLAS: its kernel set
 from twell import _openmp  # before twell._core loads the OpenMP runtime: its wait policy
 from twell._core import (
     Determinism,
@@ -16,6 +17,8 @@ from twell._core import (
     TrainingPlan,
     TwellError,
     TwellShape,
+    blas_core,
+    blas_core_advice,
     cpu_count,
     cpu_description,
     cpu_threads,
@@ -31,6 +34,10 @@ from twell._core import (
 
 TwellError.__module__ = "twell"
 __version__ = version()
+if blas_core_advice():  # OpenBLAS was loaded before twell, on kernels older than the CPU
+    import warnings
+
+    warnings.warn(f"twell: {blas_core_advice()}", RuntimeWarning, stacklevel=2)
 
 
 def cpu_threading():
@@ -53,6 +60,8 @@ __all__ = [
     "TrainingPlan",
     "TwellError",
     "TwellShape",
+    "blas_core",
+    "blas_core_advice",
     "cpu_count",
     "cpu_description",
     "cpu_threading",

@@ -15,10 +15,15 @@ inline int blas_int(int64_t v, const char* what) {
   return int(v);
 }
 
+// Whether a BLAS call made inside an OpenMP parallel region runs on the calling thread alone:
+// OpenBLAS's OpenMP build (openblas_get_parallel() 2) and a sequential one (0) do; its pthread
+// build (1) would start its own threads from every caller.
+inline bool blas_in_parallel_is_serial() { return openblas_get_parallel() != 1; }
+
 // One row (a decoding step) goes through sgemv: sgemm would pack all of b before reading it.
-// c[m, n] = a[m, k] * b[n, k]^T   (+ beta * c)
+// c[m, n] = a[m, k] * b[n, k]^T   (+ beta * c); c's rows ldc apart (0: n)
 inline void gemm_nt(int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c,
-                    float beta = 0.0f) {
+                    float beta = 0.0f, int64_t ldc = 0) {
   if (m == 0 || n == 0) return;
   if (m == 1) {
     cblas_sgemv(CblasRowMajor, CblasNoTrans, blas_int(n, "columns"), blas_int(k, "depth"), 1.0f, b,
@@ -26,7 +31,8 @@ inline void gemm_nt(int64_t m, int64_t n, int64_t k, const float* a, const float
     return;
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(m, "rows"), blas_int(n, "columns"),
-              blas_int(k, "depth"), 1.0f, a, int(k), b, int(k), beta, c, int(n));
+              blas_int(k, "depth"), 1.0f, a, int(k), b, int(k), beta, c,
+              blas_int(ldc > 0 ? ldc : n, "output stride"));
 }
 
 // c[m, k] = a[m, n] * b[n, k]   (+ beta * c)

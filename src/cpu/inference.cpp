@@ -2,13 +2,16 @@
 // Work decomposition: rows are processed in blocks of up to kBlockRows. Per block: the gate GEMM
 // (OpenBLAS sgemm) writes G = x W1^T; one thread per row packs relu(G) into TwELL tiles; then one
 // thread per compact row runs the fused up/down over its active neurons (two at a time, fp32), and
-// routed rows (a tile over capacity, or a NaN or infinite gate value) go through dense sgemms on
-// the gathered rows. A block whose measured density exceeds options.dense_above runs its up/down
-// densely instead.
+// routed rows (a tile over capacity, or a NaN or infinite gate value) run the same loop uncapped,
+// or dense sgemms on the gathered rows where those hold more than N entries. Blocks of fewer rows
+// than threads (decoding) split each row's entries over the threads instead, adding the partial
+// sums. A block whose measured density exceeds options.dense_above runs its up/down densely.
 // 16-bit weights are widened to fp32 at every run (the caller may change them in place between
-// runs): the first weight whole (the gate GEMM reads it all), up and down whole only where a block
-// runs them densely or has more active entries than N, else row by row as the fused loop reads
-// them (a decoding step touches a few dozen rows).
+// runs): the first weight whole (the gate GEMM reads it all), or, for runs of at most
+// kStreamRows rows (decoding), a chunk of its rows at a time into a per-thread buffer that stays
+// in cache, each chunk's gate columns by an sgemv / sgemm on it (the weight read once, 16-bit);
+// up and down whole only where a block runs them densely or has more active entries than N, else
+// row by row as the fused loop reads them (a decoding step touches a few dozen rows).
 // NaN: the ReLU keeps NaN (cpu::relu) and every path computes h = relu(g) * u as a product, so a
 // NaN or infinite value of x or a NaN gate weight reaches y as in the dense computation.
 #include <omp.h>
@@ -30,6 +33,13 @@ constexpr int64_t kBlockRows = 256;         // rows per block: big enough for sg
 // Blocks of fewer rows never run dense: a dense up and down streams both weight matrices whatever
 // the row count (~14 ms at 2048 x 5632 fp32), more than even a fully active row costs sparse.
 constexpr int64_t kMinDenseRows = 16;
+// Rows fewer than the threads split their entries over the threads, at least this many a thread.
+constexpr int64_t kSplitEntries = 32;
+// Runs of at most this many rows stream a 16-bit first weight in chunks of kStreamChunk rows
+// (64 x K fp32: 512 KiB at K = 2048) rather than widen it whole: widening writes and re-reads
+// twice the weight's bytes, which more rows amortise and one row does not.
+constexpr int64_t kStreamRows = 8;
+constexpr int64_t kStreamChunk = 64;
 
 // Byte offsets of the per-block buffers inside the workspace.
 struct BlockLayout {
@@ -91,7 +101,9 @@ class CpuInference final : public InferenceBackend {
     info.rows = a.x.shape[0];
     auto* ws = static_cast<uint8_t*>(workspace);
     rest_widened_ = dtype_ == DType::f32;
-    if (!rest_widened_ && info.rows > 0) widen(kind_ == FfnKind::gated ? w_.gate : w_.up, first_copy_);
+    stream_first_ = !rest_widened_ && info.rows <= kStreamRows && cpu::blas_in_parallel_is_serial();
+    if (!rest_widened_ && !stream_first_ && info.rows > 0)
+      widen(kind_ == FfnKind::gated ? w_.gate : w_.up, first_copy_);
     for (int64_t r0 = 0; r0 < info.rows; r0 += kBlockRows) {
       const int64_t rows = std::min(kBlockRows, info.rows - r0);
       run_block(a, r0, rows, ws, info);
@@ -114,6 +126,27 @@ class CpuInference final : public InferenceBackend {
     for (int64_t i = 0; i < total; i += chunk)
       cpu::to_f32(static_cast<const uint8_t*>(view.data) + i * int64_t(dtype_size(dtype_)), dtype_,
                   copy.data() + i, std::min(chunk, total - i));
+  }
+  // g = x W1^T for a few rows, the 16-bit first weight widened kStreamChunk rows at a time into
+  // the thread's cache-sized buffer (the BLAS call runs on one thread inside the parallel loop:
+  // only with an OpenBLAS that runs serially there, the OpenMP build's rule).
+  void gate_streamed(int64_t rows, const float* x, float* g) {
+    const TensorView& first = kind_ == FfnKind::gated ? w_.gate : w_.up;
+    const size_t chunk = size_t(kStreamChunk) * size_t(k_);
+    if (stream_buffer_.size() < size_t(omp_get_max_threads()) * chunk)
+      stream_buffer_.resize(size_t(omp_get_max_threads()) * chunk);
+    const auto* src = static_cast<const uint8_t*>(first.data);
+    const int64_t es = int64_t(dtype_size(dtype_));
+    cpu::blas_int(n_, "columns");  // the BLAS calls' size checks, before the region (no throw in it)
+    cpu::blas_int(k_, "depth");
+    cpu::blas_int(rows, "rows");
+#pragma omp parallel for schedule(static)
+    for (int64_t n0 = 0; n0 < n_; n0 += kStreamChunk) {
+      const int64_t count = std::min(kStreamChunk, n_ - n0);
+      float* buf = stream_buffer_.data() + size_t(omp_get_thread_num()) * chunk;
+      cpu::to_f32(src + n0 * k_ * es, dtype_, buf, count * k_);
+      cpu::gemm_nt(rows, count, k_, x, buf, g + n0, 0.0f, n_);
+    }
   }
   // Up (gated) and down whole, once per run, before anything reads them through up_ / down_.
   void widen_rest() {
@@ -154,7 +187,10 @@ class CpuInference final : public InferenceBackend {
       cpu::to_f32(static_cast<const uint8_t*>(a.x.data) + r0 * k_ * es, dtype_,
                   const_cast<float*>(x), rows * k_);
     float* g = reinterpret_cast<float*>(ws + L.g);
-    cpu::gemm_nt(rows, n_, k_, x, first_, g);
+    if (stream_first_)
+      gate_streamed(rows, x, g);
+    else
+      cpu::gemm_nt(rows, n_, k_, x, first_, g);
 
     std::vector<int64_t> nnz(static_cast<size_t>(rows));
     std::vector<uint8_t> over(static_cast<size_t>(rows)), finite(static_cast<size_t>(rows));
@@ -228,21 +264,86 @@ class CpuInference final : public InferenceBackend {
     std::vector<int64_t> active(size_t(rows * per_row));
     std::vector<float> gate(active.size());
     std::vector<float> scratch = row_scratch();
+    if (rows < omp_get_max_threads()) {  // a decoding step: each row's entries over the threads
+      std::vector<FusedRow> list;
+      for (int64_t r = 0; r < rows; ++r)
+        if (!over[size_t(r)])
+          list.push_back({x + r * k_, active.data() + r * per_row, gate.data() + r * per_row,
+                          compact_entries(L, r, vals, cols, counts, active.data() + r * per_row,
+                                          gate.data() + r * per_row),
+                          y + r * k_});
+      fused_rows_split(list, scratch);
+      return;
+    }
 #pragma omp parallel for schedule(dynamic, 4)
     for (int64_t r = 0; r < rows; ++r) {
       if (over[size_t(r)]) continue;
       int64_t* nrn = active.data() + r * per_row;
       float* g = gate.data() + r * per_row;
-      int64_t count = 0;
-      for (int64_t t = 0; t < L.tiles; ++t) {
-        const int64_t slot0 = (r * L.tiles + t) * L.capacity;
-        for (int64_t e = 0; e < counts[r * L.tiles + t]; ++e, ++count) {
-          nrn[count] = t * opt_.tile + cols[slot0 + e];
-          g[count] = vals[slot0 + e];
-        }
-      }
-      fused_row(x + r * k_, nrn, g, count, y + r * k_, thread_scratch(scratch));
+      fused_row(x + r * k_, nrn, g, compact_entries(L, r, vals, cols, counts, nrn, g), y + r * k_,
+                thread_scratch(scratch));
     }
+  }
+
+  // Compact row r's active neurons and gate values from its TwELL tiles; returns their count.
+  int64_t compact_entries(const BlockLayout& L, int64_t r, const float* vals, const uint16_t* cols,
+                          const uint16_t* counts, int64_t* nrn, float* g) const {
+    int64_t count = 0;
+    for (int64_t t = 0; t < L.tiles; ++t) {
+      const int64_t slot0 = (r * L.tiles + t) * L.capacity;
+      for (int64_t e = 0; e < counts[r * L.tiles + t]; ++e, ++count) {
+        nrn[count] = t * opt_.tile + cols[slot0 + e];
+        g[count] = vals[slot0 + e];
+      }
+    }
+    return count;
+  }
+
+  struct FusedRow {
+    const float* x;
+    const int64_t* nrn;
+    const float* g;
+    int64_t count;
+    float* y;
+  };
+
+  // fused_row for rows fewer than the threads (a decoding step), in one parallel region: each
+  // row's entries in up to ceil(threads / rows) contiguous parts of at least kSplitEntries, part
+  // 0 into y's row and the others into partial rows, added afterwards (fp32, as the loop sums).
+  void fused_rows_split(const std::vector<FusedRow>& rows, std::vector<float>& scratch) const {
+    if (rows.empty()) return;
+    const int64_t threads = omp_get_max_threads(), count = int64_t(rows.size());
+    const int64_t most = std::max<int64_t>(1, (threads + count - 1) / count);
+    struct Part {
+      size_t row;
+      int64_t begin, end;
+      float* out;
+    };
+    std::vector<int64_t> parts_of(rows.size());
+    int64_t partials = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      parts_of[i] = std::clamp<int64_t>(rows[i].count / kSplitEntries, 1, most);
+      partials += parts_of[i] - 1;
+    }
+    std::vector<float> partial(size_t(partials) * size_t(k_));
+    std::vector<Part> parts;
+    float* next = partial.data();
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (int64_t p = 0; p < parts_of[i]; ++p) {
+        const int64_t c = rows[i].count;
+        parts.push_back({i, c * p / parts_of[i], c * (p + 1) / parts_of[i], p == 0 ? rows[i].y : next});
+        if (p > 0) next += k_;
+      }
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t j = 0; j < parts.size(); ++j) {
+      const Part& q = parts[j];
+      const FusedRow& r = rows[q.row];
+      fused_row(r.x, r.nrn + q.begin, r.g + q.begin, q.end - q.begin, q.out, thread_scratch(scratch));
+    }
+    const float* add = partial.data();
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (int64_t p = 1; p < parts_of[i]; ++p, add += k_)
+        for (int64_t c = 0; c < k_; ++c) rows[i].y[c] += add[c];
   }
 
   // y_row = sum_i h_i Wd[n_i] with h_i = g_i * (x_row . Wu[n_i]) (gated) or g_i (plain); neurons
@@ -292,8 +393,8 @@ class CpuInference final : public InferenceBackend {
       for (int64_t i = 0; i < count; ++i)
         offset[size_t(i) + 1] = offset[size_t(i)] + (finite[size_t(routed[i])] ? nnz[size_t(routed[i])] : n_);
       std::vector<float> scratch = row_scratch();
-#pragma omp parallel for schedule(dynamic, 1)
-      for (int64_t i = 0; i < count; ++i) {
+      const bool split = count < omp_get_max_threads();  // a decoding step: entries over threads
+      const auto entries = [&](int64_t i) {  // routed row i's neurons and relu(g) into its list
         const int64_t r = routed[i];
         const bool every = !finite[size_t(r)];
         int64_t* nrn = active.data() + offset[size_t(i)];
@@ -301,7 +402,18 @@ class CpuInference final : public InferenceBackend {
         int64_t n = 0;
         for (int64_t c = 0; c < n_; ++c)
           if (every || cpu::relu_active(g[r * n_ + c])) nrn[n] = c, gr[n++] = cpu::relu(g[r * n_ + c]);
-        fused_row(x + r * k_, nrn, gr, n, y + r * k_, thread_scratch(scratch));
+        return FusedRow{x + r * k_, nrn, gr, n, y + r * k_};
+      };
+      if (split) {
+        std::vector<FusedRow> list;
+        for (int64_t i = 0; i < count; ++i) list.push_back(entries(i));
+        fused_rows_split(list, scratch);
+        return;
+      }
+#pragma omp parallel for schedule(dynamic, 1)
+      for (int64_t i = 0; i < count; ++i) {
+        const FusedRow row = entries(i);
+        fused_row(row.x, row.nrn, row.g, row.count, row.y, thread_scratch(scratch));
       }
       return;
     }
@@ -341,6 +453,8 @@ class CpuInference final : public InferenceBackend {
   InferenceOptions opt_;
   FfnWeights w_;  // views of the caller's weights
   bool rest_widened_ = true;  // up_ and down_ hold this run's values (fp32 weights: always)
+  bool stream_first_ = false;  // this run streams the 16-bit first weight (gate_streamed)
+  std::vector<float> stream_buffer_;  // gate_streamed's per-thread chunks
   std::vector<float> first_copy_, up_copy_, down_copy_;
   const float* first_ = nullptr;
   const float* up_ = nullptr;

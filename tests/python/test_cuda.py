@@ -230,8 +230,10 @@ def test_dense_form_state_is_the_same_whatever_memory_held(seed, gated):
     for fill in (0xFF, 0x00):
         # blocks of the state's size, freed holding `fill`: the caching allocator hands one back
         junk = [torch.full((nbytes,), fill, dtype=torch.uint8, device="cuda") for _ in range(8)]
+        held = {j.data_ptr() for j in junk}
         del junk
         y, saved, stats = torch.ops.twell.ffn_train(*args)
+        assert saved.data_ptr() in held  # the state took memory that held `fill`
         states.append((y.clone(), saved.clone(), stats.clone()))
     (y0, s0, st0), (y1, s1, st1) = states
     assert torch.equal(s0, s1) and torch.equal(y0, y1) and torch.equal(st0, st1)

@@ -452,12 +452,17 @@ def test_dense_saved_buffer_zeroes_all_but_the_planes(gated):
     size = _ops.saved_dtype("cpu", torch.bfloat16).itemsize  # the values' (on CUDA: bf16's 2)
     at = layout.saved_offsets(m, n, tile, 1, planes, size, dense=True)
     plane_end = at["backup"] + planes * m * n * size
+    def garbage(n, dtype):  # memory as an allocator may hand it out: anything but zeros
+        return torch.full((n,), 0xFF, dtype=dtype)
+
     for nbytes in (at["end"], at["end"] + 16):
-        buf = _ops._saved_buffer(x, gate, up, tile, nbytes, dense=True)
+        buf = _ops._saved_buffer(x, gate, up, tile, nbytes, dense=True, empty=garbage)
         assert buf.numel() == nbytes and buf.dtype == torch.uint8
         assert not buf[:at["backup"]].any() and not buf[plane_end:].any()
         assert plane_end < at["end"]  # padding and later arrays exist and were checked
-    assert not _ops._saved_buffer(x, gate, up, tile, 1000, dense=False).any()
+    buf = _ops._saved_buffer(x, gate, up, tile, at["end"], dense=True, empty=garbage)
+    assert buf[at["backup"]:plane_end].eq(0xFF).all()  # the planes: left to the GEMMs
+    assert not _ops._saved_buffer(x, gate, up, tile, 1000, dense=False, empty=garbage).any()
 
 
 @pytest.mark.parametrize("device", devices())
@@ -495,6 +500,15 @@ def test_eager_training_skips_the_op_dispatch_with_the_ops_results(seed, device,
     monkeypatch.setattr(_ops, "plain_eager", lambda x: False)
     node, op = step()
     assert node is not None and "eager" not in type(node).__name__
+    monkeypatch.undo()
+    for through in ("eager", "op"):  # first order only, both ways: a clear error, never a silent 0
+        if through == "op":
+            monkeypatch.setattr(_ops, "plain_eager", lambda x: False)
+        xg = x.clone().requires_grad_()
+        # a loss whose gradient at y depends on y: its second order needs the layer's
+        (gx,) = torch.autograd.grad((mod(xg) * dy).pow(2).sum(), xg, create_graph=True)
+        with pytest.raises(RuntimeError, match="differentiate twice|no autograd formula"):
+            gx.sum().backward()
     for a, b, c in zip(eager, op, through_op):
         if device == "cpu":
             assert torch.equal(a, b) and torch.equal(a, c)

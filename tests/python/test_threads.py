@@ -131,3 +131,49 @@ def test_idle_workers_sleep_after_a_call():
     idle = float(run_python("import os; [os.environ.pop(k) for k in ('OMP_WAIT_POLICY', "
                             "'GOMP_SPINCOUNT')]\n" + SPIN, clean))
     assert idle < 0.04, f"{idle * 1000:.0f} ms of CPU while sleeping 400 ms after twell calls"
+
+
+def test_openblas_core_chosen_from_the_cpu_where_nothing_decided():
+    from twell import _openblas
+    x86 = lambda: "x86_64"  # noqa: E731
+    avx512 = set("avx2 fma avx512f avx512bw avx512vl avx512dq avx512cd".split())
+    cases = [(("GenuineIntel", avx512), "SkylakeX"), (("AuthenticAMD", {"avx2", "fma"}), "Zen"),
+             (("GenuineIntel", {"avx2", "fma", "avx512f"}), "Haswell")]
+    for cpu, core in cases:
+        env = {}
+        assert _openblas.prepare(env, lambda: cpu, lambda: False, x86) == f"{core} (set by twell)"
+        assert env == {"OPENBLAS_CORETYPE": core}
+    for cpu, why in ((("GenuineIntel", {"sse3", "avx"}), "no AVX2"), (("", set()), "no AVX2")):
+        env = {}
+        assert why in _openblas.prepare(env, lambda: cpu, lambda: False, x86) and env == {}
+    env = {"OPENBLAS_CORETYPE": "Haswell"}
+    assert "environment" in _openblas.prepare(env, lambda: cases[0][0], lambda: False, x86)
+    assert env == {"OPENBLAS_CORETYPE": "Haswell"}
+    env = {}
+    said = _openblas.prepare(env, lambda: cases[0][0], lambda: True, x86)
+    assert "loaded before twell" in said and "OPENBLAS_CORETYPE=SkylakeX" in said and env == {}
+    assert "not x86-64" in _openblas.prepare({}, lambda: cases[0][0], lambda: False, lambda: "aarch64")
+
+
+def test_openblas_kernels_follow_the_environment():
+    """In a fresh process, twell's OpenBLAS runs the set OPENBLAS_CORETYPE names (twell's choice
+    where unset); its description names it, and no advice is given on a set with AVX2."""
+    import platform
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86-64 OpenBLAS kernel sets")
+    code = ("import twell; print(twell.blas_core(), '|', twell._openblas.CORETYPE, '|', "
+            "twell.blas_core_advice() == '', '|', twell.blas_core() in twell.cpu_description())")
+    out = run_python(code, {"OPENBLAS_CORETYPE": "Prescott"}).split(" | ")
+    if out[0] != "Prescott":
+        pytest.skip(f"this OpenBLAS chooses no kernels at run time (it runs {out[0]}'s)")
+    assert "environment" in out[1] and out[3] == "True"
+    chosen = twell._openblas.core_for(*twell._openblas.cpu_flags())
+    if chosen is not None:  # this CPU has AVX2: twell's choice is in force, and no advice
+        env = dict(os.environ)
+        env.pop("OPENBLAS_CORETYPE", None)
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120, env=env)
+        assert res.returncode == 0, res.stderr
+        core, how, quiet, _ = res.stdout.strip().split(" | ")
+        assert core.lower() == chosen.lower() and "set by twell" in how and quiet == "True"
+        assert out[2] == "False"  # Prescott's kernels on an AVX2 CPU: advice given

@@ -128,6 +128,7 @@ int cmd_info(const std::vector<std::string>& a) {
   if (!a.empty()) usage_error("arguments: expected none (see twell info --help), got '" + a[0] + "'");
   std::cout << "twell " << twell::version() << "\n"
             << "CPU backend: " << twell::cpu_description() << "\n"
+            << (twell::blas_core_advice().empty() ? "" : "CPU advice: " + twell::blas_core_advice() + "\n")
             << "CUDA backend: " << (twell::cuda_compiled() ? "compiled" : "not compiled") << "\n";
   const auto devs = twell::cuda_devices();
   if (devs.empty()) std::cout << "CUDA devices: none\n";
@@ -326,6 +327,7 @@ int cmd_bench(const std::vector<std::string>& a) {
   const bool cuda = o.backend == "cuda" || (o.backend == "auto" && twell::cuda_device_count() > 0);
   if (!r.dtype_set) o.custom.dtype = cuda ? twell::DType::bf16 : twell::DType::f32;
   std::cerr << "twell bench: suite " << o.suite << " on " << (cuda ? "CUDA" : "CPU") << "\n";
+  if (!cuda && !twell::blas_core_advice().empty()) std::cerr << "twell bench: " << twell::blas_core_advice() << "\n";
   if (o.suite == "real") {  // each captured layer: inference, then a training step
     const int inference = bench_inference(o, r.write);
     twell::bench::Options t = o;
@@ -361,7 +363,25 @@ const Command kCommands[] = {
 
 }  // namespace
 
+// OpenBLAS chose its kernels when it loaded, before main: where it took a set older than this
+// CPU's vector units (a CPU its build does not know) and OPENBLAS_CORETYPE is unset, the command
+// runs again with it set (importing twell does the same for Python).
+void reexec_with_blas_core(char** argv) {
+  const char* set = std::getenv("OPENBLAS_CORETYPE");
+  if ((set != nullptr && *set != '\0') || twell::blas_core_advice().empty()) return;
+  // Started through the dynamic loader (ld.so twell ...), /proc/self/exe is the loader: not again.
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) return;
+  self[len] = '\0';
+  if (std::string(self).find("/ld-") != std::string::npos) return;
+  if (setenv("OPENBLAS_CORETYPE", twell::blas_core_for_cpu().c_str(), 1) != 0) return;
+  execv(self, argv);  // returns only where it failed: go on with the kernels there are
+  unsetenv("OPENBLAS_CORETYPE");
+}
+
 int main(int argc, char** argv) {
+  reexec_with_blas_core(argv);
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || is_help(args[0]) || (args[0] == "help" && args.size() == 1)) {
     std::cout << twell::cli::kGlobalHelp;

@@ -185,12 +185,13 @@ def _train_forward(x: Tensor, gate: Optional[Tensor], up: Tensor, down: Tensor, 
 ffn_train = torch.library.custom_op("twell::ffn_train", mutates_args=())(_train_forward)
 
 
-def _saved_buffer(x, gate, up, tile, nbytes, dense):
+def _saved_buffer(x, gate, up, tile, nbytes, dense, empty=None):
     """The saved state's buffer, zeroed where the plan may leave bytes unwritten (slots past each
     count, alignment padding): an op's outputs must not depend on what memory held before (eager
     and compiled runs agree byte for byte). The dense form's backup planes (all but ~1% of its
-    bytes) are skipped: its gate and up GEMMs write every byte of them."""
-    saved = x.new_empty(nbytes, dtype=torch.uint8)
+    bytes) are skipped: its gate and up GEMMs write every byte of them. `empty` (tests): the
+    allocator, x.new_empty by default."""
+    saved = (empty or x.new_empty)(nbytes, dtype=torch.uint8)
     if not dense:
         return saved.zero_()
     planes = 2 if gate is not None else 1
@@ -317,15 +318,25 @@ class _twell_ffn_train_eager(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, dy, dsaved, dstats):
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy, dsaved, dstats):  # first order only, as the op (no double backward)
         return _backward_train(ctx, dy, dsaved, dstats, backward=_train_backward)
 
 
 def plain_eager(x):
     """Whether a call can skip a custom op's dispatch: a plain tensor, no compiler or tracer, no
-    Python dispatch mode (fake tensors, make_fx, flop counters see the op as one)."""
+    Python dispatch mode (fake tensors, make_fx, flop counters see the op as one), no torch.func
+    transform (its wrapped tensors are of type torch.Tensor too)."""
     return (type(x) is torch.Tensor and not torch.compiler.is_compiling()
-            and not torch.jit.is_tracing() and _dispatch_modes() == 0)
+            and not torch.jit.is_tracing() and _dispatch_modes() == 0
+            and not _functorch_active())
+
+
+def _functorch_active():
+    try:
+        return torch._C._are_functorch_transforms_active()
+    except AttributeError:  # an older PyTorch without it: always through the op
+        return True
 
 
 def _dispatch_modes():
