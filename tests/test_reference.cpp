@@ -147,9 +147,10 @@ TEST(Reference, TrainedLikeWorkload) {
     EXPECT_NEAR(density, 0.02, 0.006);
     for (int64_t r : {int64_t(0), int64_t(1024), int64_t(2048)}) EXPECT_GT(rows[size_t(r)] / 2000.0, 4 * density) << r;
     std::sort(units.begin(), units.end());
-    // The busiest tenth of the units fire far more often than the median unit.
+    // The busiest tenth of the units fire far more often than the median unit: 4.5 - 6.7x over
+    // 40 seeds (5x failed ~1 seed in 30), against ~1.2x for uniform rates at this M.
     const double top = units[size_t(1900)], median = units[1000];
-    EXPECT_GT(top, 5 * std::max(median, 1.0));
+    EXPECT_GT(top, 3 * std::max(median, 1.0));
   }
 }
 
