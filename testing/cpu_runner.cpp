@@ -1,10 +1,10 @@
 // CPU runner: wall-clock (steady_clock) timings of the plan and of the gate sgemm alone. The
 // weights (2048 x 5632 x 3 fp32 = 138 MB) exceed the caches, so repeated runs are not cache-warm.
-#include <cblas.h>
 
 #include <chrono>
 #include <vector>
 
+#include "cpu/blas.hpp"
 #include "runner.hpp"
 #include "twell/info.hpp"
 #include "twell/twell.hpp"
@@ -57,13 +57,8 @@ class CpuRunner final : public Runner {
 
   void job(Job j) {
     const auto& s = p_->spec;
-    if (j == Job::gate) {  // as the CPU backend runs it: one row through sgemv
-      if (s.m == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, int(s.n), int(s.k), 1.0f, wf_.data(), int(s.k),
-                    xf_.data(), 1, 0.0f, gf_.data(), 1);
-      else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(s.m), int(s.n), int(s.k), 1.0f,
-                    xf_.data(), int(s.k), wf_.data(), int(s.k), 0.0f, gf_.data(), int(s.n));
+    if (j == Job::gate) {  // the CPU backend's own gate GEMM call
+      cpu::gemm_nt(s.m, s.n, s.k, xf_.data(), wf_.data(), gf_.data());
       return;
     }
     plan_for(j == Job::dense ? Dispatch::force_dense : twell_dispatch_).run(args());

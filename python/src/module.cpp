@@ -63,6 +63,8 @@ NB_MODULE(_core, m) {
   m.def("cuda_devices", &twell::cuda_devices);
   m.def("cpu_description", &twell::cpu_description);
   m.def("blas_core", &twell::blas_core, "OpenBLAS's kernel set in this process.");
+  m.def("blas_core_for_cpu", &twell::blas_core_for_cpu,
+        "OpenBLAS's kernel set for this CPU's vector units ('' : OpenBLAS's own detection).");
   m.def("blas_core_advice", &twell::blas_core_advice,
         "Where OpenBLAS runs kernels older than the CPU's vector units, what to do; else ''.");
   m.def("set_cpu_threads", &twell::set_cpu_threads, "n"_a,

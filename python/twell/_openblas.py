@@ -7,7 +7,8 @@ an AVX-512 machine: a 5632 x 2048 sgemv 2.6 - 3.1 ms on Prescott's kernels, 1.4 
 SkylakeX's). Importing twell sets OPENBLAS_CORETYPE from the CPU's vector units where the
 environment does not set it and no process-wide OpenBLAS is loaded yet (it reads the variable
 once, when it loads): SkylakeX with AVX-512 (F, BW, VL, DQ, CD), else Zen (AMD) or Haswell with
-AVX2 and FMA. twell.cpu_description() names the set in use; set OPENBLAS_CORETYPE to choose
+AVX2 and FMA (twell::blas_core_for_cpu's rule, read here from /proc/cpuinfo because the library
+is not loaded yet; a test checks they agree). twell.cpu_description() names the set in use; set OPENBLAS_CORETYPE to choose
 another. Imported by twell/__init__.py before twell._core; imports nothing of twell.
 """
 import os

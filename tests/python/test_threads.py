@@ -168,6 +168,8 @@ def test_openblas_kernels_follow_the_environment():
         pytest.skip(f"this OpenBLAS chooses no kernels at run time (it runs {out[0]}'s)")
     assert "environment" in out[1] and out[3] == "True"
     chosen = twell._openblas.core_for(*twell._openblas.cpu_flags())
+    # the one rule, read twice: from /proc/cpuinfo before the library loads, from cpuid in it
+    assert chosen == (twell._core.blas_core_for_cpu() or None)
     if chosen is not None:  # this CPU has AVX2: twell's choice is in force, and no advice
         env = dict(os.environ)
         env.pop("OPENBLAS_CORETYPE", None)

@@ -328,22 +328,17 @@ def plain_eager(x):
     Python dispatch mode (fake tensors, make_fx, flop counters see the op as one), no torch.func
     transform (its wrapped tensors are of type torch.Tensor too)."""
     return (type(x) is torch.Tensor and not torch.compiler.is_compiling()
-            and not torch.jit.is_tracing() and _dispatch_modes() == 0
-            and not _functorch_active())
+            and not torch.jit.is_tracing() and not _intercepted())
 
 
-def _functorch_active():
+def _intercepted():
+    """A Python dispatch mode or a torch.func transform is active (an older PyTorch without
+    these queries: assumed, so calls go through the op)."""
     try:
-        return torch._C._are_functorch_transforms_active()
-    except AttributeError:  # an older PyTorch without it: always through the op
+        return (torch._C._len_torch_dispatch_stack() > 0
+                or torch._C._are_functorch_transforms_active())
+    except AttributeError:
         return True
-
-
-def _dispatch_modes():
-    try:
-        return torch._C._len_torch_dispatch_stack()
-    except AttributeError:  # an older PyTorch without it: always through the op
-        return 1
 
 
 def train(x, gate, up, down, tile, capacity, dispatch, dense_above):

@@ -4,9 +4,11 @@ import time
 import torch
 
 # host_hidden: the device is held this many clock cycles (~4 ms at an H200's 1.98 GHz) before the
-# start event, so the host enqueues the timed work meanwhile; doubled (up to 64x) whenever a
-# call's host work outlasted it.
-_margin = {"cycles": 8_000_000}
+# start event, so the host enqueues the timed work meanwhile; doubled (up to MAX_MARGIN_CYCLES)
+# whenever a call's host work outlasted it.
+MARGIN_CYCLES = 8_000_000
+MAX_MARGIN_CYCLES = 64 * MARGIN_CYCLES
+_margin = {"cycles": MARGIN_CYCLES}
 
 
 def time_ms(fn, cuda, host_hidden=False):
@@ -29,9 +31,7 @@ def time_ms(fn, cuda, host_hidden=False):
         b.record()
         leaked = host_hidden and a.query()  # the device reached the start before the host was done
         b.synchronize()
-        if not leaked:
-            break
-        if _margin["cycles"] >= 64 * 8_000_000:
+        if not leaked or _margin["cycles"] >= MAX_MARGIN_CYCLES:
             break
         _margin["cycles"] *= 2
     return a.elapsed_time(b)
