@@ -17,7 +17,7 @@ std::string blas_core();
 // "Haswell" (AVX2 and FMA), else "" (OpenBLAS's own detection).
 std::string blas_core_for_cpu();
 // Where OpenBLAS runs a set without AVX2 on a CPU that has AVX2 or AVX-512 (a CPU its build does
-// not recognise: 2 - 3x slower CPU GEMMs), what to do about it; else "".
+// not recognise: up to ~5x slower CPU GEMMs), what to do about it; else "".
 std::string blas_core_advice();
 // The advice for OpenBLAS running `core` where this CPU wants `want` (blas_core_for_cpu()) and
 // OPENBLAS_CORETYPE holds `set` ("" unset): "" where `core` has AVX2 kernels or `want` is "".

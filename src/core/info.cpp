@@ -97,10 +97,10 @@ std::string blas_core_advice_for(const std::string& core, const std::string& wan
       if (!set.empty())
         return "OpenBLAS runs its " + core + " kernels on a CPU with " + units + " although " +
                "OPENBLAS_CORETYPE=" + set + ": set OPENBLAS_CORETYPE=" + want +
-               " (or unset it) for 2 - 3x faster CPU GEMMs, where this OpenBLAS chooses kernels at run time";
+               " (or unset it) for up to ~5x faster CPU GEMMs, where this OpenBLAS chooses kernels at run time";
       return "OpenBLAS runs its " + core + " kernels on a CPU with " + units +
              " (a CPU it does not recognise): set OPENBLAS_CORETYPE=" + want +
-             " before the process starts for 2 - 3x faster CPU GEMMs";
+             " before the process starts for up to ~5x faster CPU GEMMs";
     }
   return "";
 }
