@@ -16,7 +16,7 @@
 #       rows, the same with --hot-units auto, the union-decoding probe, generate() static /
 #       compiled / dynamic.
 #       Call again until it prints "all done". MEASURE=0: training alone (a baseline of the study:
-#       NAME=silu-lr5e-4, NAME=relu-l1-0-lr5e-4); phase 1 then builds no CLI.
+#       NAME=silu-lr5e-4, NAME=relu-l1-0-lr5e-4); phase 1 then builds no CLI (CPP=1: the C++ tests).
 # Results accumulate in build/real/results; each call returns them as $OUT/results.tgz. Carry the
 # corpus (.carry/corpus) in phase 1's call; later calls need not (the running job reads it).
 set -uo pipefail
@@ -70,14 +70,17 @@ case "$1" in
   # $PROBES: timing probes, run before the training starts (the GPU is the training's after it)
   if [ -n "${PROBES:-}" ]; then bash -c "$PROBES" > >(tee $res/probes.out) 2>&1; say "probes done"; fi
   detached train "TWELL_REAL_MINUTES=40 scripts/real-model train; echo \$? > build/real/train.rc"
-  [ "${MEASURE:-1}" = 1 ] && detached cli "cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DTWELL_CUDA=ON -DTWELL_CUDA_ARCHITECTURES=90a && nice cmake --build build -j 6 --target twell_cli \
-      && nice cmake --build build -j 6 --target twell_tests; echo \$? > build/real/cli.rc"
+  # the CLI and the C++ tests (MEASURE=1), or the C++ tests alone (CPP=1, with MEASURE=0)
+  targets=""; [ "${MEASURE:-1}" = 1 ] && targets="twell_cli twell_tests"
+  [ "${MEASURE:-1}" = 0 ] && [ "${CPP:-0}" = 1 ] && targets="twell_tests"
+  [ -n "$targets" ] && detached cli "rc=0; cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DTWELL_CUDA=ON -DTWELL_CUDA_ARCHITECTURES=90a || rc=1; for t in $targets; do [ \$rc = 0 ] && \
+      { nice cmake --build build -j 6 --target \$t || rc=1; }; done; echo \$rc > build/real/cli.rc"
   # (the timing test compares device and host times: not beside a training on the same GPU)
   python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/python/test_ops.py tests/python/test_cuda.py \
       tests/python/test_hot_units.py -k "not timing_hides"} 2>&1 | tail -40
   say "tests done"
-  while [ ! -f build/real/cli.rc ] && [ $(el) -lt 420 ]; do sleep 10; done
+  while [ -n "$targets" ] && [ ! -f build/real/cli.rc ] && [ $(el) -lt 420 ]; do sleep 10; done
   [ -f build/real/cli.rc ] && item cpp-tests 120 cpp_tests
   wait_train
   ;;
@@ -86,6 +89,7 @@ go)
   # training: say so at once rather than wait out the call.
   if [ ! -f build/real/train.out ]; then echo "no training on this machine: start again with phase 1"; exit 3; fi
   wait_train
+  [ "${MEASURE:-1}" = 0 ] && [ -f build/real/cli.rc ] && item cpp-tests 120 cpp_tests
   if [ "$(cat build/real/train.rc 2>/dev/null)" = 0 ] && [ "${MEASURE:-1}" = 1 ]; then
     tail -2 build/real/cli.out
     [ -x build/tools/twell/twell ] || cmake --build build -j 16 --target twell_cli >>build/real/cli.out 2>&1
