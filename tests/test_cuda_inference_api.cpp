@@ -580,6 +580,29 @@ TEST(DispatchRule, AlternatesThenTakesTheFaster) {
   EXPECT_FALSE(t.prefer_dense(m, d, above)) << "sparse became the faster";
 }
 
+// Inference's margin (DispatchConfig::kSparseMargin): after the trials, sparse runs only where its
+// best time beats dense's by the margin; a plain PathTimes (training's) takes the faster.
+TEST(DispatchRule, InferenceRunsSparseOnlyBeyondItsMargin) {
+  const int64_t m = 4096;
+  const double d = 0.01, above = 0.04;
+  const double margin = gpu::DispatchConfig::kSparseMargin;
+  ASSERT_GT(margin, 0.0);
+  for (const double sparse_ms : {1.0, 1.0 / (1.0 + margin) * 0.999, 1.0 / (1.0 + margin) * 1.001}) {
+    gpu::PathTimes inference(margin), training;
+    for (int i = 0; i < 3; ++i) {
+      for (gpu::PathTimes* t : {&inference, &training}) {
+        t->add(m, d, false, float(sparse_ms));
+        t->add(m, d, true, 1.0f);
+      }
+    }
+    ASSERT_FALSE(inference.decide(m, d, above).trying);
+    const bool beyond = sparse_ms * (1.0 + margin) < 0.9995;
+    EXPECT_EQ(inference.prefer_dense(m, d, above), !beyond) << "sparse " << sparse_ms << " ms, dense 1 ms";
+    EXPECT_EQ(inference.decide(m, d, above).settled_dense, !beyond) << "a capture's choice too";
+    EXPECT_FALSE(training.prefer_dense(m, d, above)) << "no margin: sparse at a tie or faster";
+  }
+}
+
 // The row kernels' long-row limit (calibration.hpp): kLongRow before a density and under
 // Determinism::deterministic; otherwise kLongRowMeans x the mean entries, clamped.
 TEST(DispatchRule, LongRowLimitFollowsTheDensity) {

@@ -62,7 +62,7 @@ PathTimes::Decision PathTimes::decide(int64_t rows, double density, double dense
   const auto it = times_.find(regime(rows, density));
   if (it == times_.end()) return d;
   const Times& t = it->second;
-  const bool faster_dense = t.best_ms[1] < t.best_ms[0];
+  const bool faster_dense = t.best_ms[1] < t.best_ms[0] * (1.0 + sparse_margin_);
   d.trying = t.runs[0] < kTrials || t.runs[1] < kTrials;
   d.dense = d.trying ? t.runs[1] < t.runs[0] : faster_dense;  // trials alternate from sparse
   d.settled_dense = t.runs[0] > 0 && t.runs[1] > 0 && faster_dense;

@@ -3,7 +3,8 @@
 // timed with a pair of events; a later call polls them (never waits). For every regime (M rounded
 // to a power of two, density to a factor of ~1.4) the first runs try each path three times
 // (PathTimes::kTrials: runs that carry one-time host work, e.g. cuBLASLt's algorithm choice,
-// between their events are among them), then the path with the smaller best time runs, and only
+// between their events are among them), then the path with the smaller best time runs (inference:
+// sparse only where it beats dense by DispatchConfig::kSparseMargin), and only
 // every DispatchConfig::kProbeEvery-th run probes the density. Up to DispatchConfig::kGraphTimedRows
 // rows a trial after a path's first run is captured into a private graph and one replay is timed:
 // the GPU time, without the gaps between launches that bind small eager runs.
@@ -24,6 +25,7 @@
 #include <utility>
 
 #include "core/capacity.hpp"
+#include "cuda/policy/config.hpp"
 #include "cuda/runtime/no_copy.hpp"
 #include "twell/ffn.hpp"
 
@@ -32,6 +34,9 @@ namespace twell::gpu {
 // The best measured time of each path (0 sparse or compact, 1 dense) per regime, and the choice.
 class PathTimes {
  public:
+  // sparse_margin: the fraction by which the sparse path's best time must beat dense's for it to
+  // be chosen (0: the faster; a tie goes to sparse).
+  explicit PathTimes(double sparse_margin = 0.0) : sparse_margin_(sparse_margin) {}
   // A finished run of `rows` rows at `density` on the given path took `ms`.
   void add(int64_t rows, double density, bool dense, float ms);
   // What dispatch does for a run of `rows` rows at the last measured `density`:
@@ -60,6 +65,7 @@ class PathTimes {
     int runs[2] = {0, 0};
   };
   static Regime regime(int64_t rows, double density);
+  double sparse_margin_;
   std::map<Regime, Times> times_;
 };
 
@@ -197,7 +203,7 @@ class DispatchCalibration {
   int unprobed_ = 0;            // untimed runs since the last probe
   bool ran_[2] = {false, false};  // per path (0 sparse, 1 dense): a timed run finished once
   int64_t pending_rows_ = 0;
-  PathTimes times_;
+  PathTimes times_{DispatchConfig::kSparseMargin};
 };
 
 // A graph-timed trial's stream: run() captures enqueue(p) on the private stream p, then replays the

@@ -179,6 +179,11 @@ struct FusedDecodeConfig {
 struct DispatchConfig {
   static constexpr int64_t kGraphTimedRows = 256;
   static constexpr int kProbeEvery = 8;
+  // Inference runs sparse only where its best trial beats dense's by this fraction: near the
+  // crossover the two differ by less than their run-to-run spread, and a wrong pick there cost
+  // 3% against dense (M = 4096 at 1%) for a gain of at most this much. Training keeps the plain
+  // faster path (its dense form holds more memory than the compact one).
+  static constexpr double kSparseMargin = 0.02;
 };
 
 }  // namespace twell::gpu
