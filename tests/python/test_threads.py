@@ -106,6 +106,25 @@ def test_import_order_decides_the_wait_policy():
     assert out == "ACTIVE | OMP_WAIT_POLICY=ACTIVE (environment)"
 
 
+def test_spinning_runtime_warns_once_at_the_first_cpu_call():
+    """torch imported before twell keeps libgomp's spinning workers: the first CPU call with more
+    than one thread warns, once; twell imported first, or a policy the environment set, does not."""
+    call = ("{first}; import warnings, torch; torch.set_num_threads(2); "
+            "from twell.torch import SparseGatedMLP; m = SparseGatedMLP(16, 64).eval(); "
+            "x = torch.randn(3, 16)\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    [m(x) for _ in range(3)]\n"
+            "print(sum('OMP_WAIT_POLICY=PASSIVE' in str(i.message) for i in w))")
+    clean = {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": ""}
+    pop = "import os; [os.environ.pop(k) for k in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT')]"
+    if not _openmp.runtime_loaded():  # no /proc/self/maps: the order cannot be seen
+        pytest.skip("no /proc/self/maps")
+    assert run_python(call.format(first=pop + "; import torch"), clean) == "1"
+    assert run_python(call.format(first=pop + "; import twell"), clean) == "0"
+    assert run_python(call.format(first="import torch"), {"OMP_WAIT_POLICY": "ACTIVE"}) == "0"
+
+
 SPIN = """
 import time, numpy as np, twell
 rng = np.random.default_rng(0)

@@ -12,6 +12,7 @@ plan's down pointer may be stale: every call rebinds it first (a module that kee
 `_down_address`), and calls on one weight set are not meant to run from several threads at once.
 """
 import threading
+import warnings
 import weakref
 from collections import OrderedDict
 
@@ -19,6 +20,7 @@ import torch
 import torch.utils.dlpack
 
 import twell
+from twell import _openmp
 
 MAX_PLANS = 512
 _STATE_TAG = 0x7477656C6C2E7474  # "twell.tt": every training plan of this cache (training_plan)
@@ -45,10 +47,17 @@ def stream_of(device):
 
 def follow_torch_threads():
     """Before each CPU call: twell's CPU threads = torch's intra-op count (torch.get_num_threads(),
-    which torch.set_num_threads changes), whether or not torch shares twell's OpenMP runtime."""
+    which torch.set_num_threads changes), whether or not torch shares twell's OpenMP runtime; the
+    first call with more than one thread warns where the runtime's idle threads spin."""
     n = torch.get_num_threads()
     if n != twell.cpu_threads_setting():
         twell.set_cpu_threads(n)
+    if _spin_unwarned[0] and n > 1:
+        _spin_unwarned[0] = False
+        warnings.warn(_openmp.SPIN_WARNING, RuntimeWarning, stacklevel=3)
+
+
+_spin_unwarned = [_openmp.SPINNING]  # a list: tests reset it
 
 
 def dispatch_value(dispatch):
