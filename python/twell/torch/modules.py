@@ -10,7 +10,9 @@ otherwise). x must be [..., hidden_size] in the weights' dtype, on their device 
 a ValueError, names it otherwise).
 Otherwise it runs the inference op and records `l0` only, and, where `record_dispatch` is set
 (False by default: it costs a plan look-up per call), `ran_dense`: whether twell's dispatch ran
-that call on the dense path (on the CPU: any block of its rows); None after a training forward
+that call on the dense path (on the CPU: any block of its rows, or torch's dense MLP, which plain
+eager CPU calls with dispatch "auto" run where it measured faster: twell.torch._cpu_paths); None
+after a training forward
 (whose path the size of the saved state tells, see twell.train.sparsity) and inside
 torch.compile.
 
@@ -33,7 +35,7 @@ import torch
 from torch import nn
 
 from twell.torch import _ops  # noqa: F401  (registers torch.ops.twell)
-from twell.torch import _plans, hot
+from twell.torch import _cpu_paths, _plans, hot
 
 
 # module -> (options, weights, their addresses, plan) of its last eager inference call (kept off
@@ -110,13 +112,15 @@ class _SparseFFN(nn.Module):
         """Keeps a neuron-major copy of down_proj.weight for inference (instead of transposing it
         at every call): fast, but inference then ignores later changes of down_proj.weight until
         freeze() is called again. Training never uses the copy."""
-        self.register_buffer("down_nk", self.down_proj.weight.detach().t().contiguous(),
-                             persistent=False)
+        w = self.down_proj.weight
+        self.register_buffer("down_nk", w.detach().t().contiguous(), persistent=False)
+        self._frozen_down = (w, w.data_ptr(), w._version)  # what the copy was made of
         _HELD_PLANS.pop(self, None)  # held beside the previous copy
         return self
 
     def unfreeze(self):
         self.down_nk = None
+        self.__dict__.pop("_frozen_down", None)
         _HELD_PLANS.pop(self, None)
         return self
 
@@ -160,30 +164,65 @@ class _SparseFFN(nn.Module):
             self.l1_loss = self.l1_coef * stats[1]
             self.ran_dense = None
         else:
-            down = getattr(self, "down_nk", None)
-            frozen = down is not None
+            y = self._infer(x2, gate, up)
+        return y.reshape(shape)
+
+    def _infer(self, x2, gate, up):
+        """An inference call: the op (compiled, traced), or its body on the plan; plain eager CPU
+        calls with dispatch "auto" may run torch's dense MLP instead where it measured faster
+        (twell.torch._cpu_paths)."""
+        down = getattr(self, "down_nk", None)
+        frozen = down is not None
+        plan = None
+        if not _ops.plain_eager(x2):
             if not frozen:  # a new copy each call; the op's plan is rebound to it (_plans)
                 down = self.down_proj.weight.detach().t().contiguous()
             args = (x2, gate, up, down, self.tile, self.capacity, self.dispatch, self.dense_above)
-            plan = None
-            if not _ops.plain_eager(x2):
-                y, counters = torch.ops.twell.ffn(*args)
-                # Kept, divided on first read (l0): no tensor operation in a compiled graph.
-                self._l0_counts, self._l0_rows = counters, x2.shape[0]
-                self.l1_loss, self.ran_dense = None, None
-            else:
+            y, counters = torch.ops.twell.ffn(*args)
+            # Kept, divided on first read (l0): no tensor operation in a compiled graph.
+            self._l0_counts, self._l0_rows = counters, x2.shape[0]
+            self.l1_loss, self.ran_dense = None, None
+        else:
+            def plan_call():
+                nonlocal plan, down
+                if not frozen:
+                    down = self.down_proj.weight.detach().t().contiguous()
                 plan = self._eager_plan(gate, up, down, frozen)
-                y, counters = _ops.run_ffn_eager(plan, x2)
-                # nn.Module.__setattr__ and l0's division cost as much host time as the kernels
-                self.__dict__.update(_l0_counts=counters, _l0_rows=x2.shape[0], l1_loss=None, ran_dense=None)
-            if self.record_dispatch and not torch.compiler.is_compiling():
-                # The op's plan (cached, found again by the same weights and options) knows its
-                # last decision on the host: no device synchronisation.
-                if plan is None:
-                    plan = _plans.inference_plan(gate, up, down, self.tile, self.capacity,
-                                                 self.dispatch, self.dense_above)
-                self.ran_dense = plan.last_run().ran_dense
-        return y.reshape(shape)
+                return _ops.run_ffn_eager(plan, x2)
+
+            by_torch = False
+            if x2.is_cuda or self.dispatch != "auto" or torch.are_deterministic_algorithms_enabled():
+                y, counters = plan_call()
+            else:
+                paths = self.__dict__.get("_cpu_paths")
+                if paths is None:
+                    paths = self.__dict__["_cpu_paths"] = _cpu_paths.Paths()
+                y, counters, by_torch = _cpu_paths.run(paths, plan_call, x2, gate, up,
+                                                       self._down_kn(down if frozen else None))
+            # nn.Module.__setattr__ and l0's division cost as much host time as the kernels
+            self.__dict__.update(_l0_counts=counters, _l0_rows=x2.shape[0], l1_loss=None,
+                                 ran_dense=True if by_torch else None)
+            if by_torch:
+                return y
+        if self.record_dispatch and not torch.compiler.is_compiling():
+            # The op's plan (cached, found again by the same weights and options) knows its
+            # last decision on the host: no device synchronisation.
+            if plan is None:
+                plan = _plans.inference_plan(gate, up, down, self.tile, self.capacity,
+                                             self.dispatch, self.dense_above)
+            self.ran_dense = plan.last_run().ran_dense
+        return y
+
+    def _down_kn(self, frozen_copy):
+        """down_proj.weight ([K, N], contiguous) for torch's dense MLP; a frozen module's copy
+        (transposed back) where the weight changed since freeze(), as its plan computes with it."""
+        w = self.down_proj.weight
+        if frozen_copy is None:
+            return w
+        held, ptr, version = self.__dict__.get("_frozen_down", (None, 0, -1))
+        if held is w and w.data_ptr() == ptr and w._version == version:
+            return w
+        return frozen_copy.t().contiguous()
 
     def _eager_plan(self, gate, up, down, keep):
         """The op's cached plan for these weights, found once per weight set: where `keep` (down

@@ -26,8 +26,8 @@ Over validation (inference) forwards, `collect("eval")` gives the density and
                it counts rare units too
   hot_share    as above, over the validation tokens
   ran_dense    fraction of the validation forwards that twell's inference dispatch ran dense
-               (the modules' `ran_dense`: CPU, dense above 3.5% density; CUDA, where it measured
-               dense faster)
+               (the modules' `ran_dense`: CPU, dense above 3.5% density or torch's dense MLP
+               where it measured faster; CUDA, where it measured dense faster)
 
 Several ranks (twell.train.distributed: `group`): every figure is reduced over the ranks (sums of
 the L0 sums, calls, rows and hits) before it is computed, so it is the one-process figure of the

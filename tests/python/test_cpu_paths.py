@@ -1,0 +1,117 @@
+"""CPU inference inside torch: twell's plan or torch's dense MLP per regime (twell.torch._cpu_paths)."""
+import math
+
+import pytest
+import torch
+
+from twell.torch import SparseGatedMLP, SparseMLP, _cpu_paths
+
+
+def counters(active, rows=4):
+    return torch.tensor([0, active])
+
+
+def test_paths_alternate_then_take_the_faster_and_retry():
+    p = _cpu_paths.Paths()
+    assert p.choose(4) == (None, False)  # no density yet: twell, no trial counted
+    p.add(None, False, 1.0, counters(8), 4, 100)  # density 2%
+    ways = []
+    for i in range(2 * _cpu_paths.TRIALS):
+        key, by_torch = p.choose(4)
+        ways.append(by_torch)
+        p.add(key, by_torch, 2.0 if by_torch else 3.0 + i, counters(8), 4, 100)
+    assert ways == [False, True] * _cpu_paths.TRIALS  # alternating, twell first
+    key, by_torch = p.choose(4)
+    assert by_torch  # torch's best 2.0 < twell's best 3.0
+    assert p.choose(8)[0] != key  # twice the rows: another regime, trials again
+    p.add(key, True, 2.0, counters(30), 4, 100)  # density 7.5%: another regime
+    assert p.choose(4)[0] != key
+    # every RETRY calls of a settled regime the other way runs once more
+    q = _cpu_paths.Paths()
+    q.add(None, False, 1.0, counters(8), 4, 100)
+    for _ in range(2 * _cpu_paths.TRIALS):
+        k, t = q.choose(4)
+        q.add(k, t, 1.0 if t else 2.0, counters(8), 4, 100)
+    chosen = [q.choose(4)[1] for _ in range(2 * _cpu_paths.RETRY)]
+    assert chosen.count(False) == 2 and chosen.count(True) == len(chosen) - 2
+
+
+def dense_ref(x, gate, up, down):
+    x, up, down = x.double(), up.double(), down.double()
+    first = x @ (gate.double() if gate is not None else up).T
+    h = torch.relu(first) * (x @ up.T) if gate is not None else torch.relu(first)
+    return h @ down.T, int((first > 0).sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cls", [SparseGatedMLP, SparseMLP])
+@pytest.mark.parametrize("frozen", [False, True])
+def test_both_ways_are_the_dense_ffn(seed, dtype, cls, frozen):
+    """Every call, whichever way ran it, equals the dense FFN to the dtype's rounding and counts
+    the same active units; both ways run within the trials."""
+    torch.manual_seed(seed)
+    k, n, rows = 48, 200, 24
+    m = cls(k, n, dtype=dtype).eval()
+    with torch.no_grad():  # dense-ish rows (the plan's dense path) and sparse ones
+        for p in m.parameters():
+            p.normal_(0, 0.2)
+    if frozen:
+        m.freeze()
+    gate = m.gate_proj.weight if m.gated else None
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    with torch.no_grad():
+        for i in range(3 + 2 * _cpu_paths.TRIALS):
+            x = torch.randn(rows, k, dtype=dtype)
+            if i % 2:
+                x[rows // 2:] = 0  # all-zero rows: no active unit
+            y = m(x)
+            ref, active = dense_ref(x, gate, m.up_proj.weight, m.down_proj.weight)
+            err = float((y.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+            assert err < tol, (i, err)
+            assert math.isclose(float(m.l0), active / rows, rel_tol=1e-6)
+    runs = [r[1] for r in m.__dict__["_cpu_paths"].regimes.values()]
+    assert sum(r[0] for r in runs) > 0 and sum(r[1] for r in runs) > 0
+
+
+def test_nan_reaches_the_output_either_way(seed):
+    torch.manual_seed(seed)
+    m = SparseGatedMLP(16, 64).eval()
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        for i in range(3 + 2 * _cpu_paths.TRIALS):
+            x[1, 3] = math.nan
+            y = m(x)
+            assert torch.isnan(y[1]).all() and torch.isfinite(y[0]).all(), i
+
+
+@pytest.mark.parametrize("how", ["sparse", "dense", "deterministic"])
+def test_plan_alone_where_asked(seed, how):
+    """dispatch "sparse" / "dense" and deterministic algorithms: the plan runs every call."""
+    m = SparseGatedMLP(16, 64, dispatch="auto" if how == "deterministic" else how).eval()
+    old = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(how == "deterministic")
+    try:
+        with torch.no_grad():
+            ys = [m(torch.ones(4, 16)) for _ in range(3 + 2 * _cpu_paths.TRIALS)]
+    finally:
+        torch.use_deterministic_algorithms(old)
+    assert "_cpu_paths" not in m.__dict__
+    assert all(torch.equal(ys[0], y) for y in ys)  # the same plan, bit for bit
+
+
+def test_record_dispatch_says_torch_ran_dense(seed):
+    m = SparseGatedMLP(16, 64).eval()
+    m.record_dispatch = True
+    seen = set()
+    with torch.no_grad():
+        for _ in range(3 + 2 * _cpu_paths.TRIALS):
+            before = sum(r[1][1] for r in m.__dict__.get("_cpu_paths", _cpu_paths.Paths()).regimes.values())
+            m(torch.randn(4, 16))
+            after = sum(r[1][1] for r in m.__dict__["_cpu_paths"].regimes.values())
+            if after > before:
+                assert m.ran_dense is True
+                seen.add("torch")
+            else:
+                assert m.ran_dense in (True, False)
+                seen.add("plan")
+    assert seen == {"torch", "plan"}
