@@ -115,3 +115,16 @@ def test_record_dispatch_says_torch_ran_dense(seed):
                 assert m.ran_dense in (True, False)
                 seen.add("plan")
     assert seen == {"torch", "plan"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_count_positive_with_and_without_numpy(dtype, monkeypatch):
+    t = torch.randn(37, 53).to(dtype)
+    t[0, :4] = torch.tensor([0.0, -0.0, -math.inf, math.inf])
+    want = int((t > 0).sum())
+    nan = t.clone()
+    nan[0, 4] = math.nan  # counted or not by its sign bit (the dtype's conversion sets it)
+    for _ in range(2):
+        assert _cpu_paths.count_positive(t) == want
+        assert _cpu_paths.count_positive(nan) - want + (t[0, 4] > 0) in (0, 1)
+        monkeypatch.setattr(_cpu_paths, "np", None)

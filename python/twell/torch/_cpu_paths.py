@@ -16,6 +16,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+try:
+    import numpy as np
+except ImportError:  # torch runs without NumPy
+    np = None
+
 TRIALS = 2
 RETRY = 256
 
@@ -26,18 +31,24 @@ _SAME_WIDTH_INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16,
 
 def dense(x, gate, up, down):
     """(y, counters) of torch's dense MLP: counters as the plan's, {routed rows, active units}
-    (every row dense; active: the first projection's positive entries, counted on its bits read
-    as integers of the same width, clamped to [0, 1]: positive floats (and NaNs without the sign
-    bit) read positive, zeros and negatives do not; 2 - 4x faster on the CPU than summing a
-    comparison)."""
+    (every row dense; active: the first projection's positive entries, count_positive)."""
     first = F.linear(x, gate if gate is not None else up)
+    active = count_positive(first)
     h = F.relu(first)
-    # first is not needed again: clamped in place (no temporary)
-    active = first.view(_SAME_WIDTH_INT[first.dtype]).clamp_(0, 1).sum(dtype=torch.int64)
     if gate is not None:
         h = h * F.linear(x, up)
     y = F.linear(h, down)
-    return y, torch.stack((torch.tensor(x.shape[0]), active))
+    return y, torch.tensor((x.shape[0], active))
+
+
+def count_positive(t):
+    """The positive entries of a contiguous CPU float tensor, read as integers of the same width
+    (positive floats read positive; zeros, negatives and NaNs with the sign bit set do not): NumPy's
+    comparison and count (~0.3 ms for 256 x 5632, one thread), else torch's (~1 - 2 ms)."""
+    v = t.view(_SAME_WIDTH_INT[t.dtype])
+    if np is not None:
+        return int(np.count_nonzero(v.numpy() > 0))
+    return int(v.clamp(0, 1).sum(dtype=torch.int64))
 
 
 class Paths:
