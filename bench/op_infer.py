@@ -5,7 +5,8 @@ torch's relu(x Wg^T)(x Wu^T) Wd^T; x's column 0 and the gate's set each neuron's
 uniform, or lognormal rates of mean --density for heavy_tailed), without gradients: what a user's
 eager inference call costs. On the CPU the module's automatic dispatch may run torch's dense MLP
 where it measured faster (twell.torch._cpu_paths); `torch_share` is the fraction of the timed
-twell calls it did. Time: medians of --reps calls after --warmup of each (the ways alternating),
+twell calls it did. Time: medians of --reps calls after --warmup of each (the ways alternating,
+which first alternating too),
 wall time on the CPU, CUDA events on a GPU (each call from an idle device: the host's time
 included, as in an eager decoding step). Agreement: ||twell - dense|| / ||dense|| of y.
 
@@ -83,8 +84,8 @@ def run_case(a, m, density, pattern, device, dtype):
             for module in ways.values():
                 module(x)
         before = torch_calls(mlp)
-        for _ in range(a.reps):
-            for w, module in ways.items():
+        for i in range(a.reps):  # which way runs first alternates too (caches, clocks)
+            for w, module in (list(ways.items()) if i % 2 == 0 else list(ways.items())[::-1]):
                 times[w].append(timer(lambda: module(x)))
         share = (torch_calls(mlp) - before) / a.reps
         y = mlp(x)

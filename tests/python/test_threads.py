@@ -53,7 +53,7 @@ def test_twell_torch_follows_torch_set_num_threads(seed):
     torch = pytest.importorskip("torch")
     import twell.torch as tt
     torch.manual_seed(seed)
-    mlp = tt.SparseGatedMLP(32, 96)
+    mlp = tt.SparseGatedMLP(32, 96, dispatch="sparse")  # the plan every call (no torch trial)
     x = torch.randn(64, 32)
     old = torch.get_num_threads()
     try:
