@@ -47,23 +47,11 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=6)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="build/results", help="folder of op_infer.json")
-    a = p.parse_args(argv)
-    try:
-        a.m = [int(v) for v in a.m.split(",") if v]
-        a.densities = [float(v) for v in a.densities.split(",") if v]
-        a.dtypes = [getattr(torch, v) for v in a.dtypes.split(",") if v]
-    except (ValueError, AttributeError):
-        p.error("--m wants integers, --densities fractions, --dtypes torch dtype names")
-    a.patterns = [v for v in a.patterns.split(",") if v]
-    if not a.m or min(a.m) < 1 or a.k < 2 or a.n < 1:
-        p.error("--m, --k and --n must be positive (--k at least 2: column 0 is the control)")
-    if not a.densities or not all(0 < d < 1 for d in a.densities):
-        p.error("--densities wants fractions in (0, 1)")
-    if set(a.patterns) - {"uniform", "heavy_tailed"} or not a.patterns:
-        p.error("--patterns wants uniform and/or heavy_tailed")
-    if a.reps < 3 or a.warmup < 0:
-        p.error("--reps wants at least 3, --warmup at least 0")
-    a.capacity = 0
+    a = op_train.problem_args(p, p.parse_args(argv))
+    dtypes = [getattr(torch, v, None) for v in a.dtypes.split(",") if v]
+    if not dtypes or not all(isinstance(d, torch.dtype) and d.is_floating_point for d in dtypes):
+        p.error(f"--dtypes wants torch floating-point dtype names, got {a.dtypes!r}")
+    a.dtypes, a.capacity = dtypes, 0
     return a
 
 

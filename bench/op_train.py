@@ -60,7 +60,12 @@ def parse_args(argv=None):
     p.add_argument("--capacity", type=int, default=0,
                    help="TwELL slots per (row, tile) (default 0: the backend's training default, tile / 16)")
     p.add_argument("--out", default="build/results", help="folder of op_train.json")
-    a = p.parse_args(argv)
+    return problem_args(p, p.parse_args(argv))
+
+
+def problem_args(p, a):
+    """--m, --densities and --patterns of `a` parsed into lists, and the problem's options checked
+    (argparse's error otherwise); bench/op_infer.py shares them."""
     try:
         a.m = [int(v) for v in a.m.split(",") if v]
         a.densities = [float(v) for v in a.densities.split(",") if v]
