@@ -8,7 +8,8 @@ where it measured faster (twell.torch._cpu_paths); `torch_share` is the fraction
 twell calls it did. Time: medians of --reps calls after --warmup of each (the ways alternating,
 which first alternating too),
 wall time on the CPU, CUDA events on a GPU (each call from an idle device: the host's time
-included, as in an eager decoding step). Agreement: ||twell - dense|| / ||dense|| of y.
+included, as in an eager decoding step). Agreement: ||twell - dense|| / ||dense|| of y, one more
+call after the timed ones (whichever way it ran).
 
 Rows (suite "op_infer"): device, dtype, M, K, N, pattern, density (measured), dense_ms, twell_ms
 (median, p20, p80), speedup, torch_share, rel_diff, threads (CPU).
@@ -49,8 +50,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default="build/results", help="folder of op_infer.json")
     a = op_train.problem_args(p, p.parse_args(argv))
     dtypes = [getattr(torch, v, None) for v in a.dtypes.split(",") if v]
-    if not dtypes or not all(isinstance(d, torch.dtype) and d.is_floating_point for d in dtypes):
-        p.error(f"--dtypes wants torch floating-point dtype names, got {a.dtypes!r}")
+    if not dtypes or not set(dtypes) <= {torch.float32, torch.bfloat16, torch.float16}:
+        p.error(f"--dtypes wants float32, bfloat16, float16, got {a.dtypes!r}")
     a.dtypes, a.capacity = dtypes, 0
     return a
 

@@ -10,7 +10,9 @@ plan's _run_addresses with preallocated tensors. Medians of --reps.
     python3 lab/probes/host_cost.py [--m 1,16,128] [--calls 64] [--reps 25] [--small]
 """
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
@@ -18,6 +20,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from twell.torch import SparseGatedMLP, _ops
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import op_train  # noqa: E402
 
 
 class DenseMLP(nn.Module):
@@ -59,22 +64,23 @@ def main():
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     k, n = (2048, 5632) if cuda else (64, 256)
-    torch.manual_seed(0)
+    # bench/op_train.py's problem: x's column 0 is 1 and the gate's column 0 a per-neuron
+    # threshold, so each unit fires for --density of the tokens
+    a.k, a.n, a.seed, a.capacity = k, n, 0, 0
+    source = op_train.problem(a, 1, a.density, "uniform", device, dtype)[0]
     dense = DenseMLP(k, n).to(device, dtype).eval()
+    dense.load_state_dict(source.state_dict())
     twells = {}
     for dispatch in ("auto", "sparse", "dense"):
         m = SparseGatedMLP(k, n, dispatch=dispatch).to(device, dtype).eval()
-        m.load_state_dict(dense.state_dict())
-        with torch.no_grad():  # gate biased so that about `density` of the units fire
-            w = m.gate_proj.weight
-            w.copy_(w * 0.1)
-        m.freeze()
-        twells[dispatch] = m
+        m.load_state_dict(source.state_dict())
+        twells[dispatch] = m.freeze()
     print(f"device {torch.cuda.get_device_name() if cuda else 'cpu'}, K = {k}, N = {n}, "
           f"{a.calls} calls behind a busy device, medians of {a.reps}")
     with torch.no_grad():
         for rows in [int(r) for r in a.m.split(",")]:
             x = torch.randn(1, rows, k, device=device, dtype=dtype)
+            x[..., 0] = 1
             for _ in range(20):  # plans made, trials run, cuBLAS heuristics chosen
                 dense(x)
                 for mod in twells.values():
@@ -101,7 +107,8 @@ def main():
                 lambda: (x2.new_empty(x2.shape), x2.new_empty(2, dtype=torch.int64),
                          x2.new_empty(max(nbytes, 1), dtype=torch.uint8)), a.calls, a.reps, cuda)
             ran = plan.last_run().ran_dense
-            print(f"M = {rows}: auto ran {'dense' if ran else 'sparse'}; host us per call: "
+            print(f"M = {rows}, density {float(auto.l0) / n:.4f}: auto ran "
+                  f"{'dense' if ran else 'sparse'}; host us per call: "
                   + ", ".join(f"{name} {us:.1f}" for name, us in row.items()))
 
 

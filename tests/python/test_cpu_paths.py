@@ -118,13 +118,68 @@ def test_record_dispatch_says_torch_ran_dense(seed):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_count_positive_with_and_without_numpy(dtype, monkeypatch):
+def test_count_active_as_the_plans_count(dtype, monkeypatch):
+    """Entries not <= 0: positives and NaNs of either sign (the plans' rule), not +-0 or -inf."""
     t = torch.randn(37, 53).to(dtype)
-    t[0, :4] = torch.tensor([0.0, -0.0, -math.inf, math.inf])
-    want = int((t > 0).sum())
-    nan = t.clone()
-    nan[0, 4] = math.nan  # counted or not by its sign bit (the dtype's conversion sets it)
-    for _ in range(2):
-        assert _cpu_paths.count_positive(t) == want
-        assert _cpu_paths.count_positive(nan) - want + (t[0, 4] > 0) in (0, 1)
-        monkeypatch.setattr(_cpu_paths, "np", None)
+    t[0, :6] = torch.tensor([0.0, -0.0, -math.inf, math.inf, math.nan, -math.nan]).to(dtype)
+    bits = t.view(_cpu_paths._SAME_WIDTH_INT[dtype])
+    bits[0, 6] = -1  # a NaN with the sign bit set, all mantissa bits
+    want = int((~(t <= 0)).sum())
+    assert want == int((t > 0).sum()) + int(t.isnan().sum()) and int(t.isnan().sum()) >= 3
+    assert _cpu_paths.count_active(t) == want
+    monkeypatch.setattr(_cpu_paths, "np", None)
+    assert _cpu_paths.count_active(t) == want
+
+
+def test_nan_rows_count_the_same_either_way(seed):
+    torch.manual_seed(seed)
+    m = SparseGatedMLP(16, 64).eval()
+    x = torch.randn(6, 16)
+    x[1] = math.inf  # inf - inf: NaNs with the sign bit set on x86
+    x[1, ::2] = -math.inf
+    counts = set()
+    with torch.no_grad():
+        for _ in range(3 + 2 * _cpu_paths.TRIALS):
+            m(x)
+            counts.add(float(m.l0))
+    assert len(counts) == 1
+
+
+def test_empty_batches_autocast_and_flags_run_the_plan(seed):
+    m = SparseGatedMLP(16, 64).eval()
+    with torch.no_grad():
+        for _ in range(3 + 2 * _cpu_paths.TRIALS):
+            assert m(torch.randn(0, 16)).shape == (0, 16)
+        assert not m.__dict__.get("_cpu_paths", _cpu_paths.Paths()).regimes
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ys = [m(torch.randn(4, 16)) for _ in range(3 + 2 * _cpu_paths.TRIALS)]
+        assert {y.dtype for y in ys} == {torch.float32}
+        assert not m.__dict__.get("_cpu_paths", _cpu_paths.Paths()).regimes
+        for _ in range(3 + 2 * _cpu_paths.TRIALS):
+            m(torch.randn(4, 16))
+            assert m.ran_dense is None  # record_dispatch is off
+
+
+def test_frozen_module_computes_with_its_copy_either_way(seed):
+    """down_proj.weight changed behind autograd's back after freeze(): both ways keep the copy."""
+    torch.manual_seed(seed)
+    m = SparseGatedMLP(16, 64).eval().freeze()
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        want = m(x)
+        m.down_proj.weight.data.mul_(2)
+        for _ in range(3 + 2 * _cpu_paths.TRIALS):
+            assert torch.allclose(m(x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_regimes_key_on_dtype_and_threads(seed):
+    p = _cpu_paths.Paths()
+    p.add(None, False, 1.0, counters(8), 4, 100)
+    old = torch.get_num_threads()
+    try:
+        a = p.choose(4, torch.float32)[0]
+        torch.set_num_threads(1)
+        assert p.choose(4, torch.float32)[0] != a
+        assert p.choose(4, torch.bfloat16)[0] != p.choose(4, torch.float32)[0]
+    finally:
+        torch.set_num_threads(old)

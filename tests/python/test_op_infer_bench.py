@@ -18,7 +18,8 @@ def test_op_infer_bench_options():
     assert (a.m, a.densities, a.dtypes, a.reps) == ([1, 16], [0.01, 0.5],
                                                     [torch.float32, torch.bfloat16], 4)
     for bad in (["--m", "0"], ["--m", "x"], ["--densities", "1.5"], ["--patterns", "zipf"],
-                ["--reps", "2"], ["--k", "1"], ["--dtypes", "float13"]):
+                ["--reps", "2"], ["--k", "1"], ["--dtypes", "float13"], ["--dtypes", "float64"],
+                ["--dtypes", "int32"]):
         with pytest.raises(SystemExit):
             load("op_infer").parse_args(bad)
 

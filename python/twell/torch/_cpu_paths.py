@@ -6,7 +6,8 @@ call the plan runs dense can be slower than the MLP the module replaced. A modul
 CPU inference calls with dispatch "auto" therefore time both ways per regime (rows to a power of
 two, the last call's density to a factor of sqrt(2)), as the CUDA plans time their two paths:
 TRIALS calls of each, alternating from twell, then the one with the smaller best time, tried again
-every RETRY calls of the regime. Both compute the dense FFN exactly, rounded as the dtype rounds
+every RETRY calls of the regime (a regime also keys on the dtype and torch's thread count).
+Empty batches, autocast and deterministic algorithms run the plan alone. Both compute the dense FFN exactly, rounded as the dtype rounds
 (torch's: relu(x Wg^T) (x Wu^T) Wd^T); under torch.use_deterministic_algorithms(True) the plan
 always runs, so reruns are bit-identical.
 """
@@ -26,29 +27,45 @@ RETRY = 256
 
 
 _SAME_WIDTH_INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16,
-                   torch.float16: torch.int16, torch.float64: torch.int64}
+                   torch.float16: torch.int16}
+_NEG_INF_BITS = {d: int(torch.tensor(-math.inf, dtype=d).view(i)) for d, i in _SAME_WIDTH_INT.items()}
+
+
+def applies(dispatch, x):
+    """Whether a plain eager CPU inference call may run torch's dense MLP: automatic dispatch,
+    rows to time, no deterministic algorithms (reruns bit-identical), no autocast (whose GEMMs
+    would return another dtype than the plan)."""
+    return (dispatch == "auto" and x.shape[0] > 0 and x.dtype in _SAME_WIDTH_INT
+            and not torch.are_deterministic_algorithms_enabled()
+            and not torch.is_autocast_enabled("cpu"))
 
 
 def dense(x, gate, up, down):
-    """(y, counters) of torch's dense MLP: counters as the plan's, {routed rows, active units}
-    (every row dense; active: the first projection's positive entries, count_positive)."""
+    """(y, counters) of torch's dense MLP: counters as the plan's dense path gives them, {0 routed
+    rows, active units} (active: count_active of the first projection)."""
     first = F.linear(x, gate if gate is not None else up)
-    active = count_positive(first)
+    active = count_active(first)
     h = F.relu(first)
     if gate is not None:
         h = h * F.linear(x, up)
     y = F.linear(h, down)
-    return y, torch.tensor((x.shape[0], active))
+    return y, torch.tensor((0, active))
 
 
-def count_positive(t):
-    """The positive entries of a contiguous CPU float tensor, read as integers of the same width
-    (positive floats read positive; zeros, negatives and NaNs with the sign bit set do not): NumPy's
-    comparison and count (~0.3 ms for 256 x 5632, one thread), else torch's (~1 - 2 ms)."""
+def count_active(t):
+    """The entries of a contiguous CPU float tensor that are not <= 0 (positive or NaN, as the
+    plans count active units), on its bits read as integers of the same width: above -inf's bits
+    (positives, +0, NaNs of either sign) less the +0s. NumPy's comparisons and counts (~0.3 ms for
+    256 x 5632, one thread), else torch's (~1 - 2 ms here)."""
     v = t.view(_SAME_WIDTH_INT[t.dtype])
+    floor = _NEG_INF_BITS[t.dtype]
     if np is not None:
-        return int(np.count_nonzero(v.numpy() > 0))
-    return int(v.clamp(0, 1).sum(dtype=torch.int64))
+        try:
+            a = v.numpy()
+            return int(np.count_nonzero(a > floor)) - int(np.count_nonzero(a == 0))
+        except RuntimeError:  # a NumPy this torch cannot use
+            pass
+    return int((v > floor).sum()) - int((v == 0).sum())
 
 
 class Paths:
@@ -58,16 +75,17 @@ class Paths:
         self.regimes = {}
         self.density = -1.0  # the last call's, either way
 
-    def _regime(self, rows):
+    def _regime(self, rows, dtype):
         r = max(rows, 1).bit_length()
         d = math.floor(2 * math.log2(self.density)) if self.density > 0 else -1000
-        return r, d
+        return r, d, dtype, torch.get_num_threads()
 
-    def choose(self, rows):
-        """(regime, whether torch's dense runs this call)."""
+    def choose(self, rows, dtype=torch.float32):
+        """(regime, whether torch's dense runs this call): a regime is also the dtype and torch's
+        thread count, whose change makes earlier times stale."""
         if self.density < 0:
             return None, False
-        key = self._regime(rows)
+        key = self._regime(rows, dtype)
         t = self.regimes.setdefault(key, [[math.inf, math.inf], [0, 0], 0])
         best, runs, calls = t
         t[2] = calls + 1
@@ -90,7 +108,7 @@ class Paths:
 def run(paths, plan_call, x, gate, up, down):
     """One call through `paths`: plan_call() (twell's plan: (y, counters)) or torch's dense MLP;
     returns (y, counters, whether torch's dense ran)."""
-    key, by_torch = paths.choose(x.shape[0])
+    key, by_torch = paths.choose(x.shape[0], x.dtype)
     t0 = time.perf_counter()
     y, counters = dense(x, gate, up, down) if by_torch else plan_call()
     paths.add(key, by_torch, time.perf_counter() - t0, counters, x.shape[0], up.shape[0])

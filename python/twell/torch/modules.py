@@ -112,15 +112,13 @@ class _SparseFFN(nn.Module):
         """Keeps a neuron-major copy of down_proj.weight for inference (instead of transposing it
         at every call): fast, but inference then ignores later changes of down_proj.weight until
         freeze() is called again. Training never uses the copy."""
-        w = self.down_proj.weight
-        self.register_buffer("down_nk", w.detach().t().contiguous(), persistent=False)
-        self._frozen_down = (w, w.data_ptr(), w._version)  # what the copy was made of
+        self.register_buffer("down_nk", self.down_proj.weight.detach().t().contiguous(),
+                             persistent=False)
         _HELD_PLANS.pop(self, None)  # held beside the previous copy
         return self
 
     def unfreeze(self):
         self.down_nk = None
-        self.__dict__.pop("_frozen_down", None)
         _HELD_PLANS.pop(self, None)
         return self
 
@@ -191,17 +189,19 @@ class _SparseFFN(nn.Module):
                 return _ops.run_ffn_eager(plan, x2)
 
             by_torch = False
-            if x2.is_cuda or self.dispatch != "auto" or torch.are_deterministic_algorithms_enabled():
+            if x2.is_cuda or not _cpu_paths.applies(self.dispatch, x2):
                 y, counters = plan_call()
             else:
                 paths = self.__dict__.get("_cpu_paths")
                 if paths is None:
                     paths = self.__dict__["_cpu_paths"] = _cpu_paths.Paths()
-                y, counters, by_torch = _cpu_paths.run(paths, plan_call, x2, gate, up,
-                                                       self._down_kn(down if frozen else None))
+                # a frozen module computes with its copy of down (a view of it, [K, N]), as its
+                # plan does, whatever happened to down_proj.weight since
+                y, counters, by_torch = _cpu_paths.run(
+                    paths, plan_call, x2, gate, up, down.t() if frozen else self.down_proj.weight)
             # nn.Module.__setattr__ and l0's division cost as much host time as the kernels
             self.__dict__.update(_l0_counts=counters, _l0_rows=x2.shape[0], l1_loss=None,
-                                 ran_dense=True if by_torch else None)
+                                 ran_dense=True if by_torch and self.record_dispatch else None)
             if by_torch:
                 return y
         if self.record_dispatch and not torch.compiler.is_compiling():
@@ -212,17 +212,6 @@ class _SparseFFN(nn.Module):
                                              self.dispatch, self.dense_above)
             self.ran_dense = plan.last_run().ran_dense
         return y
-
-    def _down_kn(self, frozen_copy):
-        """down_proj.weight ([K, N], contiguous) for torch's dense MLP; a frozen module's copy
-        (transposed back) where the weight changed since freeze(), as its plan computes with it."""
-        w = self.down_proj.weight
-        if frozen_copy is None:
-            return w
-        held, ptr, version = self.__dict__.get("_frozen_down", (None, 0, -1))
-        if held is w and w.data_ptr() == ptr and w._version == version:
-            return w
-        return frozen_copy.t().contiguous()
 
     def _eager_plan(self, gate, up, down, keep):
         """The op's cached plan for these weights, found once per weight set: where `keep` (down
