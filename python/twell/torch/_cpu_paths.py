@@ -106,10 +106,10 @@ class Paths:
 
 
 def run(paths, plan_call, x, gate, up, down):
-    """One call through `paths`: plan_call() (twell's plan: (y, counters)) or torch's dense MLP;
-    returns (y, counters, whether torch's dense ran)."""
+    """One call through `paths`: plan_call() (twell's plan: (y, counters)) or torch's dense MLP
+    (down(): its [K, N] down weight); returns (y, counters, whether torch's dense ran)."""
     key, by_torch = paths.choose(x.shape[0], x.dtype)
     t0 = time.perf_counter()
-    y, counters = dense(x, gate, up, down) if by_torch else plan_call()
+    y, counters = dense(x, gate, up, down()) if by_torch else plan_call()
     paths.add(key, by_torch, time.perf_counter() - t0, counters, x.shape[0], up.shape[0])
     return y, counters, by_torch
