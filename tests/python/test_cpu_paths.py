@@ -172,6 +172,21 @@ def test_frozen_module_computes_with_its_copy_either_way(seed):
             assert torch.allclose(m(x), want, rtol=1e-5, atol=1e-6)
 
 
+def test_frozen_module_moved_to_another_dtype(seed):
+    torch.manual_seed(seed)
+    m = SparseGatedMLP(16, 64).eval().freeze()
+    with torch.no_grad():
+        for _ in range(3 + 2 * _cpu_paths.TRIALS):  # both ways ran: the torch way's copy made
+            m(torch.randn(4, 16))
+        m.to(torch.bfloat16)
+        x = torch.randn(4, 16, dtype=torch.bfloat16)
+        ref, _ = dense_ref(x, m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight)
+        for _ in range(3 + 2 * _cpu_paths.TRIALS):
+            y = m(x)
+            assert y.dtype == torch.bfloat16
+            assert float((y.double() - ref).norm() / ref.norm()) < 3e-2
+
+
 def test_regimes_key_on_dtype_and_threads(seed):
     p = _cpu_paths.Paths()
     p.add(None, False, 1.0, counters(8), 4, 100)

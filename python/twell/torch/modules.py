@@ -220,10 +220,10 @@ class _SparseFFN(nn.Module):
         view of down_nk would be exact too, but ~15% slower in bf16 over a few rows here)."""
         if not frozen:
             return self.down_proj.weight
-        copy = self.__dict__.get("_down_kn_copy")
-        if copy is None:
-            copy = self.__dict__["_down_kn_copy"] = self.down_nk.t().contiguous()
-        return copy
+        held = self.__dict__.get("_down_kn_copy")
+        if held is None or held[0] is not self.down_nk:  # .to() and the like replace down_nk
+            held = self.__dict__["_down_kn_copy"] = (self.down_nk, self.down_nk.t().contiguous())
+        return held[1]
 
     def _eager_plan(self, gate, up, down, keep):
         """The op's cached plan for these weights, found once per weight set: where `keep` (down
