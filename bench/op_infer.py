@@ -82,7 +82,8 @@ def run_case(a, m, density, pattern, device, dtype):
     t = {w: summary(v) for w, v in times.items()}
     return {
         "suite": "op_infer",
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else twell.cpu_description(),
+        "device": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                   else twell.cpu_description()),
         "dtype": str(dtype).replace("torch.", ""), "M": m, "K": a.k, "N": a.n, "pattern": pattern,
         "density": float(mlp.l0) / a.n, "reps": a.reps, "dense_ms": t["dense"], "twell_ms": t["twell"],
         "speedup": t["dense"]["median"] / t["twell"]["median"], "torch_share": share,

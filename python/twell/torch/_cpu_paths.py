@@ -7,9 +7,9 @@ CPU inference calls with dispatch "auto" therefore time both ways per regime (ro
 two, the last call's density to a factor of sqrt(2)), as the CUDA plans time their two paths:
 TRIALS calls of each, alternating from twell, then the one with the smaller best time, tried again
 every RETRY calls of the regime (a regime also keys on the dtype and torch's thread count).
-Empty batches, autocast and deterministic algorithms run the plan alone. Both compute the dense FFN exactly, rounded as the dtype rounds
-(torch's: relu(x Wg^T) (x Wu^T) Wd^T); under torch.use_deterministic_algorithms(True) the plan
-always runs, so reruns are bit-identical.
+Both compute the dense FFN exactly, rounded as the dtype rounds (torch's: relu(x Wg^T) (x Wu^T)
+Wd^T). Empty batches, autocast and torch.use_deterministic_algorithms(True) run the plan alone
+(the last so that reruns are bit-identical).
 """
 import math
 import time
