@@ -263,25 +263,33 @@ class CpuInference final : public InferenceBackend {
     const int64_t per_row = L.tiles * L.capacity;
     std::vector<int64_t> active(size_t(rows * per_row));
     std::vector<float> gate(active.size());
+    // compact rows only: a routed one (over capacity) goes through routed_rows
+    fused_rows(rows, [&](int64_t r) {
+      int64_t* nrn = active.data() + r * per_row;
+      float* g = gate.data() + r * per_row;
+      return over[size_t(r)] ? FusedRow{}
+                             : FusedRow{x + r * k_, nrn, g, compact_entries(L, r, vals, cols, counts, nrn, g),
+                                        y + r * k_};
+    });
+  }
+
+  // fused_row over the rows make(i) gives for i < count (a row with y == nullptr: skipped), each
+  // on one thread, or, for fewer rows than threads (a decoding step), their entries split over
+  // the threads (fused_rows_split). make runs inside the parallel loop.
+  template <typename MakeRow>
+  void fused_rows(int64_t count, const MakeRow& make) const {
     std::vector<float> scratch = row_scratch();
-    if (rows < omp_get_max_threads()) {  // a decoding step: each row's entries over the threads
+    if (count < omp_get_max_threads()) {
       std::vector<FusedRow> list;
-      for (int64_t r = 0; r < rows; ++r)
-        if (!over[size_t(r)])
-          list.push_back({x + r * k_, active.data() + r * per_row, gate.data() + r * per_row,
-                          compact_entries(L, r, vals, cols, counts, active.data() + r * per_row,
-                                          gate.data() + r * per_row),
-                          y + r * k_});
+      for (int64_t i = 0; i < count; ++i)
+        if (const FusedRow row = make(i); row.y != nullptr) list.push_back(row);
       fused_rows_split(list, scratch);
       return;
     }
-#pragma omp parallel for schedule(dynamic, 4)
-    for (int64_t r = 0; r < rows; ++r) {
-      if (over[size_t(r)]) continue;
-      int64_t* nrn = active.data() + r * per_row;
-      float* g = gate.data() + r * per_row;
-      fused_row(x + r * k_, nrn, g, compact_entries(L, r, vals, cols, counts, nrn, g), y + r * k_,
-                thread_scratch(scratch));
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t i = 0; i < count; ++i) {
+      const FusedRow row = make(i);
+      if (row.y != nullptr) fused_row(row.x, row.nrn, row.g, row.count, row.y, thread_scratch(scratch));
     }
   }
 
@@ -300,11 +308,11 @@ class CpuInference final : public InferenceBackend {
   }
 
   struct FusedRow {
-    const float* x;
-    const int64_t* nrn;
-    const float* g;
-    int64_t count;
-    float* y;
+    const float* x = nullptr;
+    const int64_t* nrn = nullptr;
+    const float* g = nullptr;
+    int64_t count = 0;
+    float* y = nullptr;  // nullptr: no row (fused_rows skips it)
   };
 
   // fused_row for rows fewer than the threads (a decoding step), in one parallel region: each
@@ -392,9 +400,7 @@ class CpuInference final : public InferenceBackend {
       std::vector<float> gate(active.size());
       for (int64_t i = 0; i < count; ++i)
         offset[size_t(i) + 1] = offset[size_t(i)] + (finite[size_t(routed[i])] ? nnz[size_t(routed[i])] : n_);
-      std::vector<float> scratch = row_scratch();
-      const bool split = count < omp_get_max_threads();  // a decoding step: entries over threads
-      const auto entries = [&](int64_t i) {  // routed row i's neurons and relu(g) into its list
+      fused_rows(count, [&](int64_t i) {  // routed row i's neurons and relu(g) into its list
         const int64_t r = routed[i];
         const bool every = !finite[size_t(r)];
         int64_t* nrn = active.data() + offset[size_t(i)];
@@ -403,18 +409,7 @@ class CpuInference final : public InferenceBackend {
         for (int64_t c = 0; c < n_; ++c)
           if (every || cpu::relu_active(g[r * n_ + c])) nrn[n] = c, gr[n++] = cpu::relu(g[r * n_ + c]);
         return FusedRow{x + r * k_, nrn, gr, n, y + r * k_};
-      };
-      if (split) {
-        std::vector<FusedRow> list;
-        for (int64_t i = 0; i < count; ++i) list.push_back(entries(i));
-        fused_rows_split(list, scratch);
-        return;
-      }
-#pragma omp parallel for schedule(dynamic, 1)
-      for (int64_t i = 0; i < count; ++i) {
-        const FusedRow row = entries(i);
-        fused_row(row.x, row.nrn, row.g, row.count, row.y, thread_scratch(scratch));
-      }
+      });
       return;
     }
     widen_rest();  // the dense GEMMs below read up and down whole
