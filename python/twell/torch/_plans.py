@@ -52,12 +52,13 @@ def follow_torch_threads():
     n = torch.get_num_threads()
     if n != twell.cpu_threads_setting():
         twell.set_cpu_threads(n)
-    if _spin_unwarned[0] and n > 1:
-        _spin_unwarned[0] = False
+    global _spin_unwarned
+    if _spin_unwarned and n > 1:
+        _spin_unwarned = False
         warnings.warn(_openmp.SPIN_WARNING, RuntimeWarning, stacklevel=3)
 
 
-_spin_unwarned = [_openmp.SPINNING]  # a list: tests reset it
+_spin_unwarned = _openmp.SPINNING
 
 
 def dispatch_value(dispatch):

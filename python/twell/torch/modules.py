@@ -193,7 +193,7 @@ class _SparseFFN(nn.Module):
             by_torch = False
             if x2.is_cuda or not _cpu_paths.applies(self.dispatch, x2):
                 y, counters = plan_call()
-            else:
+            else:  # CPU: the plan or torch's dense MLP, whichever measured faster
                 paths = self.__dict__.get("_cpu_paths")
                 if paths is None:
                     paths = self.__dict__["_cpu_paths"] = _cpu_paths.Paths()
