@@ -44,6 +44,6 @@ SPINNING = WAIT_POLICY.startswith("the runtime's default")
 SPIN_WARNING = (
     "twell: OpenMP was loaded before twell (torch imported first?), so its idle threads spin: on a "
     "machine that runs anything else, each of twell's CPU calls can wait out a scheduler time "
-    "slice per parallel region (measured 10 - 500x slower). Import twell (or twell.torch) before "
+    "slice per parallel region (many times slower than one thread). Import twell (or twell.torch) before "
     "torch, or start Python with OMP_WAIT_POLICY=PASSIVE (ACTIVE keeps the spinning and this "
     "warning away); twell.cpu_threading()['wait_policy'] says which holds.")
