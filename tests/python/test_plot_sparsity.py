@@ -78,3 +78,28 @@ def test_hot_share_plot(tmp_path):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     out = run(str(folder), "--baseline", "ship", "--hot-run", "old", "--out-dir", str(tmp_path))
     assert out.returncode != 0 and "old's log has no hot_share" in out.stderr
+
+
+def test_best_validation_and_training_ce(tmp_path):
+    """The table and study.json give each run's lowest validation CE with its step, and its mean
+    training CE over the 100 steps up to its last validation."""
+    src = os.path.join(STUDY, "relu-l1-1e-4.jsonl")
+    with open(src) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    logs = [r for r in records if r["kind"] == "log"]
+    vals = [r for r in logs if r.get("val_ce") is not None]
+    # a run whose best validation is not its last: the second validation made the lowest
+    vals[1]["val_ce"] = min(r["val_ce"] for r in vals) - 0.5
+    last = vals[-1]["step"]
+    window = [r["train_ce"] for r in logs
+              if r.get("train_ce") is not None and last - 100 < r["step"] <= last]
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    (folder / "relu-l1-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = run(str(folder), "--out-dir", str(tmp_path), "--results", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert f"{vals[1]['val_ce']:.4f} ({vals[1]['step']})" in out.stdout
+    row = json.loads((tmp_path / "study.json").read_text())["runs"][0]
+    assert (row["best_val_ce"], row["best_val_step"]) == (vals[1]["val_ce"], vals[1]["step"])
+    assert row["train_ce"] == pytest.approx(sum(window) / len(window))
+    assert f"{row['train_ce']:.3f}" in out.stdout
