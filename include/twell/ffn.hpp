@@ -122,6 +122,13 @@ class InferencePlan {
   std::unique_ptr<Impl> impl_;
 };
 
+// The entries of `values` (host memory, float32 / float16 / bfloat16, contiguous, any rank) that
+// are not <= 0: positive or NaN, the units a ReLU makes active, counted as the plans count them
+// (RunInfo::active). On cpu_threads() threads for large tensors (2^22 values and more). twell.torch counts a gate's
+// pre-activations with it where it runs torch's own dense MLP. Error naming "values" for a
+// device, dtype or layout other than these.
+int64_t count_active(const TensorView& values);
+
 // One-shot convenience: builds a plan and runs it.
 void ffn_forward(const FfnWeights& weights, const TensorView& x, const TensorView& y,
                  Stream stream = nullptr, const InferenceOptions& options = {});

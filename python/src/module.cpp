@@ -5,9 +5,11 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "arrays.hpp"
 #include "plans.hpp"
 #include "twell/dtype.hpp"
 #include "twell/error.hpp"
+#include "twell/ffn.hpp"
 #include "twell/info.hpp"
 #include "twell/threads.hpp"
 
@@ -76,6 +78,18 @@ NB_MODULE(_core, m) {
         "The threads the last CPU call ran (0: none yet).");
   m.def("cpu_count", &twell::cpu_count,
         "CPUs this process may run on (affinity mask, within a cgroup CPU quota).");
+
+  m.def(
+      "count_active",
+      [](nb::handle values) {
+        const auto a = twell::python::to_arg(values, "count_active", "values",
+                                             twell::python::Access::read,
+                                             "float32, float16 or bfloat16");
+        return twell::count_active(a.view);
+      },
+      "values"_a,
+      "The entries of a contiguous CPU float tensor (float32, float16, bfloat16) that are not "
+      "<= 0 (positive or NaN): the units a ReLU makes active, as the plans count them.");
 
   twell::python::bind_plans(m);
 }

@@ -19,6 +19,7 @@ from twell._core import (
     TwellShape,
     blas_core,
     blas_core_advice,
+    count_active,
     cpu_count,
     cpu_description,
     cpu_threads,

@@ -49,6 +49,35 @@ TWELL_CLONES bool all_finite(const float* a, int64_t n) {
 
 namespace {
 
+// relu_active on bits: a magnitude (the bits below the sign) that is non-zero, and either no sign
+// bit or a magnitude above infinity's (NaN). Branch-free; inlined into each clone below. Counted
+// in blocks with a counter as wide as the values (vector lanes of the values' width: no widening
+// to 64 bits per element), which a block of 2^15 cannot overflow.
+template <typename U>
+__attribute__((always_inline)) inline int64_t count_active_bits(const U* v, int64_t n, U sign, U inf) {
+  constexpr int64_t kBlock = int64_t(1) << 15;
+  int64_t total = 0;
+  for (int64_t begin = 0; begin < n; begin += kBlock) {
+    const int64_t end = begin + kBlock < n ? begin + kBlock : n;
+    U c = 0;
+#pragma omp simd reduction(+ : c)
+    for (int64_t i = begin; i < end; ++i) {
+      const U b = v[i], magnitude = U(b & U(~sign));
+      c = U(c + U((magnitude != 0) & (((b & sign) == 0) | (magnitude > inf))));
+    }
+    total += c;
+  }
+  return total;
+}
+
+TWELL_CLONES int64_t count_active_32(const uint32_t* v, int64_t n) {
+  return count_active_bits<uint32_t>(v, n, 0x80000000u, 0x7f800000u);
+}
+
+TWELL_CLONES int64_t count_active_16(const uint16_t* v, int64_t n, uint16_t inf) {
+  return count_active_bits<uint16_t>(v, n, 0x8000, inf);
+}
+
 // bfloat16 is the upper half of a float32: a shift, vectorised.
 TWELL_CLONES void bf16_to_f32(const uint16_t* src, float* dst, int64_t n) {
 #pragma omp simd
@@ -66,6 +95,19 @@ TWELL_CLONES void f16_to_f32(const uint16_t* src, float* dst, int64_t n) {
 }
 
 }  // namespace
+
+int64_t count_active(const void* values, DType t, int64_t n) {
+  switch (t) {
+    case DType::f32:
+      return count_active_32(static_cast<const uint32_t*>(values), n);
+    case DType::bf16:
+      return count_active_16(static_cast<const uint16_t*>(values), n, 0x7f80);  // +Inf's bits
+    case DType::f16:
+      return count_active_16(static_cast<const uint16_t*>(values), n, 0x7c00);
+    default:
+      return -1;  // not a float dtype: the caller checked
+  }
+}
 
 void to_f32(const void* src, DType t, float* dst, int64_t n) {
   if (n <= 0) return;  // an empty batch may come with null pointers

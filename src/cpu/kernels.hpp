@@ -23,6 +23,10 @@ bool all_finite(const float* a, int64_t n);
 inline bool relu_active(float g) { return !(g <= 0.0f); }
 inline float relu(float g) { return relu_active(g) ? g : 0.0f; }
 
+// How many of the n values (float32, float16 or bfloat16 at `values`) relu_active holds for,
+// counted on their bits: positive and non-zero, or NaN of either sign.
+int64_t count_active(const void* values, DType t, int64_t n);
+
 // Converts n elements of a float buffer of dtype t to fp32 (memcpy for f32).
 void to_f32(const void* src, DType t, float* dst, int64_t n);
 void from_f32(const float* src, DType t, void* dst, int64_t n);

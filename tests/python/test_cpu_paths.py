@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+import twell
 from twell.torch import SparseGatedMLP, SparseMLP, _cpu_paths
 
 
@@ -123,17 +124,27 @@ def test_record_dispatch_says_torch_ran_dense(seed):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_count_active_as_the_plans_count(dtype, monkeypatch):
-    """Entries not <= 0: positives and NaNs of either sign (the plans' rule), not +-0 or -inf."""
+def test_count_active_as_the_plans_count(dtype):
+    """Entries not <= 0: positives and NaNs of either sign (the plans' rule), not +-0 or -inf;
+    large tensors (counted on several threads) and empty ones too."""
     t = torch.randn(37, 53).to(dtype)
     t[0, :6] = torch.tensor([0.0, -0.0, -math.inf, math.inf, math.nan, -math.nan]).to(dtype)
-    bits = t.view(_cpu_paths._SAME_WIDTH_INT[dtype])
+    bits = t.view(torch.int32 if dtype == torch.float32 else torch.int16)
     bits[0, 6] = -1  # a NaN with the sign bit set, all mantissa bits
     want = int((~(t <= 0)).sum())
     assert want == int((t > 0).sum()) + int(t.isnan().sum()) and int(t.isnan().sum()) >= 3
     assert _cpu_paths.count_active(t) == want
-    monkeypatch.setattr(_cpu_paths, "np", None)
-    assert _cpu_paths.count_active(t) == want
+    big = torch.randn(300, 1001).to(dtype)
+    big.view(-1)[::97] = math.nan
+    assert _cpu_paths.count_active(big) == int((~(big <= 0)).sum())
+    assert _cpu_paths.count_active(big[:0]) == 0
+
+
+def test_count_active_refuses_what_it_cannot_count():
+    with pytest.raises(twell.TwellError, match="contiguous"):
+        twell.count_active(torch.randn(8, 8)[:, ::2])
+    with pytest.raises(twell.TwellError, match="float32"):
+        twell.count_active(torch.ones(8, dtype=torch.int32))
 
 
 def test_nan_rows_count_the_same_either_way(seed):

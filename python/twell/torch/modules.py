@@ -86,8 +86,11 @@ class _SparseFFN(nn.Module):
         that costs the call no torch operations."""
         d = self.__dict__
         counts = d.get("_l0_counts")
-        if counts is not None:
-            d["_l0"] = counts[1].float() / max(d["_l0_rows"], 1)
+        if counts is not None:  # the op's counter tensor, or (0, active) of torch's dense way
+            active = counts[1]
+            if not isinstance(active, torch.Tensor):
+                active = torch.tensor(float(active))
+            d["_l0"] = active.float() / max(d["_l0_rows"], 1)
             d["_l0_counts"] = None
         return d.get("_l0")
 
