@@ -6,8 +6,10 @@
 // or dense sgemms on the gathered rows where those hold more than N entries. Blocks of fewer rows
 // than threads (decoding) split each row's entries over the threads instead, adding the partial
 // sums. A block whose measured density exceeds options.dense_above runs its up/down densely.
-// 16-bit weights are widened to fp32 at every run (the caller may change them in place between
-// runs): the first weight whole (the gate GEMM reads it all), or, for runs of at most
+// bfloat16 gate GEMMs run on the CPU's bf16 units where the build has oneDNN (cpu/onednn.hpp:
+// the values their subnormal flushing could change computed again). Otherwise 16-bit weights are
+// widened to fp32 at every run (the caller may change them in place between runs): the first
+// weight whole (the gate GEMM reads it all), or, for runs of at most
 // kStreamRows rows (decoding), a chunk of its rows at a time into a per-thread buffer that stays
 // in cache, each chunk's gate columns by an sgemv / sgemm on it (the weight read once, 16-bit);
 // up and down whole only where a block runs them densely or has more active entries than N, else
@@ -23,6 +25,7 @@
 #include "core/backend.hpp"
 #include "cpu/blas.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/onednn.hpp"
 #include "cpu/threads.hpp"
 
 namespace twell::detail {
@@ -102,8 +105,9 @@ class CpuInference final : public InferenceBackend {
     auto* ws = static_cast<uint8_t*>(workspace);
     rest_widened_ = dtype_ == DType::f32;
     stream_first_ = !rest_widened_ && info.rows <= kStreamRows && cpu::blas_in_parallel_is_serial();
-    if (!rest_widened_ && !stream_first_ && info.rows > 0)
-      widen(kind_ == FfnKind::gated ? w_.gate : w_.up, first_copy_);
+    bf16_first_ = dtype_ == DType::bf16 && !stream_first_ && cpu::bf16_gemm_available();
+    first_widened_ = false;
+    if (!rest_widened_ && !stream_first_ && !bf16_first_ && info.rows > 0) widen_first();
     for (int64_t r0 = 0; r0 < info.rows; r0 += kBlockRows) {
       const int64_t rows = std::min(kBlockRows, info.rows - r0);
       run_block(a, r0, rows, ws, info);
@@ -126,6 +130,26 @@ class CpuInference final : public InferenceBackend {
     for (int64_t i = 0; i < total; i += chunk)
       cpu::to_f32(static_cast<const uint8_t*>(view.data) + i * int64_t(dtype_size(dtype_)), dtype_,
                   copy.data() + i, std::min(chunk, total - i));
+  }
+  void widen_first() {
+    if (first_widened_) return;
+    widen(kind_ == FfnKind::gated ? w_.gate : w_.up, first_copy_);
+    first_widened_ = true;
+  }
+  // g = x W1^T of a block: for bfloat16 on the CPU's bf16 units (oneDNN) with what their flushing
+  // of subnormals changed computed again (cpu::bf16_gate_guard), else sgemm on fp32 (the
+  // 16-bit first weight widened once per run).
+  void gate_block(const InferenceArgs& a, int64_t r0, int64_t rows, const float* x, float* g) {
+    if (bf16_first_) {
+      const auto* first = static_cast<const uint16_t*>((kind_ == FfnKind::gated ? w_.gate : w_.up).data);
+      const auto* xb = static_cast<const uint16_t*>(a.x.data) + r0 * k_;
+      if (cpu::gemm_nt_bf16(rows, n_, k_, xb, first, g, n_)) {
+        cpu::bf16_gate_guard(rows, n_, k_, x, first, g);
+        return;
+      }
+      widen_first();  // oneDNN refused this problem: the fp32 path
+    }
+    cpu::gemm_nt(rows, n_, k_, x, first_, g);
   }
   // g = x W1^T for a few rows, the 16-bit first weight widened kStreamChunk rows at a time into
   // the thread's cache-sized buffer (the BLAS call runs on one thread inside the parallel loop:
@@ -190,7 +214,7 @@ class CpuInference final : public InferenceBackend {
     if (stream_first_)
       gate_streamed(rows, x, g);
     else
-      cpu::gemm_nt(rows, n_, k_, x, first_, g);
+      gate_block(a, r0, rows, x, g);
 
     std::vector<int64_t> nnz(static_cast<size_t>(rows));
     std::vector<uint8_t> over(static_cast<size_t>(rows)), finite(static_cast<size_t>(rows));
@@ -449,6 +473,8 @@ class CpuInference final : public InferenceBackend {
   FfnWeights w_;  // views of the caller's weights
   bool rest_widened_ = true;  // up_ and down_ hold this run's values (fp32 weights: always)
   bool stream_first_ = false;  // this run streams the 16-bit first weight (gate_streamed)
+  bool bf16_first_ = false;    // this run's gate GEMMs are bf16 ones (gate_block)
+  bool first_widened_ = false;  // first_copy_ holds this run's widened first weight
   std::vector<float> stream_buffer_;  // gate_streamed's per-thread chunks
   std::vector<float> first_copy_, up_copy_, down_copy_;
   const float* first_ = nullptr;
