@@ -5,6 +5,10 @@ collector on and then off. Per generate it prints the wall time, the host time i
 modules (forward pre- and post-hooks, perf_counter) and the rest, per token.
     python3 lab/probes/eager_generate_host.py [bench/model.py arguments] [--gen-batch B] [--reps R]
         [--reuse workspace|all]
+--shadow: two more ways, "wrap" (the model's own MLP behind a one-line wrapper module) and "shadow"
+(the same wrapper calling the layer's twell module first, its output dropped): whether a twell call
+makes the rest of the step slower than its own host time accounts for (shadow's rest against
+wrap's).
 --reuse: twell's eager calls take their workspace (or workspace, y and counters) from buffers kept
 per row count instead of three allocations per call (a probe of the allocator's share; y reused
 is safe here only because each layer's output is consumed before the next layer's MLP runs).
@@ -54,6 +58,38 @@ class MlpClock:
             h.remove()
 
 
+class Wrap(torch.nn.Module):
+    """The model's own MLP, and first (shadow) its twell twin, whose output is dropped."""
+
+    def __init__(self, dense, twin=None):
+        super().__init__()
+        self.dense, self.twin = dense, twin
+
+    def forward(self, x):
+        if self.twin is not None:
+            self.twin(x)
+        return self.dense(x)
+
+
+def add_shadow_ways(swap):
+    """swap.use("wrap") / swap.use("shadow") put the wrappers in place."""
+    from twell.torch.patch import _set
+
+    twins = dict(swap.sparse)
+    ways = {"wrap": [(n, Wrap(m)) for n, m in swap.dense],
+            "shadow": [(n, Wrap(m, twins[n])) for n, m in swap.dense]}
+    use = swap.use
+
+    def use_any(which):
+        if which in ways:
+            for name, module in ways[which]:
+                _set(swap.model, name, module)
+        else:
+            use(which)
+
+    swap.use = use_any
+
+
 def reuse_buffers(what):
     """Replaces the modules' eager run by one that keeps its buffers per (rows, plan workspace)."""
     from twell.torch import _ops, _plans
@@ -83,6 +119,9 @@ def main(argv):
         i = argv.index("--reuse")
         reuse_buffers(argv[i + 1])
         del argv[i:i + 2]
+    shadow = "--shadow" in argv
+    if shadow:
+        argv.remove("--shadow")
     batch = take(argv, "--gen-batch", 1)
     reps = take(argv, "--reps", 5)
     args = mb.parse_args(argv + ["--modes", "generate", "--no-write"])
@@ -90,16 +129,20 @@ def main(argv):
     sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
     prompt = model_generate.prompts(ids, batch, args.prompt_len)
     step = model_generate.Generate(model, prompt, args.new_tokens, "static")
-    for which in ("dense", "twell"):
+    names = ("dense", "twell")
+    if shadow:
+        add_shadow_ways(swap)
+        names += ("wrap", "shadow")
+    for which in names:
         swap.use(which)
         step(which)  # warm
     for collector in ("gc on", "gc off"):
         if collector == "gc off":
             gc.collect()
             gc.disable()
-        got = {"dense": [], "twell": []}
+        got = {name: [] for name in names}
         for _ in range(reps):
-            for which in ("dense", "twell"):
+            for which in names:
                 swap.use(which)
                 sync()
                 with MlpClock(model) as clock:
