@@ -9,7 +9,7 @@ const char* version();
 bool cuda_compiled();             // the CUDA backend is part of this build
 int cuda_device_count();          // 0 without CUDA or without a device
 std::vector<std::string> cuda_devices();  // "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)"
-std::string cpu_description();    // model name, threads, BLAS and its kernel set
+std::string cpu_description();    // model name, threads, BLAS and its kernel set, oneDNN where used
 // OpenBLAS's kernel set in this process ("SkylakeX", "Haswell", "Prescott", ...): chosen when
 // OpenBLAS loads, from the CPU it recognises or OPENBLAS_CORETYPE.
 std::string blas_core();

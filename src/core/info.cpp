@@ -7,6 +7,8 @@
 #include <string>
 #include <thread>
 
+#include "cpu/onednn.hpp"
+
 #ifdef TWELL_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -60,7 +62,7 @@ std::string cpu_description() {
     }
   }
   return model + ", " + std::to_string(std::thread::hardware_concurrency()) + " threads, OpenBLAS (" +
-         blas_core() + " kernels)";
+         blas_core() + " kernels)" + (cpu::bf16_gemm_available() ? ", oneDNN bf16 GEMMs" : "");
 }
 
 std::string blas_core() {

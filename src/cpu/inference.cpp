@@ -12,8 +12,8 @@
 // weight whole (the gate GEMM reads it all), or, for runs of at most
 // kStreamRows rows (decoding), a chunk of its rows at a time into a per-thread buffer that stays
 // in cache, each chunk's gate columns by an sgemv / sgemm on it (the weight read once, 16-bit);
-// up and down whole only where a block runs them densely or has more active entries than N, else
-// row by row as the fused loop reads them (a decoding step touches a few dozen rows).
+// up and down whole only where a block runs them densely or (float16) has more active entries
+// than N, else row by row as the fused loop reads them (a decoding step touches a few dozen rows).
 // NaN: the ReLU keeps NaN (cpu::relu) and every path computes h = relu(g) * u as a product, so a
 // NaN or infinite value of x or a NaN gate weight reaches y as in the dense computation.
 #include <omp.h>
@@ -236,7 +236,11 @@ class CpuInference final : public InferenceBackend {
         opt_.dispatch == Dispatch::force_dense ||
         (opt_.dispatch == Dispatch::automatic && rows >= kMinDenseRows &&
          double(active) > opt_.dense_above * double(rows * n_));
-    if (dense || active > n_) widen_rest();  // row by row would widen more than the whole
+    // Up and down widened whole for the dense GEMMs, and for float16 past N active entries (row
+    // by row would convert more than the whole); bfloat16 rows widen by a shift as the loops read
+    // them, cheaper than writing and re-reading whole fp32 copies at any density the sparse path
+    // runs (2048 x 5632, 256 rows: 15.4 against 22.0 ms at 0.5%, 32.5 against 38.7 at 3%).
+    if (dense || (dtype_ != DType::bf16 && active > n_)) widen_rest();
     if (dense) {
       info.ran_dense = true;
       dense_rest(L, rows, x, g, ws, y);
