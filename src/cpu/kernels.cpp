@@ -40,6 +40,41 @@ TWELL_CLONES void axpy2(float alpha, const float* a, float beta, const float* b,
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * a[i] + beta * b[i];
 }
 
+namespace {
+// bfloat16 bits as the float they are the upper half of.
+inline float bf16_value(uint16_t b) { return __builtin_bit_cast(float, uint32_t(b) << 16); }
+}  // namespace
+
+TWELL_CLONES float dot_bf16(const float* x, const uint16_t* a, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += x[i] * bf16_value(a[i]);
+  return s;
+}
+
+TWELL_CLONES void axpy_bf16(float alpha, const uint16_t* a, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * bf16_value(a[i]);
+}
+
+TWELL_CLONES void dot2_bf16(const float* x, const uint16_t* a, const uint16_t* b, int64_t n,
+                            float* da, float* db) {
+  float sa = 0.0f, sb = 0.0f;
+#pragma omp simd reduction(+ : sa, sb)
+  for (int64_t i = 0; i < n; ++i) {
+    sa += x[i] * bf16_value(a[i]);
+    sb += x[i] * bf16_value(b[i]);
+  }
+  *da = sa;
+  *db = sb;
+}
+
+TWELL_CLONES void axpy2_bf16(float alpha, const uint16_t* a, float beta, const uint16_t* b, float* y,
+                             int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * bf16_value(a[i]) + beta * bf16_value(b[i]);
+}
+
 TWELL_CLONES bool all_finite(const float* a, int64_t n) {
   int bad = 0;
 #pragma omp simd reduction(| : bad)
