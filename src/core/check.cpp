@@ -55,6 +55,11 @@ std::optional<Error> alignment_error(const char* op, const char* name, const voi
   return Error(op, name, "data aligned to " + std::to_string(align) + " bytes", "address " + hex(at));
 }
 
+std::optional<Error> layout_error(const char* op, const char* name, const TensorView& t, DType dt,
+                                  Device dev) {
+  return common_error(op, name, t, dt, dev);
+}
+
 std::optional<Error> shape_error(const char* op, const char* name, const TensorView& t) {
   if (t.rank < 0 || t.rank > TensorView::kMaxRank)
     return Error(op, name, "rank 0.." + std::to_string(TensorView::kMaxRank),

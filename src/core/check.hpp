@@ -21,6 +21,11 @@ inline void check_alignment(const char* op, const char* name, const void* p, siz
   if (auto e = alignment_error(op, name, p, align)) throw *e;
 }
 
+// The problem with `t` as a contiguous view of dtype `dt` on `dev` (any rank and shape), its data
+// aligned to its element size, or nothing.
+std::optional<Error> layout_error(const char* op, const char* name, const TensorView& t, DType dt,
+                                  Device dev);
+
 // The problem with `t` as a contiguous [rows, cols] view of dtype `dt` on `dev`, its data aligned
 // to its element size (rows < 0: any row count), or nothing when it fits.
 std::optional<Error> matrix_error(const char* op, const char* name, const TensorView& t,

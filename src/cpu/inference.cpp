@@ -189,9 +189,12 @@ class CpuInference final : public InferenceBackend {
     cpu::to_f32(static_cast<const uint8_t*>(view.data) + n * k_ * int64_t(dtype_size(dtype_)), dtype_, row, k_);
     return row;
   }
-  // Per-thread room for the rows fused_row widens (4 of k_ floats a thread; none once widened).
+  // Per-thread room for the rows fused_row widens (4 of k_ floats a thread; none once widened,
+  // nor for bfloat16, whose rows it reads as they are).
   std::vector<float> row_scratch() const {
-    return rest_widened_ ? std::vector<float>() : std::vector<float>(size_t(omp_get_max_threads()) * 4 * size_t(k_));
+    return rest_widened_ || dtype_ == DType::bf16
+               ? std::vector<float>()
+               : std::vector<float>(size_t(omp_get_max_threads()) * 4 * size_t(k_));
   }
   float* thread_scratch(std::vector<float>& s) const {
     return s.empty() ? nullptr : s.data() + size_t(omp_get_thread_num()) * 4 * size_t(k_);
@@ -239,8 +242,8 @@ class CpuInference final : public InferenceBackend {
          double(active) > opt_.dense_above * double(rows * n_));
     // Up and down widened whole for the dense GEMMs, and for float16 past N active entries (row
     // by row would convert more than the whole); bfloat16 rows are read as they are by the fused
-    // loop (fused_row_bf16), cheaper than writing and re-reading whole fp32 copies at any density
-    // the sparse path runs.
+    // loop (fused_row), cheaper than writing and re-reading whole fp32 copies at any density the
+    // sparse path runs.
     if (dense || (dtype_ != DType::bf16 && active > n_)) widen_rest();
     if (dense) {
       info.ran_dense = true;
@@ -384,15 +387,27 @@ class CpuInference final : public InferenceBackend {
   }
 
   // y_row = sum_i h_i Wd[n_i] with h_i = g_i * (x_row . Wu[n_i]) (gated) or g_i (plain); neurons
-  // are taken two at a time so that four weight rows stream at once. scratch: 4 x k_ floats for
-  // 16-bit rows not yet widened (weight_row).
+  // are taken two at a time so that four weight rows stream at once. Weight rows: the fp32 ones,
+  // 16-bit rows widened into scratch (4 x k_ floats; weight_row), or bfloat16 rows as they are
+  // (widened in registers by the kernels: the same products and sums).
   void fused_row(const float* xr, const int64_t* nrn, const float* g, int64_t count, float* yr,
                  float* scratch) const {
     std::memset(yr, 0, size_t(k_) * sizeof(float));
+    if (dtype_ == DType::bf16 && !rest_widened_) {
+      const auto* up = static_cast<const uint16_t*>(w_.up.data);
+      const auto* down = static_cast<const uint16_t*>(w_.down.data);
+      fused_loop(xr, nrn, g, count, yr, [&](int64_t n, int) { return up + n * k_; },
+                 [&](int64_t n, int) { return down + n * k_; });
+      return;
+    }
+    fused_loop(xr, nrn, g, count, yr,
+               [&](int64_t n, int slot) { return weight_row(w_.up, up_, n, scratch, slot); },
+               [&](int64_t n, int slot) { return weight_row(w_.down, down_, n, scratch, slot); });
+  }
+  template <typename Up, typename Down>
+  void fused_loop(const float* xr, const int64_t* nrn, const float* g, int64_t count, float* yr,
+                  const Up& up, const Down& down) const {
     const bool gated = kind_ == FfnKind::gated;
-    if (dtype_ == DType::bf16 && !rest_widened_) return fused_row_bf16(xr, nrn, g, count, yr);
-    const auto up = [&](int64_t n, int slot) { return weight_row(w_.up, up_, n, scratch, slot); };
-    const auto down = [&](int64_t n, int slot) { return weight_row(w_.down, down_, n, scratch, slot); };
     int64_t i = 0;
     for (; i + 1 < count; i += 2) {
       float h0 = g[i], h1 = g[i + 1];
@@ -407,30 +422,6 @@ class CpuInference final : public InferenceBackend {
     if (i < count) {
       const float h = gated ? g[i] * cpu::dot(xr, up(nrn[i], 0), k_) : g[i];
       cpu::axpy(h, down(nrn[i], 2), yr, k_);
-    }
-  }
-
-  // fused_row on bfloat16 weight rows as they are (widened in registers: the same products and
-  // sums as on rows widened first, without writing and re-reading them).
-  void fused_row_bf16(const float* xr, const int64_t* nrn, const float* g, int64_t count,
-                      float* yr) const {
-    const bool gated = kind_ == FfnKind::gated;
-    const auto up = [&](int64_t n) { return static_cast<const uint16_t*>(w_.up.data) + n * k_; };
-    const auto down = [&](int64_t n) { return static_cast<const uint16_t*>(w_.down.data) + n * k_; };
-    int64_t i = 0;
-    for (; i + 1 < count; i += 2) {
-      float h0 = g[i], h1 = g[i + 1];
-      if (gated) {
-        float u0, u1;
-        cpu::dot2_bf16(xr, up(nrn[i]), up(nrn[i + 1]), k_, &u0, &u1);
-        h0 *= u0;
-        h1 *= u1;
-      }
-      cpu::axpy2_bf16(h0, down(nrn[i]), h1, down(nrn[i + 1]), yr, k_);
-    }
-    if (i < count) {
-      const float h = gated ? g[i] * cpu::dot_bf16(xr, up(nrn[i]), k_) : g[i];
-      cpu::axpy_bf16(h, down(nrn[i]), yr, k_);
     }
   }
 

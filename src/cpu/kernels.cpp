@@ -10,69 +10,71 @@
 
 namespace twell::cpu {
 
-TWELL_CLONES float dot(const float* a, const float* b, int64_t n) {
+namespace {
+
+// A weight value as fp32: itself, or bfloat16 bits as the float they are the upper half of.
+inline float widened(float v) { return v; }
+inline float widened(uint16_t b) { return __builtin_bit_cast(float, uint32_t(b) << 16); }
+
+// The loops of dot, axpy, dot2 and axpy2 over weight rows of type W, inlined into each clone.
+template <typename W>
+__attribute__((always_inline)) inline float dot_of(const float* x, const W* a, int64_t n) {
   float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  for (int64_t i = 0; i < n; ++i) s += x[i] * widened(a[i]);
   return s;
 }
 
-TWELL_CLONES void axpy(float alpha, const float* x, float* y, int64_t n) {
+template <typename W>
+__attribute__((always_inline)) inline void axpy_of(float alpha, const W* a, float* y, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * widened(a[i]);
 }
 
-TWELL_CLONES void dot2(const float* x, const float* a, const float* b, int64_t n, float* da,
-                       float* db) {
+template <typename W>
+__attribute__((always_inline)) inline void dot2_of(const float* x, const W* a, const W* b, int64_t n,
+                                                   float* da, float* db) {
   float sa = 0.0f, sb = 0.0f;
 #pragma omp simd reduction(+ : sa, sb)
   for (int64_t i = 0; i < n; ++i) {
-    sa += x[i] * a[i];
-    sb += x[i] * b[i];
+    sa += x[i] * widened(a[i]);
+    sb += x[i] * widened(b[i]);
   }
   *da = sa;
   *db = sb;
+}
+
+template <typename W>
+__attribute__((always_inline)) inline void axpy2_of(float alpha, const W* a, float beta, const W* b,
+                                                    float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * widened(a[i]) + beta * widened(b[i]);
+}
+
+}  // namespace
+
+TWELL_CLONES float dot(const float* a, const float* b, int64_t n) { return dot_of(a, b, n); }
+TWELL_CLONES float dot(const float* x, const uint16_t* a, int64_t n) { return dot_of(x, a, n); }
+
+TWELL_CLONES void axpy(float alpha, const float* x, float* y, int64_t n) { axpy_of(alpha, x, y, n); }
+TWELL_CLONES void axpy(float alpha, const uint16_t* a, float* y, int64_t n) { axpy_of(alpha, a, y, n); }
+
+TWELL_CLONES void dot2(const float* x, const float* a, const float* b, int64_t n, float* da,
+                       float* db) {
+  dot2_of(x, a, b, n, da, db);
+}
+TWELL_CLONES void dot2(const float* x, const uint16_t* a, const uint16_t* b, int64_t n, float* da,
+                       float* db) {
+  dot2_of(x, a, b, n, da, db);
 }
 
 TWELL_CLONES void axpy2(float alpha, const float* a, float beta, const float* b, float* y,
                         int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * a[i] + beta * b[i];
+  axpy2_of(alpha, a, beta, b, y, n);
 }
-
-namespace {
-// bfloat16 bits as the float they are the upper half of.
-inline float bf16_value(uint16_t b) { return __builtin_bit_cast(float, uint32_t(b) << 16); }
-}  // namespace
-
-TWELL_CLONES float dot_bf16(const float* x, const uint16_t* a, int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += x[i] * bf16_value(a[i]);
-  return s;
-}
-
-TWELL_CLONES void axpy_bf16(float alpha, const uint16_t* a, float* y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * bf16_value(a[i]);
-}
-
-TWELL_CLONES void dot2_bf16(const float* x, const uint16_t* a, const uint16_t* b, int64_t n,
-                            float* da, float* db) {
-  float sa = 0.0f, sb = 0.0f;
-#pragma omp simd reduction(+ : sa, sb)
-  for (int64_t i = 0; i < n; ++i) {
-    sa += x[i] * bf16_value(a[i]);
-    sb += x[i] * bf16_value(b[i]);
-  }
-  *da = sa;
-  *db = sb;
-}
-
-TWELL_CLONES void axpy2_bf16(float alpha, const uint16_t* a, float beta, const uint16_t* b, float* y,
-                             int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * bf16_value(a[i]) + beta * bf16_value(b[i]);
+TWELL_CLONES void axpy2(float alpha, const uint16_t* a, float beta, const uint16_t* b, float* y,
+                        int64_t n) {
+  axpy2_of(alpha, a, beta, b, y, n);
 }
 
 TWELL_CLONES bool all_finite(const float* a, int64_t n) {
@@ -116,7 +118,7 @@ TWELL_CLONES int64_t count_active_16(const uint16_t* v, int64_t n, uint16_t inf)
 // bfloat16 is the upper half of a float32: a shift, vectorised.
 TWELL_CLONES void bf16_to_f32(const uint16_t* src, float* dst, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = __builtin_bit_cast(float, uint32_t(src[i]) << 16);
+  for (int64_t i = 0; i < n; ++i) dst[i] = widened(src[i]);
 }
 
 // IEEE half to float: the compiler's _Float16 (F16C's vcvtph2ps in the x86-64-v3 and v4 clones).

@@ -14,12 +14,12 @@ void dot2(const float* x, const float* a, const float* b, int64_t n, float* da, 
 // y += alpha * a + beta * b
 void axpy2(float alpha, const float* a, float beta, const float* b, float* y, int64_t n);
 
-// The same four on bfloat16 weight rows (a, b), each value widened in registers as it is read:
-// the same products and sums as on the rows widened first.
-float dot_bf16(const float* x, const uint16_t* a, int64_t n);
-void axpy_bf16(float alpha, const uint16_t* a, float* y, int64_t n);
-void dot2_bf16(const float* x, const uint16_t* a, const uint16_t* b, int64_t n, float* da, float* db);
-void axpy2_bf16(float alpha, const uint16_t* a, float beta, const uint16_t* b, float* y, int64_t n);
+// The same four on bfloat16 weight rows (a, b: their bits), each value widened in registers as it
+// is read: the same products and sums as on the rows widened first.
+float dot(const float* x, const uint16_t* a, int64_t n);
+void axpy(float alpha, const uint16_t* a, float* y, int64_t n);
+void dot2(const float* x, const uint16_t* a, const uint16_t* b, int64_t n, float* da, float* db);
+void axpy2(float alpha, const uint16_t* a, float beta, const uint16_t* b, float* y, int64_t n);
 
 // Whether none of the n values is NaN or infinite.
 bool all_finite(const float* a, int64_t n);

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "cpu/kernels.hpp"
-#include "twell/dtype.hpp"
 
 #ifdef TWELL_WITH_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
@@ -77,7 +76,7 @@ bool gemm_nt_bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint
   if (m == 0 || n == 0) return true;
   try {
     const Made& p = made(m, n, k, ldc);
-    dnnl::stream s(engine());
+    thread_local dnnl::stream s(engine());
     dnnl::memory am(p.pd.src_desc(), engine(), const_cast<uint16_t*>(a));
     dnnl::memory bm(p.pd.weights_desc(), engine(), const_cast<uint16_t*>(b));
     dnnl::memory cm(p.pd.dst_desc(), engine(), c);
@@ -98,29 +97,24 @@ bool gemm_nt_bf16(int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*, f
 int64_t bf16_gate_guard(int64_t rows, int64_t n, int64_t k, const float* xf, const uint16_t* w,
                         float* g) {
   int64_t again = 0;
-#pragma omp parallel reduction(+ : again)
-  {
-    std::vector<float> wrow(size_t(k), 0.0f);
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* x = xf + r * k;
-      float* grow = g + r * n;
-      double sum = 0.0;
-      bool subnormal = false;
-      for (int64_t i = 0; i < k; ++i) {
-        sum += std::fabs(double(x[i]));
-        subnormal = subnormal || std::fpclassify(x[i]) == FP_SUBNORMAL;
-      }
-      // A zero row: every product is 0 (or NaN for a non-finite weight), nothing to flush. NaN or
-      // infinite x: every value of g is NaN or infinite, the comparison below false for them all.
-      if (!subnormal && sum == 0.0) continue;
-      const double bound = std::ldexp(sum + 2.0 * double(k), -126 + 24);
-      for (int64_t c = 0; c < n; ++c) {
-        if (!subnormal && !(std::fabs(double(grow[c])) < bound)) continue;
-        to_f32(w + c * k, DType::bf16, wrow.data(), k);
-        grow[c] = dot(x, wrow.data(), k);
-        ++again;
-      }
+#pragma omp parallel for schedule(static) reduction(+ : again)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = xf + r * k;
+    float* grow = g + r * n;
+    double sum = 0.0;
+    bool subnormal = false;
+    for (int64_t i = 0; i < k; ++i) {
+      sum += std::fabs(double(x[i]));
+      subnormal = subnormal || std::fpclassify(x[i]) == FP_SUBNORMAL;
+    }
+    // A zero row: every product is 0 (or NaN for a non-finite weight), nothing to flush. NaN or
+    // infinite x: every value of g is NaN or infinite, the comparison below false for them all.
+    if (!subnormal && sum == 0.0) continue;
+    const double bound = std::ldexp(sum + 2.0 * double(k), -126 + 24);
+    for (int64_t c = 0; c < n; ++c) {
+      if (!subnormal && !(std::fabs(double(grow[c])) < bound)) continue;
+      grow[c] = dot(x, w + c * k, k);  // the row's bits widened as read
+      ++again;
     }
   }
   return again;

@@ -5,9 +5,6 @@
 // bfloat16 values took 0.13 ms on one thread, 0.14 on two, with sleeping workers).
 #include <omp.h>
 
-#include <algorithm>
-#include <string>
-
 #include "core/check.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/threads.hpp"
@@ -21,12 +18,6 @@ namespace {
 
 constexpr int64_t kParallelFrom = int64_t(1) << 22;  // ~0.4 ms on one thread here: a region pays
 
-std::string strides_of(const TensorView& t) {
-  std::string s = "strides [";
-  for (int i = 0; i < t.rank; ++i) s += (i ? ", " : "") + std::to_string(t.stride[size_t(i)]);
-  return s + "]";
-}
-
 }  // namespace
 
 int64_t count_active(const TensorView& values) {
@@ -39,9 +30,7 @@ int64_t count_active(const TensorView& values) {
     throw Error(op, "values", "host (CPU) memory", to_string(values.device));
   if (!is_float_dtype(values.dtype))
     throw Error(op, "values", "float32, float16 or bfloat16", dtype_name(values.dtype));
-  if (!values.is_contiguous())
-    throw Error(op, "values", "a contiguous tensor", values.shape_string() + " with " + strides_of(values));
-  detail::check_alignment(op, "values", values.data, dtype_size(values.dtype));
+  if (auto e = detail::layout_error(op, "values", values, values.dtype, Device::cpu())) throw *e;
   if (n < kParallelFrom) return cpu::count_active(values.data, values.dtype, n);
   cpu::CallThreads team;
   const int threads = team.threads();
